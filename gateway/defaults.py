@@ -1,0 +1,37 @@
+"""The embedded default: what ``pointsman serve`` runs with no config file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.config import Config, parse_config
+
+
+def embedded_default() -> Config:
+    """A local SmolLM2 model behind the route ``auto``, decisions in ./pointsman.db."""
+    return parse_config(
+        {
+            "local_model": {"enabled": True},
+            "routes": [{"name": "auto", "model": "smollm2-135m"}],
+            "store": {"kind": "sqlite", "path": "pointsman.db"},
+        },
+        env={},
+    )
+
+
+def with_local_backend(config: Config, base_url: str) -> Config:
+    """``config`` plus a backend ``local`` for the running embedded model at ``base_url``."""
+    local = config.local_model
+    data: dict[str, Any] = config.model_dump(mode="python")
+    data["backends"] = [
+        *data["backends"],
+        {
+            "name": "local",
+            "base_url": base_url,
+            "models": [{"name": local.model_name, "tags": ["local", "cheap"], "context_window": local.n_ctx}],
+            # CPU inference: allow a slow first token, keep a bounded total.
+            "timeouts": {"connect": 2.0, "first_byte": 120.0, "total": 600.0, "idle": 60.0},
+            "max_concurrency": 8,
+        },
+    ]
+    return parse_config(data, env={})

@@ -1,0 +1,249 @@
+"""Executes a plan: replica choice, retries with back-off and jitter, ordered fallbacks.
+
+Everything here happens before the client has received a byte, which is what makes retrying safe.
+A streamed response is "opened" only once its first body chunk has arrived, so an upstream that
+answers 200 and then hangs is still retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import (
+    PointsmanError,
+    RateLimitError,
+    ServiceUnavailableError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
+from gateway.config import RetryConfig
+from gateway.metrics import Metrics
+from gateway.pool import BackendPool, ModelTarget, Replica
+from gateway.trace import RequestTrace
+from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
+from gateway.usage import usage_from_body
+
+
+@dataclass(slots=True)
+class Completed:
+    """A fully-read upstream response (any status the client should see as-is)."""
+
+    status: int
+    body: bytes
+    content_type: str
+    target: ModelTarget
+    replica: Replica
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class OpenedStream:
+    """A streaming upstream response whose first chunk has arrived; the caller must ``finish`` it."""
+
+    response: UpstreamResponse
+    first_chunk: bytes
+    target: ModelTarget
+    replica: Replica
+    _finished: bool = False
+
+    def finish(self, *, ok: bool, failure: UpstreamFailure | None = None) -> None:
+        """Release the replica slot and tell its breaker how the stream ended (idempotent)."""
+        if self._finished:
+            return
+        self._finished = True
+        self.replica.outstanding -= 1
+        if ok:
+            self.response.release()
+            self.replica.breaker.record_success()
+        else:
+            self.response.close()
+            if failure is not None and failure.counts_against_replica:
+                self.replica.breaker.record_failure()
+            else:
+                self.replica.breaker.release()
+
+
+class Forwarder:
+    """Sends one request along a plan's candidate models until one answers."""
+
+    def __init__(
+        self, pool: BackendPool, client: UpstreamClient, retry: RetryConfig, metrics: Metrics
+    ) -> None:
+        self._pool = pool
+        self._client = client
+        self._retry = retry
+        self._metrics = metrics
+        self._random = random.Random()
+
+    async def forward(
+        self,
+        *,
+        path: str,
+        body: Mapping[str, Any],
+        raw_body: bytes,
+        candidates: Sequence[str],
+        stream: bool,
+        trace: RequestTrace,
+    ) -> Completed | OpenedStream:
+        """Try each candidate model in order (with retries); raise a :class:`PointsmanError` if all fail."""
+        record = trace.record
+        last_failure: UpstreamFailure | None = None
+        no_replica: PointsmanError | None = None
+        previous: str | None = None
+        for name in candidates:
+            target = self._pool.get(name)
+            if target is None:  # plans are validated against the pool at start-up; defensive only
+                continue
+            if previous is not None:
+                self._metrics.fallbacks.labels(record.route or "", previous, name).inc()
+            previous = name
+            record.model, record.backend = target.name, target.backend.name
+            payload = raw_body if body.get("model") == target.model.wire_name else _with_model(body, target)
+            headers = _upstream_headers(target)
+            tried: list[Replica] = []
+            for attempt in range(self._retry.attempts):
+                replica = target.backend.pick(exclude=tried)
+                if replica is None or not replica.breaker.acquire():
+                    no_replica = (
+                        RateLimitError(
+                            f"every replica of backend {target.backend.name!r} is at its concurrency limit",
+                            headers={"Retry-After": "1"},
+                        )
+                        if target.backend.saturated()
+                        else ServiceUnavailableError(
+                            f"no healthy replica of backend {target.backend.name!r} for model {name!r}"
+                        )
+                    )
+                    break
+                tried.append(replica)
+                record.replica = replica.base_url
+                record.attempts += 1
+                if attempt > 0:
+                    self._metrics.retries.labels(target.backend.name, name).inc()
+                try:
+                    return await self._attempt(path, payload, headers, target, replica, stream, trace)
+                except UpstreamFailure as failure:
+                    last_failure = failure
+                    self._metrics.upstream_errors.labels(target.backend.name, name, failure.kind).inc()
+                    if not await self._backoff(attempt, failure, trace):
+                        break
+        if last_failure is not None:
+            raise _client_error(last_failure, record.attempts)
+        if no_replica is not None:
+            raise no_replica
+        raise ServiceUnavailableError("no configured model could serve this request")
+
+    async def _attempt(
+        self,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        target: ModelTarget,
+        replica: Replica,
+        stream: bool,
+        trace: RequestTrace,
+    ) -> Completed | OpenedStream:
+        timeouts = target.backend.config.timeouts
+        replica.outstanding += 1
+        started = time.perf_counter()
+        response: UpstreamResponse | None = None
+        handed_over = False
+        try:
+            response = await self._client.post(replica.base_url + path, payload, headers, timeouts)
+            if stream and response.status == 200:
+                remaining = timeouts.first_byte - (time.perf_counter() - started)
+                first = await response.next_chunk(timeout=max(remaining, 0.0))
+                if not first:
+                    raise UpstreamFailure("malformed", "upstream closed the stream before sending any data")
+                handed_over = True
+                return OpenedStream(response=response, first_chunk=first, target=target, replica=replica)
+            data = await response.read_all()
+            prompt_tokens = completion_tokens = None
+            if response.status == 200:
+                prompt_tokens, completion_tokens = _parse_success(data)
+            response.release()
+            replica.breaker.record_success()
+            return Completed(
+                status=response.status,
+                body=data,
+                content_type=response.content_type,
+                target=target,
+                replica=replica,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            )
+        except UpstreamFailure as failure:
+            if response is not None:
+                response.close()
+            if failure.counts_against_replica:
+                replica.breaker.record_failure()
+            else:
+                replica.breaker.release()
+            raise
+        except BaseException:
+            # Cancellation (client went away) or a bug: drop the connection so the upstream stops.
+            if response is not None:
+                response.close()
+            replica.breaker.release()
+            raise
+        finally:
+            trace.upstream_seconds += time.perf_counter() - started
+            if not handed_over:
+                replica.outstanding -= 1
+
+    async def _backoff(self, attempt: int, failure: UpstreamFailure, trace: RequestTrace) -> bool:
+        """Sleep before the next attempt on the same model; False means move on to the next model."""
+        if attempt + 1 >= self._retry.attempts:
+            return False
+        if failure.retry_after is not None and failure.retry_after > self._retry.respect_retry_after_max:
+            return False  # the upstream asked for a longer pause than we will hold a client for
+        delay = min(self._retry.backoff_max, self._retry.backoff_base * (2**attempt))
+        delay *= 0.5 + self._random.random() / 2  # jitter: spread retries of concurrent requests
+        if failure.retry_after is not None:
+            delay = max(delay, failure.retry_after)
+        started = time.perf_counter()
+        await asyncio.sleep(delay)
+        trace.upstream_seconds += time.perf_counter() - started
+        return True
+
+
+def _with_model(body: Mapping[str, Any], target: ModelTarget) -> bytes:
+    return orjson.dumps({**body, "model": target.model.wire_name})
+
+
+def _upstream_headers(target: ModelTarget) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    if target.backend.auth_header:
+        headers["Authorization"] = target.backend.auth_header
+    return headers
+
+
+def _parse_success(data: bytes) -> tuple[int | None, int | None]:
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamFailure("malformed", "upstream returned a body that is not valid JSON") from exc
+    if not isinstance(parsed, dict):
+        raise UpstreamFailure("malformed", "upstream returned JSON that is not an object")
+    return usage_from_body(parsed)
+
+
+def _client_error(failure: UpstreamFailure, attempts: int) -> PointsmanError:
+    """Translate the last upstream failure into what the client sees."""
+    detail = f"{failure.message} (after {attempts} attempt{'s' if attempts != 1 else ''})"
+    if failure.kind == "status" and failure.status == 429:
+        headers = {}
+        if failure.retry_after is not None:
+            headers["Retry-After"] = str(max(int(failure.retry_after + 0.999), 1))
+        return RateLimitError(f"upstream rate limit: {detail}", headers=headers)
+    if failure.kind in ("connect_timeout", "first_byte_timeout", "total_timeout", "idle_timeout"):
+        return UpstreamTimeoutError(f"upstream timed out: {detail}")
+    return UpstreamError(f"upstream failed: {detail}")

@@ -1,0 +1,63 @@
+"""Active health checks: each replica is probed on its own schedule while the gateway runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from gateway.pool import BackendPool, Replica
+from gateway.upstream import UpstreamClient, UpstreamFailure
+
+log = logging.getLogger("pointsman.health")
+
+
+class HealthChecker:
+    """Marks replicas down after ``unhealthy_after`` failed probes and up after ``healthy_after`` good ones."""
+
+    def __init__(self, pool: BackendPool, client: UpstreamClient) -> None:
+        self._pool = pool
+        self._client = client
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for replica in self._pool.replicas():
+            if replica.backend.config.health.enabled:
+                self._tasks.append(asyncio.create_task(self._run(replica), name=f"health:{replica.base_url}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def check_once(self, replica: Replica) -> bool:
+        """Probe one replica now and update its state; returns whether the probe passed."""
+        settings = replica.backend.config.health
+        headers = {"Authorization": replica.backend.auth_header} if replica.backend.auth_header else {}
+        try:
+            status = await self._client.get_status(replica.base_url + settings.path, headers, settings.timeout)
+            passed = status < 500
+        except UpstreamFailure:
+            passed = False
+        if passed:
+            replica.consecutive_health_failures = 0
+            replica.consecutive_health_successes += 1
+            if not replica.healthy and replica.consecutive_health_successes >= settings.healthy_after:
+                replica.healthy = True
+                log.info("replica %s of backend %s is healthy again", replica.base_url, replica.backend.name)
+        else:
+            replica.consecutive_health_successes = 0
+            replica.consecutive_health_failures += 1
+            if replica.healthy and replica.consecutive_health_failures >= settings.unhealthy_after:
+                replica.healthy = False
+                log.warning("replica %s of backend %s failed health checks", replica.base_url, replica.backend.name)
+        return passed
+
+    async def _run(self, replica: Replica) -> None:
+        interval = replica.backend.config.health.interval
+        while True:
+            await self.check_once(replica)
+            await asyncio.sleep(interval)

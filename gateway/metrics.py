@@ -1,0 +1,98 @@
+"""Prometheus metrics, on a registry owned by one app instance (no module-level globals)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.pool import BackendPool
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+
+
+class Metrics:
+    """Every metric the gateway exports, labelled by route, model and backend where it applies."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ("route", "model", "backend")
+        self.requests = Counter(
+            "pointsman_requests", "Requests answered, by outcome status.", (*labels, "status"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "pointsman_request_duration_seconds", "Time from request to the last byte.", labels,
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "pointsman_time_to_first_token_seconds", "Time to the first streamed chunk.", labels,
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.overhead = Histogram(
+            "pointsman_gateway_overhead_seconds", "Time spent in the gateway itself, upstream excluded.",
+            ("route",), buckets=_OVERHEAD_BUCKETS, registry=self.registry,
+        )
+        self.tokens = Counter(
+            "pointsman_tokens", "Tokens reported by upstreams.", (*labels, "kind"), registry=self.registry
+        )
+        self.cost = Counter("pointsman_cost_usd", "Cost in USD from configured prices.", labels,
+                            registry=self.registry)
+        self.upstream_errors = Counter(
+            "pointsman_upstream_errors", "Failed upstream attempts, by kind.", ("backend", "model", "kind"),
+            registry=self.registry,
+        )
+        self.retries = Counter("pointsman_retries", "Retries of the same model.", ("backend", "model"),
+                               registry=self.registry)
+        self.fallbacks = Counter(
+            "pointsman_fallbacks", "Moves to a fallback model.", ("route", "from_model", "to_model"),
+            registry=self.registry,
+        )
+        self.in_flight = Gauge("pointsman_in_flight_requests", "Requests being served.", registry=self.registry)
+
+    def watch_pool(self, pool: BackendPool) -> None:
+        """Export breaker state, health and outstanding requests per replica at scrape time."""
+        self.registry.register(_PoolCollector(pool))
+
+    def watch(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """Export a value read at scrape time (e.g. the decision log's queue depth)."""
+        self.registry.register(_CallbackCollector(name, documentation, read))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pool: BackendPool) -> None:
+        self._pool = pool
+
+    def collect(self) -> Iterable[Metric]:
+        state = GaugeMetricFamily(
+            "pointsman_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.",
+            labels=("backend", "replica"),
+        )
+        healthy = GaugeMetricFamily(
+            "pointsman_replica_healthy", "1 when the replica passes health checks.", labels=("backend", "replica")
+        )
+        outstanding = GaugeMetricFamily(
+            "pointsman_replica_outstanding", "Requests in flight to the replica.", labels=("backend", "replica")
+        )
+        for replica in self._pool.replicas():
+            key = (replica.backend.name, replica.base_url)
+            state.add_metric(key, int(replica.breaker.state))
+            healthy.add_metric(key, 1.0 if replica.healthy else 0.0)
+            outstanding.add_metric(key, replica.outstanding)
+        yield from (state, healthy, outstanding)
+
+
+class _CallbackCollector(Collector):
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(self._name, self._documentation)
+        family.add_metric((), self._read())
+        yield family

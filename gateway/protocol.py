@@ -1,0 +1,102 @@
+"""The slice of the OpenAI protocol the gateway itself reads; everything else is forwarded untouched.
+
+Parsing is deliberately shallow: the gateway checks only what it needs to route and to fail fast
+with a helpful 400 (model, the conversation's shape, stream flag). Unknown fields (tools,
+response_format, logprobs, seed, ...) are never inspected or dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import InvalidRequestError, PayloadTooLargeError
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the request body was complete."""
+
+
+@dataclass(slots=True, frozen=True)
+class Endpoint:
+    """An OpenAI endpoint the gateway proxies."""
+
+    name: str  # recorded in decisions, e.g. "chat.completions"
+    path: str  # upstream path below the backend's base URL
+    streams: bool  # whether "stream": true is allowed
+
+
+CHAT = Endpoint("chat.completions", "/chat/completions", streams=True)
+COMPLETIONS = Endpoint("completions", "/completions", streams=True)
+EMBEDDINGS = Endpoint("embeddings", "/embeddings", streams=False)
+
+
+async def read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes (by header or while reading, for chunked)."""
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError as exc:
+            raise InvalidRequestError("invalid Content-Length header") from exc
+        if declared > limit:
+            raise PayloadTooLargeError(f"request body is {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def parse_request(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
+    """Parse and minimally validate a request body for ``endpoint``; raises 400s naming the field."""
+    if not raw:
+        raise InvalidRequestError("request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequestError("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError("'model' is required and must be a non-empty string", param="model")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequestError("'stream' must be a boolean", param="stream")
+    if stream and not endpoint.streams:
+        raise InvalidRequestError(f"{endpoint.name} does not support streaming", param="stream")
+    if endpoint is CHAT:
+        _check_messages(body.get("messages"))
+    elif endpoint is COMPLETIONS:
+        if "prompt" not in body or not isinstance(body["prompt"], (str, list)):
+            raise InvalidRequestError("'prompt' is required (a string or a list)", param="prompt")
+    elif endpoint is EMBEDDINGS and ("input" not in body or not isinstance(body["input"], (str, list))):
+        raise InvalidRequestError("'input' is required (a string or a list)", param="input")
+    return body
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("'messages' is required and must be a non-empty array", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequestError(f"messages[{index}] must be an object", param=f"messages.{index}")
+        if not isinstance(message.get("role"), str):
+            raise InvalidRequestError(
+                f"messages[{index}].role is required and must be a string", param=f"messages.{index}.role"
+            )

@@ -1,0 +1,292 @@
+"""The proxy service: what happens to one OpenAI request, from bytes in to decision record out.
+
+Route handlers in ``gateway.app`` stay thin and call :meth:`ProxyService.handle`. The service owns
+the request's lifecycle: auth, body limits, parsing, the routing decision (a concrete model goes
+straight to its backend; a virtual route asks its policy for a plan), forwarding, response headers,
+metrics and the decision record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.auth import KeyChecker
+from gateway.config import Config
+from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailableError
+from gateway.forward import Completed, Forwarder, OpenedStream
+from gateway.metrics import Metrics
+from gateway.pool import BackendPool
+from gateway.protocol import ClientDisconnected, Endpoint, parse_request, read_body
+from gateway.streaming import ProxyStream
+from gateway.trace import RequestTrace
+from gateway.upstream import UpstreamClient
+from gateway.usage import SSEUsageScanner, cost_usd
+from policies import Plan, Policy, PolicyError, RequestContext, StaticPolicy
+from store.recorder import DecisionRecorder
+from store.records import DecisionRecord
+
+log = logging.getLogger("pointsman.service")
+
+DIRECT_ROUTE = "direct"  # the x-pointsman-route value when a concrete model was requested
+
+
+class ProxyService:
+    """Serves the OpenAI endpoints for one configuration."""
+
+    def __init__(
+        self,
+        config: Config,
+        pool: BackendPool,
+        client: UpstreamClient,
+        metrics: Metrics,
+        recorder: DecisionRecorder,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.metrics = metrics
+        self.recorder = recorder
+        self.keys = KeyChecker(config.auth.api_keys)
+        self.forwarder = Forwarder(pool, client, config.retry, metrics)
+        self.draining = False
+        self.policies: dict[str, Policy] = {
+            route.name: StaticPolicy(route.name, route.model, route.fallbacks) for route in config.routes
+        }
+        # Plans for concrete model names never change: build them once.
+        self._direct_plans = {
+            name: Plan(
+                candidates=_dedupe((name, *target.model.fallbacks)),
+                policy="direct",
+                reason="model requested by name",
+            )
+            for name, target in pool.models.items()
+        }
+
+    def authenticate(self, request: Request) -> str | None:
+        """Tenant of the request's API key (None when auth is off); raises 401."""
+        return self.keys.tenant_for(request.headers.get("authorization"))
+
+    async def handle(self, request: Request, endpoint: Endpoint) -> Response:
+        """Serve one proxied OpenAI request; every outcome ends in exactly one decision record."""
+        request_id = f"psm-{uuid.uuid4().hex}"
+        record = DecisionRecord(
+            request_id=request_id, created_at=time.time(), endpoint=endpoint.name, route=None,
+            requested_model=None,
+        )
+        trace = RequestTrace(record=record)
+        self.metrics.in_flight.inc()
+        streaming = False
+        try:
+            if self.draining:
+                raise ServiceUnavailableError("the gateway is shutting down", headers={"Retry-After": "1"})
+            record.tenant = self.authenticate(request)
+            raw = await read_body(
+                request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes
+            )
+            body = parse_request(raw, endpoint)
+            record.requested_model = body["model"]
+            record.stream = bool(body.get("stream"))
+            plan = await self._plan(request, endpoint, body, trace)
+            result = await self._forward_unless_disconnected(request, endpoint, body, raw, plan, trace)
+            if result is None:
+                record.outcome, record.status = "client_disconnected", 499
+                return Response(status_code=499)
+            if isinstance(result, OpenedStream):
+                streaming = True
+                trace.headers_sent_at = time.perf_counter()
+                record.status = 200
+                return ProxyStream(result, trace, self._headers(trace), self._finish_stream)
+            return self._completed(result, trace)
+        except PointsmanError as error:
+            return self._error(error, trace)
+        except ClientDisconnected:
+            record.outcome, record.status = "client_disconnected", 499
+            return Response(status_code=499)
+        finally:
+            self.metrics.in_flight.dec()
+            if not streaming:
+                self._finish(trace)
+
+    async def _plan(
+        self, request: Request, endpoint: Endpoint, body: Mapping[str, Any], trace: RequestTrace
+    ) -> Plan:
+        record = trace.record
+        model = body["model"]
+        direct = self._direct_plans.get(model)
+        if direct is not None:
+            plan = direct
+        else:
+            policy = self.policies.get(model)
+            if policy is None:
+                raise ModelNotFoundError(
+                    f"The model '{model}' does not exist; GET /v1/models lists models and routes",
+                    param="model",
+                )
+            record.route = model
+            ctx = RequestContext(
+                request_id=record.request_id,
+                endpoint=endpoint.name,
+                route=model,
+                body=body,
+                tenant=record.tenant,
+                session_id=request.headers.get("x-pointsman-session-id"),
+                headers=request.headers,
+            )
+            try:
+                plan = await policy.decide(ctx)
+            except PolicyError as exc:
+                raise _policy_error(exc) from exc
+            plan = self._with_model_fallbacks(plan)
+        record.decision = plan.describe()
+        record.reason = plan.reason
+        record.signals = plan.signals
+        return plan
+
+    def _with_model_fallbacks(self, plan: Plan) -> Plan:
+        expanded: list[str] = []
+        for name in plan.candidates:
+            direct = self._direct_plans.get(name)
+            expanded.extend(direct.candidates if direct else (name,))
+        candidates = _dedupe(expanded)
+        if candidates == plan.candidates:
+            return plan
+        return Plan(candidates=candidates, policy=plan.policy, reason=plan.reason, signals=plan.signals)
+
+    async def _forward_unless_disconnected(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        raw: bytes,
+        plan: Plan,
+        trace: RequestTrace,
+    ) -> Completed | OpenedStream | None:
+        """Forward, but cancel the upstream work at once if the client disconnects meanwhile."""
+        task = asyncio.current_task()
+        assert task is not None
+        disconnected = False
+
+        async def watch() -> None:
+            nonlocal disconnected
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            disconnected = True
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            return await self.forwarder.forward(
+                path=endpoint.path, body=body, raw_body=raw, candidates=plan.candidates,
+                stream=bool(body.get("stream")), trace=trace,
+            )
+        except asyncio.CancelledError:
+            if disconnected:
+                task.uncancel()
+                return None
+            raise
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    def _completed(self, result: Completed, trace: RequestTrace) -> Response:
+        record = trace.record
+        record.status = result.status
+        record.model, record.backend = result.target.name, result.target.backend.name
+        record.prompt_tokens, record.completion_tokens = result.prompt_tokens, result.completion_tokens
+        record.cost_usd = cost_usd(result.target.model, result.prompt_tokens, result.completion_tokens)
+        if result.status >= 400:
+            record.outcome = "error"
+            record.error_type = f"upstream_{result.status}"
+        trace.headers_sent_at = time.perf_counter()
+        response = Response(content=result.body, status_code=result.status, media_type=None)
+        response.raw_headers = [
+            (b"content-type", result.content_type.encode("latin-1")),
+            (b"content-length", str(len(result.body)).encode()),
+            *self._headers(trace),
+        ]
+        return response
+
+    def _error(self, error: PointsmanError, trace: RequestTrace) -> Response:
+        record = trace.record
+        record.status = error.status
+        record.outcome = "error"
+        record.error_type = error.error_type if error.code is None else error.code
+        record.error_message = error.message
+        trace.headers_sent_at = time.perf_counter()
+        return error_response(error, self._headers(trace))
+
+    def _headers(self, trace: RequestTrace) -> list[tuple[bytes, bytes]]:
+        record = trace.record
+        return [
+            (b"x-pointsman-request-id", record.request_id.encode()),
+            (b"x-pointsman-model", (record.model or "").encode()),
+            (b"x-pointsman-backend", (record.backend or "").encode()),
+            (b"x-pointsman-route", (record.route or DIRECT_ROUTE).encode()),
+            (b"x-pointsman-overhead-ms", f"{trace.overhead_ms():.3f}".encode()),
+        ]
+
+    def _finish_stream(self, trace: RequestTrace, scanner: SSEUsageScanner) -> None:
+        record = trace.record
+        record.prompt_tokens, record.completion_tokens = scanner.prompt_tokens, scanner.completion_tokens
+        target = self.pool.get(record.model or "")
+        if target is not None:
+            record.cost_usd = cost_usd(target.model, record.prompt_tokens, record.completion_tokens)
+        self._finish(trace)
+
+    def _finish(self, trace: RequestTrace) -> None:
+        """Complete the decision record, update metrics, and hand the record to the batch writer."""
+        record = trace.record
+        record.latency_ms = trace.elapsed_ms()
+        record.overhead_ms = trace.overhead_ms()
+        route, model, backend = record.route or DIRECT_ROUTE, record.model or "", record.backend or ""
+        metrics = self.metrics
+        metrics.requests.labels(route, model, backend, str(record.status)).inc()
+        metrics.latency.labels(route, model, backend).observe(record.latency_ms / 1000.0)
+        metrics.overhead.labels(route).observe(record.overhead_ms / 1000.0)
+        if record.ttft_ms is not None:
+            metrics.ttft.labels(route, model, backend).observe(record.ttft_ms / 1000.0)
+        if record.prompt_tokens:
+            metrics.tokens.labels(route, model, backend, "prompt").inc(record.prompt_tokens)
+        if record.completion_tokens:
+            metrics.tokens.labels(route, model, backend, "completion").inc(record.completion_tokens)
+        if record.cost_usd:
+            metrics.cost.labels(route, model, backend).inc(record.cost_usd)
+        if record.outcome != "ok":
+            log.info(
+                "request %s %s: %s %s (%s)", record.request_id, record.endpoint, record.status,
+                record.outcome, record.error_type,
+            )
+        self.recorder.record(record)
+
+
+def error_response(error: PointsmanError, headers: list[tuple[bytes, bytes]] | None = None) -> Response:
+    """An OpenAI-shaped JSON error response."""
+    body = error.to_json()
+    response = Response(content=body, status_code=error.status, media_type=None)
+    response.raw_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *[(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()],
+        *(headers or []),
+    ]
+    return response
+
+
+def _policy_error(exc: PolicyError) -> PointsmanError:
+    error = PointsmanError(exc.message, code=exc.code)
+    error.status = exc.status
+    error.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
+    return error
+
+
+def _dedupe(names: Any) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names))

@@ -1,0 +1,124 @@
+"""Byte-faithful SSE passthrough with idle/total deadlines and immediate cancel on client disconnect.
+
+The upstream's bytes are forwarded exactly as they arrive (tool-call deltas, usage chunks and
+``[DONE]`` included). If the upstream breaks mid-stream the client gets one OpenAI-shaped error
+event and the stream ends; if the client leaves, the upstream connection is dropped at once so the
+model stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.forward import OpenedStream
+from gateway.trace import RequestTrace
+from gateway.upstream import UpstreamFailure
+from gateway.usage import SSEUsageScanner
+
+
+def error_event(message: str, error_type: str, code: str) -> bytes:
+    """An SSE event carrying an OpenAI error object (the openai SDK raises it as an APIError)."""
+    payload = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+class ProxyStream(Response):
+    """The ASGI response for a streamed completion already opened upstream."""
+
+    def __init__(
+        self,
+        opened: OpenedStream,
+        trace: RequestTrace,
+        headers: Sequence[tuple[bytes, bytes]],
+        on_done: Callable[[RequestTrace, SSEUsageScanner], None],
+    ) -> None:
+        # Response.__init__ is skipped on purpose: this class writes its own ASGI messages.
+        self.status_code = 200
+        self.background = None
+        self._opened = opened
+        self._trace = trace
+        self._headers = headers
+        self._on_done = on_done
+        self._scanner = SSEUsageScanner()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        record = self._trace.record
+        content_type = self._opened.response.content_type.encode("latin-1")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", content_type), (b"cache-control", b"no-cache"), *self._headers],
+            }
+        )
+        pump = asyncio.ensure_future(self._pump(send))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if not pump.done():
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+                record.outcome = "client_disconnected"
+                self._opened.finish(ok=False)
+            else:
+                pump.result()  # re-raise bugs rather than hiding them
+        except BaseException:
+            pump.cancel()
+            if record.outcome == "ok":
+                record.outcome = "client_disconnected"
+            self._opened.finish(ok=False)
+            raise
+        finally:
+            watcher.cancel()
+            self._on_done(self._trace, self._scanner)
+
+    async def _pump(self, send: Send) -> None:
+        opened, scanner, record = self._opened, self._scanner, self._trace.record
+        first = opened.first_chunk
+        scanner.feed(first)
+        record.ttft_ms = (time.perf_counter() - self._trace.started) * 1000.0
+        try:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            while chunk := await opened.response.next_chunk():
+                scanner.feed(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamFailure as failure:
+            record.outcome = "stream_error"
+            record.error_type = failure.kind
+            record.error_message = failure.message
+            opened.finish(ok=False, failure=failure)
+            event = error_event(f"upstream stream failed: {failure.message}", "upstream_error", failure.kind)
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+            return
+        except OSError:
+            # The client's socket went away under us (uvicorn raises on send after a disconnect).
+            record.outcome = "client_disconnected"
+            opened.finish(ok=False)
+            return
+        if not scanner.saw_done and scanner.events:
+            # A chat/completions stream that ends without [DONE] was cut short upstream.
+            record.outcome = "stream_error"
+            record.error_type = "truncated"
+            record.error_message = "upstream stream ended without [DONE]"
+            opened.finish(ok=False, failure=UpstreamFailure("reset", "stream ended without [DONE]"))
+            event = error_event("upstream stream ended without [DONE]", "upstream_error", "truncated")
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+            return
+        opened.finish(ok=True)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message: dict[str, Any] = dict(await receive())
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,221 @@
+"""The upstream HTTP client and the one boundary where aiohttp's exceptions are translated.
+
+aiohttp was chosen over httpx by measurement (bench/upstream_client.py): with a large keep-alive pool
+httpx spends most of its CPU in pool bookkeeping. Timeouts are enforced here as deadlines the
+gateway owns (connect via the socket, first byte and total as deadlines, idle per chunk) rather than
+aiohttp's per-request ``ClientTimeout`` defaults, so every phase maps onto one config knob.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import aiohttp
+
+from gateway.config import Timeouts
+
+FailureKind = Literal[
+    "connect", "connect_timeout", "first_byte_timeout", "status", "malformed", "reset", "idle_timeout",
+    "total_timeout",
+]
+
+RETRYABLE_STATUSES: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class UpstreamFailure(Exception):
+    """One failed upstream attempt, classified for the retry/fallback logic."""
+
+    def __init__(
+        self,
+        kind: FailureKind,
+        message: str,
+        *,
+        status: int | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        """Whether another attempt (same model or a fallback) may help."""
+        if self.kind == "status":
+            return self.status in RETRYABLE_STATUSES
+        return True
+
+    @property
+    def counts_against_replica(self) -> bool:
+        """Failures that say the replica is unwell (feed the breaker); 429 and 4xx do not."""
+        if self.kind == "status":
+            return self.status is not None and self.status >= 500
+        return True
+
+
+@dataclass(slots=True)
+class UpstreamResponse:
+    """An upstream response whose status and headers have arrived; the body is still unread."""
+
+    raw: aiohttp.ClientResponse
+    started: float  # perf_counter when the request was sent
+    deadline: float  # perf_counter by which the whole exchange must be over
+    idle: float
+
+    @property
+    def status(self) -> int:
+        return self.raw.status
+
+    @property
+    def content_type(self) -> str:
+        return self.raw.headers.get("Content-Type", "application/json")
+
+    async def read_all(self) -> bytes:
+        """The whole body, within the total deadline."""
+        try:
+            async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.0)):
+                return await self.raw.read()
+        except TimeoutError as exc:
+            raise UpstreamFailure("total_timeout", "upstream did not finish the response in time") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamFailure("reset", f"upstream connection failed while reading: {_describe(exc)}") from exc
+
+    async def next_chunk(self, timeout: float | None = None) -> bytes:
+        """The next bytes of a streamed body (b"" at the end), within idle and total deadlines."""
+        remaining = self.deadline - time.perf_counter()
+        wait = min(self.idle if timeout is None else timeout, remaining)
+        try:
+            async with asyncio.timeout(max(wait, 0.0)):
+                return await self.raw.content.readany()
+        except TimeoutError as exc:
+            if time.perf_counter() >= self.deadline:
+                raise UpstreamFailure("total_timeout", "upstream stream exceeded the total timeout") from exc
+            if timeout is not None:
+                raise UpstreamFailure("first_byte_timeout", "upstream sent no data in time") from exc
+            raise UpstreamFailure("idle_timeout", f"upstream stream stalled for over {self.idle:g}s") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamFailure("reset", f"upstream stream broke: {_describe(exc)}") from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while chunk := await self.next_chunk():
+            yield chunk
+
+    def close(self) -> None:
+        """Drop the connection (used on cancel/failure so the upstream stops generating)."""
+        self.raw.close()
+
+    def release(self) -> None:
+        """Return a fully-read connection to the keep-alive pool."""
+        self.raw.release()
+
+
+class UpstreamClient:
+    """A keep-alive HTTP client shared by all backends; created in the app's lifespan, never at import."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=True,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("UpstreamClient.start() has not been called")
+        return self._session
+
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
+    ) -> UpstreamResponse:
+        """Send a request and wait for its status line and headers (connect + first-byte deadlines).
+
+        A retryable HTTP status (429, 5xx) is read and raised as an :class:`UpstreamFailure`; any
+        other status (2xx, 4xx) is returned for the caller to pass through.
+        """
+        started = time.perf_counter()
+        deadline = started + timeouts.total
+        try:
+            async with asyncio.timeout(min(timeouts.first_byte, timeouts.total)):
+                raw = await self.session.post(
+                    url,
+                    data=body,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
+                )
+        except TimeoutError as exc:
+            raise UpstreamFailure("first_byte_timeout", "upstream sent no response headers in time") from exc
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise UpstreamFailure("connect_timeout", "timed out connecting to upstream") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamFailure("connect", f"cannot connect to upstream: {_describe(exc)}") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamFailure("reset", f"upstream connection failed: {_describe(exc)}") from exc
+        response = UpstreamResponse(raw=raw, started=started, deadline=deadline, idle=timeouts.idle)
+        if raw.status in RETRYABLE_STATUSES:
+            body_bytes = b""
+            with contextlib.suppress(UpstreamFailure):
+                body_bytes = await response.read_all()
+            response.close()
+            raise UpstreamFailure(
+                "status",
+                f"upstream answered HTTP {raw.status}",
+                status=raw.status,
+                body=body_bytes,
+                content_type=response.content_type,
+                retry_after=parse_retry_after(raw.headers.get("Retry-After")),
+            )
+        return response
+
+    async def get_status(self, url: str, headers: Mapping[str, str], timeout: float) -> int:
+        """Status of a GET (health checks). Raises :class:`UpstreamFailure` on any transport error."""
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.session.get(url, headers=headers) as resp:
+                    await resp.read()
+                    return resp.status
+        except TimeoutError as exc:
+            raise UpstreamFailure("first_byte_timeout", "health check timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamFailure("connect", f"health check failed: {_describe(exc)}") from exc
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None if absent/invalid."""
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text[:300]

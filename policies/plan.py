@@ -1,0 +1,28 @@
+"""A policy's answer: which models to try, in order, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True, frozen=True)
+class Plan:
+    """An ordered list of candidate models: the first answers, the rest are fallbacks.
+
+    ``reason`` is a short human-readable explanation recorded in the decision log; ``signals``
+    holds whatever the policy computed on the way (empty for static routing).
+    """
+
+    candidates: tuple[str, ...]
+    policy: str
+    reason: str
+    signals: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise ValueError("a plan needs at least one candidate model")
+
+    def describe(self) -> dict[str, Any]:
+        """The compact form stored in the decision record."""
+        return {"policy": self.policy, "candidates": list(self.candidates), "reason": self.reason}

@@ -1,0 +1,127 @@
+"""PostgreSQL decision store, for many gateway replicas writing one log.
+
+asyncpg with a small pool (the recorder writes from one task; reads are occasional). The schema
+lives in whatever schema the connection's ``search_path`` selects, so a deployment or a test run can
+isolate itself with ``?search_path=name`` in the DSN or ``server_settings``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import asyncpg
+
+from store.base import encode_row, record_from_row
+from store.records import DecisionRecord
+from store.schema import (
+    VERSION_TABLE,
+    insert_decisions_sql,
+    migrations,
+    select_decisions_sql,
+    version_table_ddl,
+)
+
+# Key of the transaction-scoped advisory lock that serializes migrations: replicas starting together
+# would otherwise race on CREATE TABLE IF NOT EXISTS (it is not atomic against itself in PostgreSQL).
+_MIGRATION_LOCK_KEY = 0x706F696E74736D61  # "pointsma"
+
+
+class PostgresDecisionStore:
+    """Decision records in PostgreSQL, reached through ``dsn`` (a ``postgresql://`` URL)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        server_settings: Mapping[str, str] | None = None,
+        command_timeout: float = 30.0,
+    ) -> None:
+        self.dsn = dsn
+        self._min_size = min_size
+        self._max_size = max_size
+        self._server_settings = dict(server_settings or {})
+        self._command_timeout = command_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._insert_sql = insert_decisions_sql("postgres")
+
+    def _require_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError("PostgresDecisionStore is not open")
+        return self._pool
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create the connection pool and migrate the schema."""
+        if self._pool is not None:
+            return
+        pool = await asyncpg.create_pool(
+            self.dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            command_timeout=self._command_timeout,
+            server_settings=self._server_settings or None,
+        )
+        try:
+            await self._migrate(pool)
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def migrate(self) -> None:
+        """Create missing tables and indexes; safe to call any number of times, from many replicas."""
+        await self._migrate(self._require_pool())
+
+    @staticmethod
+    async def _migrate(pool: asyncpg.Pool) -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK_KEY)
+            await conn.execute(version_table_ddl("postgres"))
+            done = {row["version"] for row in await conn.fetch(f"SELECT version FROM {VERSION_TABLE}")}
+            for version, statements in migrations("postgres"):
+                if version in done:
+                    continue
+                for statement in statements:
+                    await conn.execute(statement)
+                await conn.execute(
+                    f"INSERT INTO {VERSION_TABLE} (version, applied_at) VALUES ($1, $2) "
+                    "ON CONFLICT (version) DO NOTHING",
+                    version,
+                    time.time(),
+                )
+
+    async def close(self) -> None:
+        """Close the pool (waits for in-flight queries)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    # --- writes --------------------------------------------------------------------------------
+
+    async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
+        """Insert ``records`` in one transaction; request ids already stored are ignored."""
+        if not records:
+            return
+        # PostgreSQL refuses U+0000 in text and jsonb; strip it rather than refuse the whole batch.
+        rows = [encode_row(r, strip_nul=True) for r in records]
+        async with self._require_pool().acquire() as conn, conn.transaction():
+            await conn.executemany(self._insert_sql, rows)
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    async def fetch(self, request_id: str) -> DecisionRecord | None:
+        row = await self._require_pool().fetchrow(
+            select_decisions_sql() + " WHERE request_id = $1", request_id
+        )
+        return record_from_row(row) if row is not None else None
+
+    async def recent(self, limit: int = 100) -> list[DecisionRecord]:
+        sql = select_decisions_sql() + " ORDER BY created_at DESC, request_id DESC LIMIT $1"
+        return [record_from_row(row) for row in await self._require_pool().fetch(sql, limit)]
+
+    async def count(self) -> int:
+        return int(await self._require_pool().fetchval("SELECT count(*) FROM decisions"))

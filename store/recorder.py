@@ -1,0 +1,281 @@
+"""Batching writer between the request path and a decision store.
+
+The request path calls :meth:`DecisionRecorder.record`, which only appends to an in-memory deque: it
+never awaits, never does I/O and never raises. One background task writes batches; a failed batch
+stays queued and is retried with exponential backoff, so a database outage costs memory (bounded by
+``queue_limit``, oldest records dropped first), not requests. :meth:`DecisionRecorder.stop` writes
+everything still queued before closing the store, so a graceful shutdown loses nothing it answered.
+
+Logs name the failure (exception type, SQLSTATE or SQLite error name, errno) and counts, never the
+exception's message: driver messages can quote row values, and rows can carry request text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import time
+from collections import deque
+
+from store.base import DecisionStore
+from store.records import DecisionRecord
+
+logger = logging.getLogger(__name__)
+
+#: Minimum seconds between two "queue full, dropping" warnings.
+_DROP_LOG_INTERVAL = 10.0
+
+
+def describe_error(exc: BaseException) -> str:
+    """A log-safe name for a store failure: its type and code, never its message."""
+    detail: object = getattr(exc, "sqlite_errorname", None) or getattr(exc, "sqlstate", None)
+    if detail is None and isinstance(exc, OSError) and exc.errno is not None:
+        detail = errno.errorcode.get(exc.errno, exc.errno)
+    name = type(exc).__name__
+    return f"{name}({detail})" if detail else name
+
+
+class DecisionRecorder:
+    """Queues decision records and writes them to ``store`` in batches from a background task.
+
+    A batch is written as soon as ``batch_size`` records wait, or ``flush_interval`` seconds after the
+    previous flush, whichever comes first. At most ``queue_limit`` records are held; beyond that the
+    oldest are dropped and counted in :attr:`dropped`. Failed writes are retried after
+    ``retry_initial`` seconds, doubling up to ``retry_max``. :meth:`stop` keeps retrying for at most
+    ``drain_timeout`` seconds before giving up on what is left (counted as dropped).
+
+    Use from one event loop: :meth:`record` must be called on the loop's thread.
+    """
+
+    def __init__(
+        self,
+        store: DecisionStore,
+        batch_size: int = 256,
+        flush_interval: float = 0.5,
+        queue_limit: int = 100_000,
+        *,
+        retry_initial: float = 0.1,
+        retry_max: float = 5.0,
+        drain_timeout: float = 20.0,
+    ) -> None:
+        if batch_size < 1 or queue_limit < 1:
+            raise ValueError("batch_size and queue_limit must be at least 1")
+        if flush_interval <= 0 or retry_initial <= 0 or retry_max <= 0 or drain_timeout < 0:
+            raise ValueError("flush_interval, retry_initial and retry_max must be positive")
+        self.store = store
+        # A batch larger than the queue could never fill up.
+        self.batch_size = min(batch_size, queue_limit)
+        self.flush_interval = flush_interval
+        self.queue_limit = queue_limit
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.drain_timeout = drain_timeout
+
+        self._queue: deque[DecisionRecord] = deque()
+        self._inflight = 0  # records taken off the queue by a write still in progress
+        self._written = 0
+        self._dropped = 0
+        self._write_errors = 0
+        self._last_drop_log = float("-inf")
+
+        self._wake = asyncio.Event()  # set when a full batch is waiting (or on stop)
+        self._stop_event = asyncio.Event()  # cuts a retry backoff short
+        self._write_lock = asyncio.Lock()  # one write at a time: keeps batches in order
+        self._task: asyncio.Task[None] | None = None
+        self._opened = False
+        self._stopping = False
+        self._closed = False
+
+    # --- counters (exported as metrics by the gateway) -----------------------------------------
+
+    @property
+    def written(self) -> int:
+        """Records the store accepted."""
+        return self._written
+
+    @property
+    def dropped(self) -> int:
+        """Records given up on: queue over its limit, recorded after close, or unwritable at stop."""
+        return self._dropped
+
+    @property
+    def pending(self) -> int:
+        """Records queued or being written right now."""
+        return len(self._queue) + self._inflight
+
+    @property
+    def write_errors(self) -> int:
+        """Failed batch writes (each retried)."""
+        return self._write_errors
+
+    # --- request path --------------------------------------------------------------------------
+
+    def record(self, rec: DecisionRecord) -> None:
+        """Queue ``rec`` for writing. Never blocks, never raises."""
+        try:
+            if self._closed:
+                self._drop(1, "recorder is stopped")
+                return
+            self._queue.append(rec)
+            self._trim()
+            if len(self._queue) >= self.batch_size and not self._wake.is_set():
+                self._wake.set()
+        except Exception:  # the request path must never fail because of logging
+            logger.exception("could not queue a decision record")
+
+    def _trim(self) -> None:
+        over = len(self._queue) + self._inflight - self.queue_limit
+        if over > 0:
+            n = min(over, len(self._queue))
+            for _ in range(n):
+                self._queue.popleft()
+            self._drop(n, "queue limit reached")
+
+    def _drop(self, n: int, why: str) -> None:
+        self._dropped += n
+        now = time.monotonic()
+        if now - self._last_drop_log >= _DROP_LOG_INTERVAL:
+            self._last_drop_log = now
+            logger.warning("dropping decision records (%s); %d dropped so far", why, self._dropped)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store and start the background writer."""
+        if self._closed or self._stopping:
+            raise RuntimeError("a stopped DecisionRecorder cannot be restarted")
+        if self._task is not None:
+            return
+        await self.store.open()
+        self._opened = True
+        self._task = asyncio.create_task(self._run(), name="pointsman-decision-recorder")
+
+    async def stop(self) -> None:
+        """Write everything still queued, then close the store.
+
+        Records queued while stopping are written too. If the store keeps failing, retries go on
+        for ``drain_timeout`` seconds; whatever is left then is counted as dropped and logged.
+        """
+        if self._closed:
+            return
+        self._stopping = True
+        self._stop_event.set()
+        self._wake.set()
+        deadline = time.monotonic() + self.drain_timeout
+        if not self._opened and self._queue:
+            # Never started, but records were queued: they still deserve a write.
+            try:
+                await self.store.open()
+                self._opened = True
+            except Exception as exc:
+                logger.error("opening the decision store at shutdown failed: %s", describe_error(exc))
+        if self._task is not None:
+            task, self._task = self._task, None
+            # The writer exits after its current write; a write hung past the deadline is
+            # cancelled and its batch goes back to the queue.
+            _done, still_running = await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
+            if still_running:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        try:
+            if self._opened:
+                await self._drain(deadline)
+        finally:
+            self._closed = True
+            left = len(self._queue)
+            if left:
+                self._queue.clear()
+                self._dropped += left
+                logger.error("decision store unavailable at shutdown: %d decision records lost", left)
+            try:
+                await self.store.close()
+            except Exception as exc:
+                logger.error("closing the decision store failed: %s", describe_error(exc))
+
+    async def flush(self) -> None:
+        """Write every queued record now (and wait for a write in progress).
+
+        Raises the store's error if a write fails; the failed batch stays queued.
+        """
+        while self._queue or self._inflight:
+            async with self._write_lock:
+                if self._queue:
+                    await self._write_batch()
+
+    # --- writing -------------------------------------------------------------------------------
+
+    async def _write_batch(self) -> None:
+        """Write the oldest batch_size records; on failure put them back at the front. Caller holds
+        the write lock."""
+        n = min(self.batch_size, len(self._queue))
+        batch = [self._queue.popleft() for _ in range(n)]
+        self._inflight = n
+        try:
+            await self.store.write_batch(batch)
+        except BaseException as exc:
+            self._inflight = 0
+            self._queue.extendleft(reversed(batch))
+            # Records that arrived during the write may have pushed the total over the limit.
+            self._trim()
+            if isinstance(exc, Exception):
+                self._write_errors += 1
+            raise
+        self._inflight = 0
+        self._written += n
+
+    def _backoff(self, failures: int) -> float:
+        return float(min(self.retry_max, self.retry_initial * 2 ** min(failures - 1, 30)))
+
+    def _log_failure(self, exc: Exception, delay: float) -> None:
+        logger.warning(
+            "decision store write failed: %s; %d records pending, retrying in %.2fs",
+            describe_error(exc),
+            self.pending,
+            delay,
+        )
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self._stopping:
+            if len(self._queue) < self.batch_size:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.flush_interval):
+                        await self._wake.wait()
+            self._wake.clear()
+            while self._queue and not self._stopping:
+                try:
+                    async with self._write_lock:
+                        if self._queue:
+                            await self._write_batch()
+                    failures = 0
+                except Exception as exc:
+                    failures += 1
+                    delay = self._backoff(failures)
+                    self._log_failure(exc, delay)
+                    # Woken early only by stop(), which then drains on its own.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self._stop_event.wait()
+
+    async def _drain(self, deadline: float) -> None:
+        failures = 0
+        while self._queue:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            deadline_cm = asyncio.timeout(remaining)
+            try:
+                async with deadline_cm, self._write_lock:
+                    if self._queue:
+                        await self._write_batch()
+                failures = 0
+            except Exception as exc:
+                if isinstance(exc, TimeoutError) and deadline_cm.expired():
+                    return
+                failures += 1
+                delay = min(self._backoff(failures), max(0.0, deadline - time.monotonic()))
+                self._log_failure(exc, delay)
+                await asyncio.sleep(delay)

@@ -1,0 +1,168 @@
+"""SQLite decision store: the embedded default.
+
+One stdlib ``sqlite3`` connection lives in one dedicated worker thread; every call is handed to that
+thread, so the event loop never blocks on disk and the connection is never shared across threads.
+WAL mode with ``synchronous=NORMAL`` makes each batch one cheap fsync-free commit while readers (evals,
+``sqlite3`` on the command line) can read concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from store.base import encode_row, record_from_row
+from store.records import DecisionRecord
+from store.schema import (
+    VERSION_TABLE,
+    insert_decisions_sql,
+    migrations,
+    select_decisions_sql,
+    version_table_ddl,
+)
+
+T = TypeVar("T")
+
+#: How long a writer waits for another process's lock before failing (ms).
+BUSY_TIMEOUT_MS = 5000
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # Some errors (disk full, I/O) already rolled the transaction back; a second ROLLBACK would
+    # raise and hide the original error.
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+class SQLiteDecisionStore:
+    """Decision records in a SQLite file (``path``; ``":memory:"`` works for throwaway use)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._insert_sql = insert_decisions_sql("sqlite")
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise RuntimeError("SQLiteDecisionStore is not open")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open the file (creating its directory), switch to WAL and migrate the schema."""
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pointsman-sqlite")
+        try:
+            await self._run(self._open_sync)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
+
+    def _open_sync(self) -> None:
+        if self.path != ":memory:" and not self.path.startswith("file:"):
+            directory = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(directory, exist_ok=True)
+        # isolation_level=None: transactions are explicit (BEGIN/COMMIT below), nothing implicit.
+        conn = sqlite3.connect(self.path, isolation_level=None, uri=self.path.startswith("file:"))
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate_sync(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    async def migrate(self) -> None:
+        """Create missing tables and indexes; safe to call any number of times."""
+        await self._run(self._migrate_sync, self._require_conn())
+
+    @staticmethod
+    def _migrate_sync(conn: sqlite3.Connection) -> None:
+        # BEGIN IMMEDIATE takes the write lock up front, so two processes starting together
+        # apply each step once instead of racing.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(version_table_ddl("sqlite"))
+            done = {row[0] for row in conn.execute(f"SELECT version FROM {VERSION_TABLE}")}
+            for version, statements in migrations("sqlite"):
+                if version in done:
+                    continue
+                for statement in statements:
+                    conn.execute(statement)
+                conn.execute(
+                    f"INSERT INTO {VERSION_TABLE} (version, applied_at) VALUES (?, ?) "
+                    "ON CONFLICT (version) DO NOTHING",
+                    (version, time.time()),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    async def close(self) -> None:
+        """Close the connection and stop the worker thread."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        conn, self._conn = self._conn, None
+        try:
+            if conn is not None:
+                await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+        finally:
+            executor.shutdown(wait=False)
+
+    def _require_conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("SQLiteDecisionStore is not open")
+        return self._conn
+
+    # --- writes --------------------------------------------------------------------------------
+
+    async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
+        """Insert ``records`` in one transaction; request ids already stored are ignored."""
+        if not records:
+            return
+        # Encode on the event loop side: cheap, and keeps the worker thread doing only I/O.
+        rows = [encode_row(r) for r in records]
+        await self._run(self._write_sync, rows)
+
+    def _write_sync(self, rows: list[tuple[Any, ...]]) -> None:
+        conn = self._require_conn()
+        conn.execute("BEGIN")
+        try:
+            conn.executemany(self._insert_sql, rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    async def fetch(self, request_id: str) -> DecisionRecord | None:
+        rows = await self._run(
+            self._query_sync, select_decisions_sql() + " WHERE request_id = ?", (request_id,)
+        )
+        return record_from_row(rows[0]) if rows else None
+
+    async def recent(self, limit: int = 100) -> list[DecisionRecord]:
+        sql = select_decisions_sql() + " ORDER BY created_at DESC, request_id DESC LIMIT ?"
+        return [record_from_row(row) for row in await self._run(self._query_sync, sql, (limit,))]
+
+    async def count(self) -> int:
+        rows = await self._run(self._query_sync, "SELECT count(*) AS n FROM decisions", ())
+        return int(rows[0]["n"])
+
+    def _query_sync(self, sql: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
+        return self._require_conn().execute(sql, params).fetchall()

@@ -1,0 +1,243 @@
+"""A scriptable OpenAI-compatible upstream for tests: a real uvicorn server on loopback.
+
+The behaviour of each request is chosen by the ``model`` it names (the gateway maps its own model
+names to these through ``upstream_name``), so one server covers every fault a test needs:
+
+=================  =============================================================================
+model              behaviour
+=================  =============================================================================
+ok                 a normal answer; streams when asked (tool-call deltas when tools are given,
+                   a usage chunk when ``stream_options.include_usage``); echoes request fields
+flaky-500          HTTP 500 for the first ``FAILS`` requests per key, then ``ok``
+always-500         HTTP 500 every time
+rate-limited       HTTP 429 with ``Retry-After: 1`` for the first request per key, then ``ok``
+hang               never answers (sleeps until the client goes away)
+hang-body          sends 200 headers for a stream, then never sends a byte
+stall-midstream    streams two chunks, then stalls forever
+reset-midstream    streams two chunks, then drops the connection without finishing
+malformed          HTTP 200 with a body that is not JSON
+slow-drip          streams 6 chunks 0.25 s apart, then finishes normally
+bad-request        HTTP 400 in OpenAI's shape (must be passed through, never retried)
+=================  =============================================================================
+
+"Per key" is the ``user`` field of the request, so tests do not interfere with one another.
+``GET /stats`` reports requests seen per model and key; ``/v1/models`` lists the behaviours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+FAILS = 2
+BEHAVIOURS = (
+    "ok", "flaky-500", "always-500", "rate-limited", "hang", "hang-body", "stall-midstream",
+    "reset-midstream", "malformed", "slow-drip", "bad-request",
+)
+
+
+class UpstreamState:
+    """What the fake has seen, for assertions."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.bodies: list[dict[str, Any]] = []
+        self.disconnects: Counter[str] = Counter()
+        self.headers: list[dict[str, str]] = []
+
+
+def _completion(body: dict[str, Any], text: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    finish = "stop"
+    if body.get("tools"):
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": body["tools"][0]["function"]["name"], "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        }
+        finish = "tool_calls"
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "ok"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        "system_fingerprint": "fp_fake",
+    }
+
+
+def _chunk(body: dict[str, Any], delta: dict[str, Any], finish: str | None = None, usage: Any = None) -> bytes:
+    chunk: dict[str, Any] = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": body.get("model", "ok"),
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }
+    if usage is not None:
+        chunk["usage"] = usage
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def stream_events(body: dict[str, Any], words: list[str]) -> list[bytes]:
+    """The SSE events the fake sends for a normal streamed answer (tests compare bytes against this)."""
+    events = [_chunk(body, {"role": "assistant", "content": ""})]
+    if body.get("tools"):
+        name = body["tools"][0]["function"]["name"]
+        events.append(_chunk(body, {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                                    "function": {"name": name, "arguments": ""}}]}))
+        events.append(_chunk(body, {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}))
+        events.append(_chunk(body, {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}))
+        events.append(_chunk(body, {}, finish="tool_calls"))
+    else:
+        events += [_chunk(body, {"content": w}) for w in words]
+        events.append(_chunk(body, {}, finish="stop"))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage_chunk = {
+            "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000,
+            "model": body.get("model", "ok"), "choices": [],
+            "usage": {"prompt_tokens": 11, "completion_tokens": len(words), "total_tokens": 11 + len(words)},
+        }
+        events.append(b"data: " + orjson.dumps(usage_chunk) + b"\n\n")
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+WORDS = ["Hello", " from", " the", " fake", " upstream", "."]
+
+
+def build_app(state: UpstreamState) -> Starlette:
+    async def chat(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        model, key = body.get("model", "ok"), str(body.get("user", ""))
+        state.requests[(model, key)] += 1
+        state.bodies.append(body)
+        state.headers.append(dict(request.headers))
+        seen = state.requests[(model, key)]
+        stream = bool(body.get("stream"))
+        if model == "bad-request":
+            return JSONResponse({"error": {"message": "bad tool schema", "type": "invalid_request_error",
+                                           "param": "tools", "code": None}}, status_code=400)
+        if model == "always-500" or (model == "flaky-500" and seen <= FAILS):
+            return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
+        if model == "rate-limited" and seen == 1:
+            return JSONResponse({"error": {"message": "slow down", "type": "rate_limit_error"}},
+                                status_code=429, headers={"Retry-After": "1"})
+        if model == "hang":
+            await _sleep_until_disconnect(request, model)
+            return Response(status_code=204)
+        if model == "malformed":
+            return Response(b'{"id": "chatcmpl-x", "choices": [', media_type="application/json")
+        if stream or model in ("hang-body", "stall-midstream", "reset-midstream"):
+            return StreamingResponse(_stream(request, body, model), media_type="text/event-stream")
+        return JSONResponse(_completion(body, "".join(WORDS)))
+
+    async def _stream(request: Request, body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
+        events = stream_events(body, WORDS)
+        if model == "hang-body":
+            await _sleep_until_disconnect(request, model)
+            return
+        for index, event in enumerate(events):
+            if model in ("stall-midstream", "reset-midstream") and index == 2:
+                if model == "reset-midstream":
+                    raise ConnectionResetError("fake upstream drops the connection")
+                await _sleep_until_disconnect(request, model)
+                return
+            if model == "slow-drip" and index:
+                await asyncio.sleep(0.25)
+            yield event
+
+    async def _sleep_until_disconnect(request: Request, model: str) -> None:
+        try:
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.05)
+        finally:
+            state.disconnects[model] += 1
+
+    async def completions(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        state.requests[(body.get("model", "ok"), str(body.get("user", "")))] += 1
+        state.bodies.append(body)
+        return JSONResponse({
+            "id": "cmpl-fake", "object": "text_completion", "created": 1700000000, "model": body["model"],
+            "choices": [{"index": 0, "text": " world", "finish_reason": "length", "logprobs": None}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+        })
+
+    async def embeddings(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        state.requests[(body.get("model", "ok"), str(body.get("user", "")))] += 1
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = [{"object": "embedding", "index": i, "embedding": [0.1 * (i + 1), 0.2, 0.3]} for i in range(len(inputs))]
+        return JSONResponse({"object": "list", "data": data, "model": body["model"],
+                             "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)}})
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in BEHAVIOURS]})
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse({f"{m}|{k}": n for (m, k), n in state.requests.items()})
+
+    return Starlette(routes=[
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
+    ])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class FakeUpstream:
+    """Runs the fake on a loopback port in a background thread (its own event loop)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.state = UpstreamState()
+        self.port = port or free_port()
+        self._server = uvicorn.Server(uvicorn.Config(
+            build_app(self.state), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off",
+            timeout_graceful_shutdown=1,
+        ))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> FakeUpstream:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake upstream did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
