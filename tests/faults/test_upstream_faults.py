@@ -1,0 +1,184 @@
+"""Fault tests: real fake upstreams on loopback misbehave; the gateway retries, falls back, or fails
+cleanly in OpenAI's shape — and the decision log holds a record of each request."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.fakes.upstream import FAILS, WORDS, FakeUpstream
+from tests.gatewayproc import GatewayProcess
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def _key() -> str:
+    return uuid.uuid4().hex
+
+
+def _request_id(exc: openai.APIStatusError) -> str:
+    return exc.response.headers["x-pointsman-request-id"]
+
+
+def test_upstream_down_without_fallback_is_502(client: OpenAI, gateway: GatewayProcess) -> None:
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="down-model", messages=MESSAGES)
+    assert info.value.status_code == 502
+    assert info.value.body["type"] == "upstream_error"  # type: ignore[index]
+    record = gateway.decision(_request_id(info.value))
+    assert record["status"] == 502 and record["outcome"] == "error" and record["attempts"] == 3
+
+
+def test_upstream_down_falls_back_in_order(client: OpenAI, gateway: GatewayProcess) -> None:
+    raw = client.chat.completions.with_raw_response.create(model="resilient", messages=MESSAGES)
+    assert raw.parse().choices[0].message.content == "".join(WORDS)
+    assert raw.headers["x-pointsman-model"] == "backup-ok"
+    assert raw.headers["x-pointsman-backend"] == "backup"
+    record = gateway.decision(raw.headers["x-pointsman-request-id"])
+    assert record["model"] == "backup-ok" and record["attempts"] == 4  # 3 on the dead one, 1 on backup
+    assert json.loads(record["decision"])["candidates"] == ["down-model", "backup-ok"]
+
+
+def test_model_level_fallback(client: OpenAI, gateway: GatewayProcess) -> None:
+    raw = client.chat.completions.with_raw_response.create(model="down-model-fb", messages=MESSAGES)
+    assert raw.headers["x-pointsman-model"] == "backup-ok"
+
+
+def test_500_then_success_is_retried(client: OpenAI, gateway: GatewayProcess, upstream: FakeUpstream) -> None:
+    user = _key()
+    raw = client.chat.completions.with_raw_response.create(model="fake-flaky-500", messages=MESSAGES, user=user)
+    assert raw.parse().choices[0].message.content == "".join(WORDS)
+    assert upstream.state.requests[("flaky-500", user)] == FAILS + 1
+    record = gateway.decision(raw.headers["x-pointsman-request-id"])
+    assert record["attempts"] == FAILS + 1 and record["status"] == 200
+
+
+def test_500_forever_falls_back(client: OpenAI, gateway: GatewayProcess) -> None:
+    raw = client.chat.completions.with_raw_response.create(model="fake-always-500-fb", messages=MESSAGES)
+    assert raw.headers["x-pointsman-model"] == "backup-ok"
+
+
+def test_500_forever_without_fallback_is_502(client: OpenAI, gateway: GatewayProcess) -> None:
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="fake-always-500", messages=MESSAGES)
+    assert info.value.status_code == 502
+    assert "HTTP 500" in info.value.body["message"]  # type: ignore[index]
+    assert gateway.decision(_request_id(info.value))["attempts"] == 3
+
+
+def test_429_with_retry_after_is_honoured(client: OpenAI, gateway: GatewayProcess, upstream: FakeUpstream) -> None:
+    user = _key()
+    started = time.monotonic()
+    raw = client.chat.completions.with_raw_response.create(model="fake-rate-limited", messages=MESSAGES, user=user)
+    elapsed = time.monotonic() - started
+    assert raw.parse().choices[0].message.content
+    assert elapsed >= 0.95, "the retry must wait for Retry-After: 1"
+    assert upstream.state.requests[("rate-limited", user)] == 2
+    assert gateway.decision(raw.headers["x-pointsman-request-id"])["attempts"] == 2
+
+
+def test_hang_before_first_byte_is_504(client: OpenAI, gateway: GatewayProcess, upstream: FakeUpstream) -> None:
+    before = upstream.state.disconnects["hang"]
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="fake-hang", messages=MESSAGES)
+    assert info.value.status_code == 504
+    assert info.value.body["code"] == "upstream_timeout"  # type: ignore[index]
+    assert time.monotonic() - started < 8  # 3 attempts x 1 s first-byte timeout, plus back-off
+    record = gateway.decision(_request_id(info.value))
+    assert record["status"] == 504 and record["attempts"] == 3
+    _eventually(lambda: upstream.state.disconnects["hang"] >= before + 3)  # upstream requests were dropped
+
+
+def test_hang_falls_back(client: OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(model="fake-hang-fb", messages=MESSAGES)
+    assert raw.headers["x-pointsman-model"] == "backup-ok"
+
+
+def test_stream_headers_then_silence_is_retried_then_504(client: OpenAI, gateway: GatewayProcess) -> None:
+    # The upstream sends 200 + headers, then nothing: nothing was sent to the client yet, so it is retried.
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="fake-hang-body", messages=MESSAGES, stream=True)
+    assert info.value.status_code == 504
+    assert gateway.decision(_request_id(info.value))["attempts"] == 3
+
+
+def test_stall_mid_stream_ends_with_error_event(client: OpenAI, gateway: GatewayProcess) -> None:
+    with client.chat.completions.with_streaming_response.create(
+        model="fake-stall-midstream", messages=MESSAGES, stream=True
+    ) as response:
+        request_id = response.headers["x-pointsman-request-id"]
+        received = []
+        with pytest.raises(openai.APIError, match="stalled"):
+            for chunk in response.parse():
+                received.append(chunk)
+    assert len(received) == 2  # what arrived before the stall was delivered
+    record = gateway.decision(request_id)
+    assert record["status"] == 200 and record["outcome"] == "stream_error"
+    assert record["error_type"] == "idle_timeout"
+
+
+def test_reset_mid_stream_ends_with_error_event(client: OpenAI, gateway: GatewayProcess) -> None:
+    with client.chat.completions.with_streaming_response.create(
+        model="fake-reset-midstream", messages=MESSAGES, stream=True
+    ) as response:
+        request_id = response.headers["x-pointsman-request-id"]
+        with pytest.raises(openai.APIError, match="upstream stream"):
+            list(response.parse())
+    record = gateway.decision(request_id)
+    assert record["outcome"] == "stream_error" and record["error_type"] in ("reset", "truncated")
+
+
+def test_malformed_json_is_502(client: OpenAI, gateway: GatewayProcess) -> None:
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="fake-malformed", messages=MESSAGES)
+    assert info.value.status_code == 502
+    assert "not valid JSON" in info.value.body["message"]  # type: ignore[index]
+    assert gateway.decision(_request_id(info.value))["error_type"] == "bad_gateway"
+
+
+def test_slow_drip_stream_completes(client: OpenAI, gateway: GatewayProcess) -> None:
+    # 0.25 s between chunks stays under the 0.6 s idle timeout: the stream must complete.
+    with client.chat.completions.with_streaming_response.create(
+        model="fake-slow-drip", messages=MESSAGES, stream=True
+    ) as response:
+        request_id = response.headers["x-pointsman-request-id"]
+        text = "".join(c.choices[0].delta.content or "" for c in response.parse() if c.choices)
+    assert text == "".join(WORDS)
+    record = gateway.decision(request_id)
+    assert record["outcome"] == "ok" and record["latency_ms"] > 1000
+
+
+def test_client_disconnect_cancels_upstream(gateway: GatewayProcess, upstream: FakeUpstream) -> None:
+    before = upstream.state.disconnects["hang"]
+    body = {"model": "fake-hang", "messages": MESSAGES}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=0.3)
+    # The gateway notices at once and drops its upstream request (well before its 1 s first-byte timeout).
+    _eventually(lambda: upstream.state.disconnects["hang"] > before, timeout=0.9)
+    _eventually(lambda: any(r["outcome"] == "client_disconnected" for r in gateway.decisions()))
+
+
+def test_client_disconnect_mid_stream_cancels_upstream(gateway: GatewayProcess, upstream: FakeUpstream) -> None:
+    before = upstream.state.disconnects["stall-midstream"]
+    body = {"model": "fake-stall-midstream", "messages": MESSAGES, "stream": True}
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json=body, timeout=5) as response:
+        request_id = response.headers["x-pointsman-request-id"]
+        next(response.iter_raw())
+    # Closing our side mid-stream must make the gateway drop the upstream before its 0.6 s idle timeout.
+    _eventually(lambda: upstream.state.disconnects["stall-midstream"] > before, timeout=0.5)
+    assert gateway.decision(request_id)["outcome"] == "client_disconnected"
+
+
+def _eventually(check: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
