@@ -126,7 +126,8 @@ def create_app(config: Config) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 405:
-            return error_response(MethodNotAllowedError(f"method {request.method} is not allowed on {request.url.path}"))
+            message = f"method {request.method} is not allowed on {request.url.path}"
+            return error_response(MethodNotAllowedError(message))
         if exc.status_code == 404:
             return error_response(RouteNotFoundError(f"no such endpoint: {request.method} {request.url.path}"))
         error = PointsmanError(str(exc.detail))

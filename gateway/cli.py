@@ -55,7 +55,7 @@ async def serve(config: Config) -> None:
                 access_log=False,
                 server_header=False,
                 date_header=False,
-                timeout_graceful_shutdown=config.server.drain_timeout,
+                timeout_graceful_shutdown=int(config.server.drain_timeout + 0.999),
                 log_level="info",
             )
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from gateway.config import RetryConfig
 from gateway.errors import (
     PointsmanError,
     RateLimitError,
@@ -23,7 +24,6 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeoutError,
 )
-from gateway.config import RetryConfig
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool, ModelTarget, Replica
 from gateway.trace import RequestTrace

@@ -45,7 +45,7 @@ class ProxyStream(Response):
         self.background = None
         self._opened = opened
         self._trace = trace
-        self._headers = headers
+        self._extra_headers = list(headers)
         self._on_done = on_done
         self._scanner = SSEUsageScanner()
 
@@ -56,7 +56,7 @@ class ProxyStream(Response):
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", content_type), (b"cache-control", b"no-cache"), *self._headers],
+                "headers": [(b"content-type", content_type), (b"cache-control", b"no-cache"), *self._extra_headers],
             }
         )
         pump = asyncio.ensure_future(self._pump(send))

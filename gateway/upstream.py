@@ -91,7 +91,7 @@ class UpstreamResponse:
         except aiohttp.ClientError as exc:
             raise UpstreamFailure("reset", f"upstream connection failed while reading: {_describe(exc)}") from exc
 
-    async def next_chunk(self, timeout: float | None = None) -> bytes:
+    async def next_chunk(self, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 - a deadline, not a cancel scope
         """The next bytes of a streamed body (b"" at the end), within idle and total deadlines."""
         remaining = self.deadline - time.perf_counter()
         wait = min(self.idle if timeout is None else timeout, remaining)
@@ -188,7 +188,7 @@ class UpstreamClient:
             )
         return response
 
-    async def get_status(self, url: str, headers: Mapping[str, str], timeout: float) -> int:
+    async def get_status(self, url: str, headers: Mapping[str, str], timeout: float) -> int:  # noqa: ASYNC109
         """Status of a GET (health checks). Raises :class:`UpstreamFailure` on any transport error."""
         try:
             async with asyncio.timeout(timeout):
