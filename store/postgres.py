@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import asyncpg
 
-from store.base import encode_row, record_from_row
+from store._codec import encode_row, record_from_row
 from store.records import DecisionRecord
 from store.schema import (
     VERSION_TABLE,
@@ -114,9 +114,7 @@ class PostgresDecisionStore:
     # --- reads ---------------------------------------------------------------------------------
 
     async def fetch(self, request_id: str) -> DecisionRecord | None:
-        row = await self._require_pool().fetchrow(
-            select_decisions_sql() + " WHERE request_id = $1", request_id
-        )
+        row = await self._require_pool().fetchrow(select_decisions_sql() + " WHERE request_id = $1", request_id)
         return record_from_row(row) if row is not None else None
 
     async def recent(self, limit: int = 100) -> list[DecisionRecord]:

@@ -62,8 +62,10 @@ class DecisionRecorder:
     ) -> None:
         if batch_size < 1 or queue_limit < 1:
             raise ValueError("batch_size and queue_limit must be at least 1")
-        if flush_interval <= 0 or retry_initial <= 0 or retry_max <= 0 or drain_timeout < 0:
+        if flush_interval <= 0 or retry_initial <= 0 or retry_max <= 0:
             raise ValueError("flush_interval, retry_initial and retry_max must be positive")
+        if drain_timeout < 0:
+            raise ValueError("drain_timeout must not be negative")
         self.store = store
         # A batch larger than the queue could never fill up.
         self.batch_size = min(batch_size, queue_limit)
@@ -87,6 +89,7 @@ class DecisionRecorder:
         self._opened = False
         self._stopping = False
         self._closed = False
+        self._stopped = asyncio.Event()  # lets a second stop() wait for the first
 
     # --- counters (exported as metrics by the gateway) -----------------------------------------
 
@@ -158,7 +161,8 @@ class DecisionRecorder:
         Records queued while stopping are written too. If the store keeps failing, retries go on
         for ``drain_timeout`` seconds; whatever is left then is counted as dropped and logged.
         """
-        if self._closed:
+        if self._stopping:
+            await self._stopped.wait()
             return
         self._stopping = True
         self._stop_event.set()
@@ -180,6 +184,8 @@ class DecisionRecorder:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            elif not task.cancelled() and (died := task.exception()) is not None:
+                logger.error("the decision recorder task had died: %s", describe_error(died))
         try:
             if self._opened:
                 await self._drain(deadline)
@@ -194,6 +200,8 @@ class DecisionRecorder:
                 await self.store.close()
             except Exception as exc:
                 logger.error("closing the decision store failed: %s", describe_error(exc))
+            finally:
+                self._stopped.set()
 
     async def flush(self) -> None:
         """Write every queued record now (and wait for a write in progress).

@@ -85,9 +85,7 @@ def decisions_ddl(dialect: Dialect) -> list[str]:
         cols.append(f"    {name} {decl}{suffix}")
     statements = [f"CREATE TABLE IF NOT EXISTS {DECISIONS_TABLE} (\n" + ",\n".join(cols) + "\n)"]
     for col in INDEXED_COLUMNS:
-        statements.append(
-            f"CREATE INDEX IF NOT EXISTS idx_{DECISIONS_TABLE}_{col} ON {DECISIONS_TABLE} ({col})"
-        )
+        statements.append(f"CREATE INDEX IF NOT EXISTS idx_{DECISIONS_TABLE}_{col} ON {DECISIONS_TABLE} ({col})")
     return statements
 
 
@@ -141,9 +139,7 @@ def insert_decisions_sql(dialect: Dialect) -> str:
         placeholders = ", ".join("?" for _ in COLUMNS)
     else:
         placeholders = ", ".join(f"${i}" for i in range(1, len(COLUMNS) + 1))
-    return (
-        f"INSERT INTO {DECISIONS_TABLE} ({names}) VALUES ({placeholders}) ON CONFLICT (request_id) DO NOTHING"
-    )
+    return f"INSERT INTO {DECISIONS_TABLE} ({names}) VALUES ({placeholders}) ON CONFLICT (request_id) DO NOTHING"
 
 
 def select_decisions_sql() -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from store.base import encode_row, record_from_row
+from store._codec import encode_row, record_from_row
 from store.records import DecisionRecord
 from store.schema import (
     VERSION_TABLE,
@@ -102,8 +102,7 @@ class SQLiteDecisionStore:
                 for statement in statements:
                     conn.execute(statement)
                 conn.execute(
-                    f"INSERT INTO {VERSION_TABLE} (version, applied_at) VALUES (?, ?) "
-                    "ON CONFLICT (version) DO NOTHING",
+                    f"INSERT INTO {VERSION_TABLE} (version, applied_at) VALUES (?, ?) ON CONFLICT (version) DO NOTHING",
                     (version, time.time()),
                 )
             conn.execute("COMMIT")
@@ -151,9 +150,7 @@ class SQLiteDecisionStore:
     # --- reads ---------------------------------------------------------------------------------
 
     async def fetch(self, request_id: str) -> DecisionRecord | None:
-        rows = await self._run(
-            self._query_sync, select_decisions_sql() + " WHERE request_id = ?", (request_id,)
-        )
+        rows = await self._run(self._query_sync, select_decisions_sql() + " WHERE request_id = ?", (request_id,))
         return record_from_row(rows[0]) if rows else None
 
     async def recent(self, limit: int = 100) -> list[DecisionRecord]:

@@ -123,15 +123,21 @@ async def test_recent_is_newest_first_and_limited(store: DecisionStore, make_rec
     assert len(await store.recent()) == 5
 
 
+class Opaque:
+    def __str__(self) -> str:
+        return "<opaque>"
+
+
 async def test_awkward_values_are_stored_not_refused(store: DecisionStore, make_record: MakeRecord) -> None:
     """Values a strict database would refuse must not make a batch fail (it would be retried for
     ever): NaN in signals, NUL characters, tuples, non-string keys, floats in int columns."""
     rec = make_record(
         1,
-        signals={"nan": math.nan, "inf": math.inf, 3: (1, 2), "nul": "a\x00b"},
+        signals={"nan": math.nan, "inf": math.inf, 3: (1, 2), "nul": "a\x00b", "obj": Opaque()},
         error_message="bad\x00byte",
         prompt_tokens=12.0,
         latency_ms=5,
+        ttft_ms=math.nan,
     )
     await store.write_batch([rec, make_record(2)])
     assert await store.count() == 2
@@ -142,11 +148,12 @@ async def test_awkward_values_are_stored_not_refused(store: DecisionStore, make_
     assert got.signals["nul"] in ("ab", "a\x00b")
     assert got.error_message in ("badbyte", "bad\x00byte")
     assert got.prompt_tokens == 12 and isinstance(got.prompt_tokens, int)
+    assert got.signals["obj"] == "<opaque>"
     assert got.latency_ms == 5.0
+    assert got.ttft_ms is None
 
 
 async def test_open_and_close_are_idempotent(store: DecisionStore, make_record: MakeRecord) -> None:
     await store.open()
     await store.write_batch([make_record(1)])
     assert await store.count() == 1
-

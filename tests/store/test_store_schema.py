@@ -60,9 +60,7 @@ async def test_sqlite_tables_indexes_and_wal(sqlite_path: str) -> None:
         conn.close()
 
 
-async def test_sqlite_migrate_is_idempotent_and_data_survives_reopen(
-    sqlite_path: str, make_record: MakeRecord
-) -> None:
+async def test_sqlite_migrate_is_idempotent_and_data_survives_reopen(sqlite_path: str, make_record: MakeRecord) -> None:
     store = SQLiteDecisionStore(sqlite_path)
     await store.open()
     await store.write_batch([make_record(1), make_record(2)])
@@ -141,9 +139,7 @@ async def test_postgres_tables_types_and_indexes(pg_dsn: str) -> None:
 
 
 @pytest.mark.postgres
-async def test_postgres_replicas_starting_together_migrate_once(
-    pg_dsn: str, make_record: MakeRecord
-) -> None:
+async def test_postgres_replicas_starting_together_migrate_once(pg_dsn: str, make_record: MakeRecord) -> None:
     """Several replicas opening on an empty schema at once must all succeed (advisory lock)."""
     stores = [PostgresDecisionStore(pg_dsn) for _ in range(4)]
     await asyncio.gather(*(s.open() for s in stores))
@@ -176,7 +172,7 @@ async def test_open_store_builds_each_kind(sqlite_path: str, make_record: MakeRe
     await null.close()
 
 
-def test_open_store_rejects_bad_arguments() -> None:
+async def test_open_store_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="dsn"):
         open_store("postgres", path="", dsn=None)
     with pytest.raises(ValueError, match="unknown decision store kind"):

@@ -1,0 +1,143 @@
+"""Row encoding shared by the SQL stores: DecisionRecord <-> column values.
+
+Every value is coerced to its column's type on the way in. A row the database refuses would make
+the recorder retry its batch for ever, so odd values (NaN in signals, numpy scalars, a float in an
+integer column, U+0000 for PostgreSQL) are repaired here rather than refused there. The common case
+(values already of the right type) takes a fast path: this runs once per request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any, Protocol, cast
+
+import orjson
+
+from store.records import DecisionRecord
+from store.schema import COLUMN_KINDS
+
+logger = logging.getLogger(__name__)
+
+# orjson already writes NaN/inf as null and tuples as lists; these add int keys and numpy values.
+_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+_ZERO: dict[str, Any] = {"str": "", "float": 0.0, "int": 0, "bool": False}
+_EXACT_TYPE: dict[str, type] = {"str": str, "float": float, "int": int, "bool": bool}
+# (name, kind, nullable, exact python type or None for JSON) per column, in COLUMNS order.
+_SPEC: tuple[tuple[str, str, bool, type | None], ...] = tuple(
+    (name, kind, nullable, _EXACT_TYPE.get(kind)) for name, (kind, nullable) in COLUMN_KINDS.items()
+)
+
+
+class RowLike(Protocol):
+    """A database row addressable by column name (sqlite3.Row, asyncpg.Record, dict)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def json_safe(value: Any, *, strip_nul: bool = False) -> Any:
+    """A copy of ``value`` made only of JSON types: NaN/inf -> None, tuples/sets -> lists,
+    keys -> str, numpy scalars -> Python numbers, other objects -> ``str()``; ``strip_nul`` removes
+    U+0000, which PostgreSQL's jsonb and text refuse."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value.replace("\x00", "") if strip_nul else value
+    if isinstance(value, Mapping):
+        return {json_safe(str(k), strip_nul=strip_nul): json_safe(v, strip_nul=strip_nul) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [json_safe(v, strip_nul=strip_nul) for v in value]
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item):
+        try:
+            return json_safe(item(), strip_nul=strip_nul)
+        except (TypeError, ValueError):
+            pass
+    return json_safe(str(value), strip_nul=strip_nul)
+
+
+def _orjson_default(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        return list(value)
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    return str(value)
+
+
+def encode_json(value: Any, *, strip_nul: bool = False) -> str:
+    """Compact JSON text for a JSON column; never raises for odd values (see :func:`json_safe`)."""
+    try:
+        text = orjson.dumps(value, default=_orjson_default, option=_ORJSON_OPTIONS).decode()
+    except TypeError:  # orjson.JSONEncodeError: huge ints, odd keys, deep nesting
+        return json.dumps(json_safe(value, strip_nul=strip_nul), ensure_ascii=False, separators=(",", ":"))
+    if strip_nul and "\\u0000" in text:
+        return json.dumps(json_safe(value, strip_nul=True), ensure_ascii=False, separators=(",", ":"))
+    return text
+
+
+def decode_json(value: Any) -> dict[str, Any]:
+    """A JSON column's value back as a dict (drivers hand back text or an already decoded object)."""
+    if value is None:
+        return {}
+    if isinstance(value, str | bytes | bytearray):
+        value = orjson.loads(value)
+    return dict(value)
+
+
+def _coerce(name: str, kind: str, nullable: bool, value: Any, strip_nul: bool) -> Any:
+    """Slow path of :func:`encode_row`: a value not of its column's exact type."""
+    if value is None:
+        return None if nullable else _ZERO[kind]
+    try:
+        if kind == "str":
+            text = str(value)
+            return text.replace("\x00", "") if strip_nul else text
+        if kind == "bool":
+            return bool(value)
+        if kind == "int":
+            return int(value)
+        number = float(value)
+        if number != number:  # NaN
+            return None if nullable else _ZERO[kind]
+        return number
+    except (TypeError, ValueError, OverflowError):
+        # Losing one field beats blocking the write queue with a row that can never be stored.
+        logger.warning("decision record field %s has an unusable %s value; stored as empty", name, kind)
+        return None if nullable else _ZERO[kind]
+
+
+def encode_row(record: DecisionRecord, *, strip_nul: bool = False) -> tuple[Any, ...]:
+    """The record's column values in COLUMNS order, each of its column's type (JSON as text)."""
+    out: list[Any] = []
+    for name, kind, nullable, exact in _SPEC:
+        value: Any = getattr(record, name)
+        if exact is None:
+            out.append(encode_json({} if value is None else value, strip_nul=strip_nul))
+        elif type(value) is exact:  # exact: a bool must not pass for an int
+            if exact is float and value != value:
+                # NaN: SQLite would store NULL (and refuse it in a NOT NULL column); keep one shape.
+                value = None if nullable else _ZERO[kind]
+            elif strip_nul and exact is str and "\x00" in cast(str, value):
+                value = cast(str, value).replace("\x00", "")
+            out.append(value)
+        else:
+            out.append(_coerce(name, kind, nullable, value, strip_nul))
+    return tuple(out)
+
+
+def record_from_row(row: RowLike) -> DecisionRecord:
+    """Build a record from a row keyed by column name."""
+    values: dict[str, Any] = {}
+    for name, kind, _nullable, _exact in _SPEC:
+        value = row[name]
+        if kind == "json":
+            value = decode_json(value)
+        elif kind == "bool" and value is not None:
+            value = bool(value)
+        values[name] = value
+    return DecisionRecord(**values)
