@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from gateway.app import create_app
 from gateway.auth import hash_key
@@ -23,13 +24,20 @@ log = logging.getLogger("pointsman")
 class _DrainingServer(uvicorn.Server):
     """uvicorn, plus: flip readiness to 503 the moment SIGTERM/SIGINT arrives, before draining."""
 
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        app = self.config.loaded_app if hasattr(self.config, "loaded_app") else None
-        state = getattr(getattr(app, "app", app), "state", None) if app is not None else None
-        service = getattr(state, "service", None) if state is not None else None
+        service = getattr(self._app.state, "service", None)
         if service is not None:
             service.draining = True
         super().handle_exit(sig, frame)
+        # uvicorn re-raises captured signals after serve() returns, which would kill the process
+        # with SIGTERM's default action (exit -15) and skip our cleanup (the local model child).
+        # A drained shutdown is a clean exit.
+        if hasattr(self, "_captured_signals"):
+            self._captured_signals.clear()
 
 
 async def serve(config: Config) -> None:
@@ -38,10 +46,10 @@ async def serve(config: Config) -> None:
     if config.local_model.enabled:
         from gateway.local_model import LocalModelServer
 
-        local = LocalModelServer(config.local_model)
+        local = LocalModelServer(config.local_model, embeddings=config.local_model.embeddings)
         log.info("starting the embedded local model %s ...", config.local_model.model_name)
         base_url = await local.start()
-        config = with_local_backend(config, base_url)
+        config = with_local_backend(config, base_url, local.embedding_model_name)
     try:
         app = create_app(config)
         server = _DrainingServer(
@@ -57,7 +65,8 @@ async def serve(config: Config) -> None:
                 date_header=False,
                 timeout_graceful_shutdown=int(config.server.drain_timeout + 0.999),
                 log_level="info",
-            )
+            ),
+            app,
         )
         await server.serve()
     finally:

@@ -19,19 +19,28 @@ def embedded_default() -> Config:
     )
 
 
-def with_local_backend(config: Config, base_url: str) -> Config:
+def with_local_backend(config: Config, base_url: str, embedding_model: str | None = None) -> Config:
     """``config`` plus a backend ``local`` for the running embedded model at ``base_url``."""
     local = config.local_model
+    models: list[dict[str, Any]] = [
+        {"name": local.model_name, "tags": ["local", "cheap"], "context_window": local.n_ctx}
+    ]
+    if embedding_model:
+        models.append({"name": embedding_model, "upstream_name": local.model_name, "tags": ["local", "embedding"]})
     data: dict[str, Any] = config.model_dump(mode="python")
     data["backends"] = [
         *data["backends"],
         {
             "name": "local",
             "base_url": base_url,
-            "models": [{"name": local.model_name, "tags": ["local", "cheap"], "context_window": local.n_ctx}],
+            "models": models,
             # CPU inference: allow a slow first token, keep a bounded total.
             "timeouts": {"connect": 2.0, "first_byte": 120.0, "total": 600.0, "idle": 60.0},
             "max_concurrency": 8,
+            # llama.cpp's server answers GET /models only between generations, so an HTTP health
+            # check would mark it down during every long answer; the child process is supervised
+            # by LocalModelServer instead.
+            "health": {"enabled": False},
         },
     ]
     return parse_config(data, env={})

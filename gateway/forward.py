@@ -54,14 +54,20 @@ class OpenedStream:
     replica: Replica
     _finished: bool = False
 
-    def finish(self, *, ok: bool, failure: UpstreamFailure | None = None) -> None:
-        """Release the replica slot and tell its breaker how the stream ended (idempotent)."""
+    def finish(self, *, ok: bool, failure: UpstreamFailure | None = None, reuse: bool = True) -> None:
+        """Release the replica slot and tell its breaker how the stream ended (idempotent).
+
+        ``reuse=False`` drops the connection even after a good stream (its body was not drained).
+        """
         if self._finished:
             return
         self._finished = True
         self.replica.outstanding -= 1
         if ok:
-            self.response.release()
+            if reuse:
+                self.response.release()
+            else:
+                self.response.close()
             self.replica.breaker.record_success()
         else:
             self.response.close()

@@ -110,6 +110,10 @@ class ProxyService:
         except ClientDisconnected:
             record.outcome, record.status = "client_disconnected", 499
             return Response(status_code=499)
+        except Exception:
+            # A bug: the app's handler answers 500 in OpenAI's shape; the record must say so too.
+            record.status, record.outcome, record.error_type = 500, "error", "internal_error"
+            raise
         finally:
             self.metrics.in_flight.dec()
             if not streaming:

@@ -23,6 +23,8 @@ from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamFailure
 from gateway.usage import SSEUsageScanner
 
+_SETTLE_SECONDS = 0.1
+
 
 def error_event(message: str, error_type: str, code: str) -> bytes:
     """An SSE event carrying an OpenAI error object (the openai SDK raises it as an APIError)."""
@@ -48,6 +50,7 @@ class ProxyStream(Response):
         self._extra_headers = list(headers)
         self._on_done = on_done
         self._scanner = SSEUsageScanner()
+        self._client_done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         record = self._trace.record
@@ -63,7 +66,9 @@ class ProxyStream(Response):
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
             await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
-            if not pump.done():
+            if not pump.done() and self._client_done:
+                await pump  # the client has its whole answer; only the upstream's tail remains
+            elif not pump.done():
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
@@ -81,16 +86,37 @@ class ProxyStream(Response):
             watcher.cancel()
             self._on_done(self._trace, self._scanner)
 
+    async def _settle_upstream(self) -> None:
+        opened = self._opened
+        try:
+            while await opened.response.next_chunk(timeout=_SETTLE_SECONDS):
+                pass
+        except UpstreamFailure:
+            opened.finish(ok=True, reuse=False)
+            return
+        opened.finish(ok=True)
+
     async def _pump(self, send: Send) -> None:
         opened, scanner, record = self._opened, self._scanner, self._trace.record
         first = opened.first_chunk
         scanner.feed(first)
         record.ttft_ms = (time.perf_counter() - self._trace.started) * 1000.0
         try:
-            await send({"type": "http.response.body", "body": first, "more_body": True})
-            while chunk := await opened.response.next_chunk():
-                scanner.feed(chunk)
+            chunk = first
+            while not scanner.saw_done:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                chunk = await opened.response.next_chunk()
+                if not chunk:
+                    break
+                scanner.feed(chunk)
+            if scanner.saw_done:
+                # [DONE] is terminal: finish the client's response now instead of waiting for the
+                # upstream to close (some servers keep the stream open after it), then give the
+                # upstream a moment to end its body so the connection can be reused.
+                self._client_done = True
+                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                await self._settle_upstream()
+                return
         except UpstreamFailure as failure:
             record.outcome = "stream_error"
             record.error_type = failure.kind

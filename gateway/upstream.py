@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -206,9 +207,11 @@ def parse_retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(seconds, 0.0) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

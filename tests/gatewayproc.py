@@ -22,16 +22,23 @@ REPO = Path(__file__).resolve().parent.parent
 class GatewayProcess:
     """A gateway subprocess on a free loopback port with its own config and SQLite decision log."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: dict[str, Any] | None, workdir: Path, *, env: dict[str, str] | None = None
+    ) -> None:
+        """``config=None`` runs the embedded default (``pointsman serve`` with no config file)."""
         self.port = free_port()
         self.workdir = workdir
-        self.db_path = workdir / "decisions.db"
-        config = {**config}
-        config.setdefault("server", {})
-        config["server"] = {"host": "127.0.0.1", "port": self.port, **config["server"]}
-        config.setdefault("store", {"kind": "sqlite", "path": str(self.db_path), "flush_interval": 0.05})
-        self.config_path = workdir / "config.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
+        self.config_path: Path | None = None
+        if config is None:
+            self.db_path = workdir / "pointsman.db"  # the embedded default's store, relative to cwd
+        else:
+            self.db_path = workdir / "decisions.db"
+            config = {**config}
+            config.setdefault("server", {})
+            config["server"] = {"host": "127.0.0.1", "port": self.port, **config["server"]}
+            config.setdefault("store", {"kind": "sqlite", "path": str(self.db_path), "flush_interval": 0.05})
+            self.config_path = workdir / "config.yaml"
+            self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = workdir / "gateway.log"
         self._env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -46,9 +53,13 @@ class GatewayProcess:
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
         log = self.log_path.open("ab")
+        command = [sys.executable, "-m", "gateway.cli", "serve"]
+        if self.config_path is not None:
+            command += ["--config", str(self.config_path)]
+        else:
+            command += ["--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config_path)],
-            cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=self._env,
+            command, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=self._env
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -1,0 +1,77 @@
+"""Entry point of the embedded model's child process: llama-cpp-python's OpenAI server, hardened.
+
+Run as a script by :class:`gateway.local_model.LocalModelServer` (``python -P <this file> --config_file
+...``); the gateway imports only ``PARENT_PID_ENV`` from it. Before handing over to
+``llama_cpp.server`` it does three things the stock server cannot be told to do:
+
+* **Die with the parent.** ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux, so a gateway killed with
+  SIGKILL (or OOM-killed) never leaves an orphaned model server holding memory and a port. Done here,
+  after ``exec``, rather than in a ``preexec_fn``, which is unsafe in a threaded parent.
+* **Settings from the config file only.** ``llama_cpp.server`` (pydantic-settings) fills every setting
+  the config file leaves out from a same-named environment variable, case-insensitively: an unrelated
+  ``API_KEY`` in the gateway's environment would make the child demand it, ``PORT``/``HOST`` would move
+  it. Those variables are removed from the child's environment before the server reads it.
+* **No extra weight-buffer types** (``use_extra_bufts = False``). llama.cpp moves quantised weights
+  into AMX / repacked buffers when the CPU advertises those features. Some hypervisors advertise AMX
+  but fault on its first instruction (``ldtilecfg``), which kills the server with SIGSEGV on the
+  first multi-token prompt (seen on this project's Firecracker VMs). Plain CPU buffers work everywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PARENT_PID_ENV = "POINTSMAN_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not sys.platform.startswith("linux") or not parent:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    # The parent may have died between fork and prctl; then nobody would ever send the signal.
+    if os.getppid() != int(parent):
+        os._exit(1)
+
+
+def _settings_from_config_file_only() -> None:
+    from llama_cpp.server.settings import ConfigFileSettings, Settings
+
+    names = {name.upper() for model in (Settings, ConfigFileSettings) for name in model.model_fields}
+    names |= {"HOST", "PORT", "CONFIG_FILE"}  # read by llama_cpp.server directly, outside pydantic
+    for key in list(os.environ):
+        if key.upper() in names:
+            del os.environ[key]
+
+
+def _plain_cpu_buffers() -> None:
+    import llama_cpp.llama_cpp as bindings
+
+    default_params = bindings.llama_model_default_params
+
+    def params() -> bindings.llama_model_params:
+        value = default_params()
+        value.use_extra_bufts = False
+        return value
+
+    # llama_cpp.Llama looks this function up on the module at load time, so replacing it is enough.
+    bindings.llama_model_default_params = params
+
+
+def main() -> None:
+    _die_with_parent()
+    _plain_cpu_buffers()
+    _settings_from_config_file_only()
+    from llama_cpp.server.__main__ import main as serve
+
+    sys.argv[0] = "llama_cpp.server"
+    serve()
+
+
+if __name__ == "__main__":
+    main()
