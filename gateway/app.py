@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -88,7 +89,7 @@ def create_app(config: Config) -> FastAPI:
         try:
             service.authenticate(request)
         except PointsmanError as error:
-            return error_response(error)
+            return error_response(error, _gateway_headers())
         created = int(request.app.state.started_at)
         data = [
             {"id": name, "object": "model", "created": created, "owned_by": target.backend.name}
@@ -98,7 +99,9 @@ def create_app(config: Config) -> FastAPI:
             {"id": name, "object": "model", "created": created, "owned_by": "pointsman-route"}
             for name in service.policies
         ]
-        return _json({"object": "list", "data": data})
+        response = _json({"object": "list", "data": data})
+        response.raw_headers.extend(_gateway_headers())
+        return response
 
     async def health(request: Request) -> Response:
         return _json({"status": "ok"})
@@ -127,18 +130,19 @@ def create_app(config: Config) -> FastAPI:
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
-            return error_response(MethodNotAllowedError(message))
+            return error_response(MethodNotAllowedError(message), _gateway_headers())
         if exc.status_code == 404:
-            return error_response(RouteNotFoundError(f"no such endpoint: {request.method} {request.url.path}"))
+            message = f"no such endpoint: {request.method} {request.url.path}"
+            return error_response(RouteNotFoundError(message), _gateway_headers())
         error = PointsmanError(str(exc.detail))
         error.status = exc.status_code
-        return error_response(error)
+        return error_response(error, _gateway_headers())
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> Response:
         # A bug: log it with its traceback (never the request body) and answer in OpenAI's shape.
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(PointsmanError("internal gateway error", code="internal_error"))
+        return error_response(PointsmanError("internal gateway error", code="internal_error"), _gateway_headers())
 
     return app
 
@@ -146,6 +150,17 @@ def create_app(config: Config) -> FastAPI:
 def _service(request: Request) -> ProxyService:
     service: ProxyService = request.app.state.service
     return service
+
+
+def _gateway_headers() -> list[tuple[bytes, bytes]]:
+    """The x-pointsman-* headers for responses that involve no model (listing, unknown paths)."""
+    return [
+        (b"x-pointsman-request-id", f"psm-{uuid.uuid4().hex}".encode()),
+        (b"x-pointsman-model", b""),
+        (b"x-pointsman-backend", b""),
+        (b"x-pointsman-route", b""),
+        (b"x-pointsman-overhead-ms", b"0.000"),
+    ]
 
 
 def _json(payload: object, status: int = 200) -> Response:

@@ -197,6 +197,9 @@ def test_unknown_path_and_method_are_openai_shaped(gateway: GatewayProcess) -> N
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     wrong = httpx.get(f"{gateway.base_url}/chat/completions")
     assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
+    for response in (missing, wrong, httpx.get(f"{gateway.base_url}/models")):
+        for header in HEADERS:
+            assert header in response.headers, (response.url, header)
 
 
 def test_health_ready_and_metrics(gateway: GatewayProcess, client: OpenAI) -> None:
