@@ -15,7 +15,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -56,8 +56,13 @@ def start(
 
     try:
         return subprocess.Popen(
-            list(cmd), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-            start_new_session=True, preexec_fn=_pin,
+            list(cmd),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_pin,
         )
     finally:
         log.close()  # the child holds its own descriptor
@@ -81,7 +86,7 @@ def wait_http(
     url: str,
     proc: subprocess.Popen[bytes] | None,
     timeout: float,
-    body: dict[str, object] | None = None,
+    body: Mapping[str, object] | None = None,
     log_path: Path | None = None,
 ) -> None:
     """Poll ``url`` (GET, or POST of ``body`` as JSON) until it answers 200; raise with the log tail."""
@@ -90,8 +95,7 @@ def wait_http(
     data = json.dumps(body).encode() if body is not None else None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready"
-                               + _tail(log_path))
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready" + _tail(log_path))
         request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=5) as resp:

@@ -97,8 +97,14 @@ def _is_stream(body: bytes) -> bool:
 
 def _plain(status: bytes, body: bytes, content_type: bytes = b"application/json") -> bytes:
     return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: " + content_type
-        + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\nconnection: keep-alive\r\n\r\n" + body
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: "
+        + content_type
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\nconnection: keep-alive\r\n\r\n"
+        + body
     )
 
 
@@ -140,13 +146,14 @@ class FakeUpstreamProtocol(asyncio.Protocol):
                 break
             head = self.buf[:head_end]
             body_start = head_end + 4
-            parsed = self._parse(head, body_start)
-            if parsed is None:
-                break  # body not complete yet
-            if parsed == b"":
+            try:
+                parsed = self._parse(head, body_start)
+            except ValueError:
                 out.append(RESP_400)
                 self.buf = b""
                 break
+            if parsed is None:
+                break  # body not complete yet
             body, consumed = parsed
             self.buf = self.buf[consumed:]
             out.append(self._route(head, body))
@@ -161,17 +168,14 @@ class FakeUpstreamProtocol(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(payload)
 
-    def _parse(self, head: bytes, body_start: int) -> tuple[bytes, int] | bytes | None:
-        """Return (body, bytes consumed), None when incomplete, or b"" when malformed."""
+    def _parse(self, head: bytes, body_start: int) -> tuple[bytes, int] | None:
+        """Return (body, bytes consumed) or None when incomplete; ValueError when malformed."""
         lower = head.lower()
         idx = lower.find(b"\r\ncontent-length:")
         if idx >= 0:
             end = lower.find(b"\r\n", idx + 2)
             raw = head[idx + 17 : end if end >= 0 else len(head)]
-            try:
-                length = int(raw.strip())
-            except ValueError:
-                return b""
+            length = int(raw.strip())
             if len(self.buf) < body_start + length:
                 return None
             return self.buf[body_start : body_start + length], body_start + length
@@ -179,16 +183,13 @@ class FakeUpstreamProtocol(asyncio.Protocol):
             return self._parse_chunked(body_start)
         return b"", body_start
 
-    def _parse_chunked(self, pos: int) -> tuple[bytes, int] | bytes | None:
+    def _parse_chunked(self, pos: int) -> tuple[bytes, int] | None:
         parts: list[bytes] = []
         while True:
             line_end = self.buf.find(b"\r\n", pos)
             if line_end < 0:
                 return None
-            try:
-                size = int(self.buf[pos:line_end].split(b";")[0], 16)
-            except ValueError:
-                return b""
+            size = int(self.buf[pos:line_end].split(b";")[0], 16)
             pos = line_end + 2
             if size == 0:
                 trailer_end = self.buf.find(b"\r\n", pos)
@@ -288,15 +289,23 @@ def serve_uvicorn(host: str, port: int, delay: float) -> None:
     import uvicorn
 
     config = uvicorn.Config(
-        make_asgi_app(delay), host=host, port=port, http="httptools", loop="auto",
-        log_level="warning", access_log=False, lifespan="on", backlog=1024,
+        make_asgi_app(delay),
+        host=host,
+        port=port,
+        http="httptools",
+        loop="auto",
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        backlog=1024,
     )
     server = uvicorn.Server(config)
 
     async def run() -> None:
         # uvicorn installs its own SIGINT/SIGTERM handlers inside serve().
         task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
+        # uvicorn exposes readiness only as a flag, so poll it.
+        while not server.started and not task.done():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         if server.started:
             print(f"READY {port}", flush=True)

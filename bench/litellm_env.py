@@ -9,8 +9,10 @@ Settings chosen so the comparison is fair (LiteLLM's fastest sensible single-pro
 * one uvicorn worker (``--num_workers 1``), pinned to the same core as Pointsman;
 * uvicorn with uvloop (LiteLLM's default) and httptools (installed here so uvicorn does not fall
   back to the slower pure-Python h11 parser; Pointsman gets httptools from ``uvicorn[standard]``);
-* no database, no master key, no callbacks, ``set_verbose: false``, ``LITELLM_LOG=ERROR``,
-  ``turn_off_message_logging``, spend/error logs off, ``LITELLM_MODE=PRODUCTION`` (no .env loading), ``LITELLM_TELEMETRY_DISABLED=True``,
+* no database, no callbacks, ``set_verbose: false``, ``LITELLM_LOG=ERROR``,
+  ``turn_off_message_logging``, spend/error logs off, ``LITELLM_MODE=PRODUCTION`` (no .env
+  loading), ``LITELLM_TELEMETRY_DISABLED=True``;
+* no master key (no auth), like the Pointsman bench config (no API keys);
   ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (no network fetch of the cost map; there is no internet);
 * its default upstream transport (aiohttp in current releases).
 
@@ -37,6 +39,9 @@ LITELLM_ENV = {
     "LITELLM_TELEMETRY_DISABLED": "True",
     "NO_DOCS": "True",
     "NO_REDOC": "True",
+    # No auth on either proxy: Pointsman's bench config has no API keys either. LiteLLM refuses to
+    # start without a master key unless told this is deliberate.
+    "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
 }
 
 
@@ -51,7 +56,9 @@ def ensure_installed(log: bool = True) -> Path:
     pip = VENV_DIR / "bin" / "pip"
     proc = subprocess.Popen(
         [str(pip), "install", "--progress-bar", "off", *PACKAGES],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -85,22 +92,23 @@ general_settings:
     return path
 
 
-def start(
-    port: int, config_path: Path, log_path: Path, cpus: set[int] | None = None
-) -> subprocess.Popen[bytes]:
+def start(port: int, config_path: Path, log_path: Path, cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
     """Start ``litellm --config ... --port P`` with one worker (does not wait for readiness)."""
     exe = ensure_installed()
-    cmd = [str(exe), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port),
-           "--num_workers", "1"]
+    cmd = [str(exe), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
     return _procs.start(cmd, log_path, cpus=cpus, env=LITELLM_ENV, cwd=config_path.parent)
 
 
-def wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout: float = 120.0,
-               model: str = "fake-model") -> None:
+def wait_ready(
+    proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout: float = 120.0, model: str = "fake-model"
+) -> None:
     """Wait until a real chat completion goes through LiteLLM (its import alone takes seconds)."""
     _procs.wait_http(
-        f"http://127.0.0.1:{port}/v1/chat/completions", proc, timeout,
-        body={"model": model, "messages": [{"role": "user", "content": "hi"}]}, log_path=log_path,
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        proc,
+        timeout,
+        body={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+        log_path=log_path,
     )
 
 

@@ -44,6 +44,8 @@ class LoadResult:
     max_ms: float
     mean_ms: float
     loadgen_cpu: float  # CPU seconds used by this process / wall seconds of the measured phase
+    warmup_count: int = 0  # requests sent during the unrecorded warmup
+    warmup_s: float = 0.0  # how long the warmup really took (the last answers arrive after its deadline)
     first_error: str | None = None
     statuses: dict[str, int] = field(default_factory=dict)
 
@@ -83,7 +85,7 @@ async def run_load(
     duration: float | None = 3.0,
     requests: int | None = None,
     warmup: float = 0.5,
-    timeout: float = 30.0,
+    request_timeout: float = 30.0,
     headers: dict[str, str] | None = None,
 ) -> LoadResult:
     """Drive ``url`` with ``concurrency`` closed-loop workers and return the measured result.
@@ -95,19 +97,22 @@ async def run_load(
     send_headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
     send_headers.update(headers or {})
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False)
-    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    client_timeout = aiohttp.ClientTimeout(total=request_timeout)
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     errors = 0
     first_error: str | None = None
     budget = [requests or 0]
+    warmup_count = 0
 
     async with aiohttp.ClientSession(
         connector=connector, timeout=client_timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
     ) as session:
 
         async def one(record: bool) -> None:
-            nonlocal errors, first_error
+            nonlocal errors, first_error, warmup_count
+            if not record:
+                warmup_count += 1
             start = time.perf_counter()
             try:
                 async with session.post(url, data=body, headers=send_headers) as resp:
@@ -139,9 +144,11 @@ async def run_load(
                 budget[0] -= 1
                 await one(True)
 
+        warmup_started = time.perf_counter()
         if warmup > 0:
-            deadline = time.perf_counter() + warmup
+            deadline = warmup_started + warmup
             await asyncio.gather(*(timed_worker(deadline, False) for _ in range(concurrency)))
+        warmup_s = time.perf_counter() - warmup_started
 
         cpu0, t0 = _cpu_seconds(), time.perf_counter()
         if duration is not None:
@@ -166,6 +173,8 @@ async def run_load(
         max_ms=latencies[-1] if latencies else 0.0,
         mean_ms=sum(latencies) / count if count else 0.0,
         loadgen_cpu=cpu / elapsed if elapsed > 0 else 0.0,
+        warmup_count=warmup_count,
+        warmup_s=warmup_s,
         first_error=first_error,
         statuses=statuses,
     )
@@ -206,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration,
             requests=args.requests,
             warmup=args.warmup,
-            timeout=args.timeout,
+            request_timeout=args.timeout,
         )
     )
     if args.json:

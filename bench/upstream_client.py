@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import statistics
@@ -41,9 +42,7 @@ VARIANTS = ("aiohttp", "httpx", "httpx-bigpool", "httpx-sharded", "httpx2", "htt
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-fake"}
 
 
-async def _make_sender(
-    variant: str, url: str, body: bytes, stack: AsyncExitStack
-) -> Callable[[], Awaitable[int]]:
+async def _make_sender(variant: str, url: str, body: bytes, stack: AsyncExitStack) -> Callable[[], Awaitable[int]]:
     """Build ``send()`` for one variant: POST ``body``, read the whole answer, return the status."""
     if variant == "aiohttp":
         import aiohttp
@@ -59,10 +58,15 @@ async def _make_sender(
 
         return send_aiohttp
 
+    hx: Any
     if variant.startswith("httpx2"):
-        import httpx2 as hx  # type: ignore[import-not-found,unused-ignore]
+        import httpx2
+
+        hx = httpx2
     else:
-        import httpx as hx
+        import httpx
+
+        hx = httpx
     if variant in ("httpx", "httpx2"):
         clients = [await stack.enter_async_context(hx.AsyncClient())]
     elif variant.endswith("-bigpool"):
@@ -114,10 +118,15 @@ async def _drive(variant: str, url: str, concurrency: int, duration: float, warm
         cpu = _procs.cpu_seconds(os.getpid()) - cpu0
     latencies.sort()
     return {
-        "variant": variant, "concurrency": concurrency, "count": len(latencies), "errors": errors,
-        "rps": len(latencies) / elapsed, "p50_ms": percentile(latencies, 50),
+        "variant": variant,
+        "concurrency": concurrency,
+        "count": len(latencies),
+        "errors": errors,
+        "rps": len(latencies) / elapsed,
+        "p50_ms": percentile(latencies, 50),
         "p99_ms": percentile(latencies, 99),
-        "cpu_us_per_req": cpu / max(1, len(latencies)) * 1e6, "cpu_util": cpu / elapsed,
+        "cpu_us_per_req": cpu / max(1, len(latencies)) * 1e6,
+        "cpu_util": cpu / elapsed,
     }
 
 
@@ -134,8 +143,20 @@ def _worker_main(args: argparse.Namespace) -> int:
 
 
 def _run_cell(variant: str, url: str, c: int, duration: float, warmup: float, cpu: int | None) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--worker", variant, "--url", url, "--c", str(c),
-           "--duration", str(duration), "--warmup", str(warmup)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        variant,
+        "--url",
+        url,
+        "--c",
+        str(c),
+        "--duration",
+        str(duration),
+        "--warmup",
+        str(warmup),
+    ]
 
     def _pin() -> None:
         if cpu is not None:
@@ -168,17 +189,24 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(110, Console().width))
     pin = not args.no_pin and _procs.cpu_count() >= 2
     upstream_cpus, client_cpu = ({0}, 1) if pin else (None, None)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    variants = [v for v in args.variants.split(",") if v]
+    variants = []
+    for variant in (v for v in args.variants.split(",") if v):
+        module = "aiohttp" if variant == "aiohttp" else variant.split("-")[0]
+        if importlib.util.find_spec(module) is None:
+            console.print(f"[yellow]skipping {variant}: {module} is not installed[/yellow]")
+        else:
+            variants.append(variant)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:
         port = _procs.free_port()
         log = Path(tmp) / "upstream.log"
         upstream = _procs.start(
-            [sys.executable, str(_procs.BENCH_DIR / "fake_upstream.py"), "--port", str(port)], log,
+            [sys.executable, str(_procs.BENCH_DIR / "fake_upstream.py"), "--port", str(port)],
+            log,
             cpus=upstream_cpus,
         )
         try:
@@ -186,25 +214,39 @@ def main(argv: list[str] | None = None) -> int:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             for c in concurrencies:
                 for variant in variants:
-                    rounds = [_run_cell(variant, url, c, args.duration, args.warmup, client_cpu)
-                              for _ in range(args.rounds)]
-                    merged = {key: statistics.median(r[key] for r in rounds)
-                              for key in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req", "cpu_util")}
+                    rounds = [
+                        _run_cell(variant, url, c, args.duration, args.warmup, client_cpu) for _ in range(args.rounds)
+                    ]
+                    merged = {
+                        key: statistics.median(r[key] for r in rounds)
+                        for key in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req", "cpu_util")
+                    }
                     merged.update(variant=variant, concurrency=c, errors=sum(r["errors"] for r in rounds))
                     results.append(merged)
-                    console.print(f"  {variant:15s} c={c:<3d} rps={merged['rps']:7.0f} "
-                                  f"p50={merged['p50_ms']:.3f}ms cpu/req={merged['cpu_us_per_req']:.0f}us")
+                    console.print(
+                        f"  {variant:15s} c={c:<3d} rps={merged['rps']:7.0f} "
+                        f"p50={merged['p50_ms']:.3f}ms cpu/req={merged['cpu_us_per_req']:.0f}us"
+                    )
         finally:
             _procs.stop(upstream)
 
-    table = Table(title="Upstream HTTP client, driving the fake upstream (medians of "
-                        f"{args.rounds} x {args.duration:g}s; client on 1 core)")
+    table = Table(
+        title="Upstream HTTP client, driving the fake upstream (medians of "
+        f"{args.rounds} x {args.duration:g}s; client on 1 core)"
+    )
     for col in ("client", "c", "RPS", "p50 ms", "p99 ms", "CPU us/req", "client CPU", "errors"):
-        table.add_column(col, justify="left" if col == "client" else "right")
+        table.add_column(col, justify="left" if col == "client" else "right", no_wrap=True)
     for r in results:
-        table.add_row(r["variant"], str(r["concurrency"]), f"{r['rps']:.0f}", f"{r['p50_ms']:.3f}",
-                      f"{r['p99_ms']:.3f}", f"{r['cpu_us_per_req']:.0f}", f"{r['cpu_util']:.0%}",
-                      str(r["errors"]))
+        table.add_row(
+            r["variant"],
+            str(r["concurrency"]),
+            f"{r['rps']:.0f}",
+            f"{r['p50_ms']:.3f}",
+            f"{r['p99_ms']:.3f}",
+            f"{r['cpu_us_per_req']:.0f}",
+            f"{r['cpu_util']:.0%}",
+            str(r["errors"]),
+        )
     console.print(table)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -159,12 +160,7 @@ class UpstreamClient:
         deadline = started + timeouts.total
         try:
             async with asyncio.timeout(min(timeouts.first_byte, timeouts.total)):
-                raw = await self.session.post(
-                    url,
-                    data=body,
-                    headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
-                )
+                raw = await self.session.post(url, data=body, headers=headers, timeout=_client_timeout(timeouts))
         except TimeoutError as exc:
             raise UpstreamFailure("first_byte_timeout", "upstream sent no response headers in time") from exc
         except aiohttp.ConnectionTimeoutError as exc:
@@ -200,6 +196,12 @@ class UpstreamClient:
             raise UpstreamFailure("first_byte_timeout", "health check timed out") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamFailure("connect", f"health check failed: {_describe(exc)}") from exc
+
+
+@functools.lru_cache(maxsize=256)
+def _client_timeout(timeouts: Timeouts) -> aiohttp.ClientTimeout:
+    # One per configured Timeouts (they are frozen, hashable config values), not one per request.
+    return aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect)
 
 
 def parse_retry_after(value: str | None) -> float | None:
