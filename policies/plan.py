@@ -11,13 +11,18 @@ class Plan:
     """An ordered list of candidate models: the first answers, the rest are fallbacks.
 
     ``reason`` is a short human-readable explanation recorded in the decision log; ``signals``
-    holds whatever the policy computed on the way (empty for static routing).
+    holds whatever the policy computed on the way (empty for static routing). ``redact`` names the
+    PII kinds the gateway must redact from the request body before forwarding it, and ``details``
+    is the compact explanation (matched rules, score, threshold …) stored with the decision.
+    Code that derives a plan from another must use ``dataclasses.replace`` so neither is lost.
     """
 
     candidates: tuple[str, ...]
     policy: str
     reason: str
     signals: dict[str, Any] = field(default_factory=dict)
+    redact: tuple[str, ...] = ()
+    details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -25,4 +30,11 @@ class Plan:
 
     def describe(self) -> dict[str, Any]:
         """The compact form stored in the decision record."""
-        return {"policy": self.policy, "candidates": list(self.candidates), "reason": self.reason}
+        described: dict[str, Any] = {
+            "policy": self.policy, "candidates": list(self.candidates), "reason": self.reason
+        }
+        if self.redact:
+            described["redact"] = list(self.redact)
+        if self.details:
+            described["details"] = self.details
+        return described

@@ -1,0 +1,343 @@
+"""The declarative policy of a route, as written in the config file.
+
+A route either sends everything to one model (``policy: static``) or decides per request
+(``policy: rules``)::
+
+    routes:
+      - name: auto
+        policy: rules
+        signals:
+          keywords:                       # each list defines a signal named by its key
+            urgent: {keywords: [asap, urgent]}
+        rules:                            # highest priority first; ties keep file order
+          - name: block-jailbreak
+            priority: 100
+            when: {signal: jailbreak, op: ge, value: 0.8}
+            action: {block: "This request was blocked by policy.", status: 403}
+          - name: redact-pii
+            priority: 90
+            when: {signal: pii, op: truthy}
+            action: {redact: [email, phone, credit_card]}     # not terminal: later rules still run
+          - name: code-to-coder
+            priority: 50
+            when: {all: [{signal: domain, op: in, value: [code]}, {not: {signal: tools, op: truthy}}]}
+            action: {route: coder-model}
+        cost_quality:                     # the default when no routing rule matched …
+          signal: difficulty
+          strong: big-model
+          weak: small-model
+          threshold: 0.5                  # … or target_strong_share: 0.3 (calibrated)
+        sticky: {ttl: 1800, escalate: true}
+        fallbacks: [small-model]
+
+Structural errors (unknown keys, wrong types, an operator without its value …) are raised by
+pydantic with the key path; cross-checks against the rest of the config (unknown signals and
+models, impossible conditions) are done by :func:`policies.validation.validate_policy`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Op = Literal["gt", "ge", "lt", "le", "eq", "ne", "in", "not_in", "contains", "truthy"]
+_NUMERIC_OPS = frozenset({"gt", "ge", "lt", "le"})
+_SET_OPS = frozenset({"in", "not_in"})
+_PATH = r"^[A-Za-z_][\w-]*(\.[\w-]+)*$"
+_NAME = r"^[A-Za-z0-9_][\w.:-]*$"
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo in a policy must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Condition(_Strict):
+    """One node of a condition tree: exactly one of ``all``, ``any``, ``not`` or a comparison.
+
+    A comparison is ``{signal, op, value}``: ``signal`` is a signal name or a dotted path into it
+    (``domain.confidence``); ``value`` is a number for ``gt/ge/lt/le``, a non-empty list for
+    ``in/not_in``, a scalar for ``eq/ne/contains`` and absent for ``truthy``. On list-valued
+    signals (PII kinds, keywords matched) ``in`` means "any element is in the list" and
+    ``not_in`` "none is".
+    """
+
+    all: tuple[Condition, ...] | None = None
+    any: tuple[Condition, ...] | None = None
+    not_: Condition | None = Field(default=None, alias="not")
+    signal: str | None = Field(default=None, pattern=_PATH)
+    op: Op | None = None
+    value: Any = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Condition:
+        forms = [k for k in ("all", "any", "not_", "signal") if getattr(self, k) is not None]
+        if len(forms) != 1:
+            raise ValueError("a condition is exactly one of: all, any, not, or {signal, op, value}")
+        if self.signal is None:
+            if self.op is not None or "value" in self.model_fields_set:
+                raise ValueError("op and value belong to a {signal, op, value} comparison")
+            group = self.all if self.all is not None else self.any
+            if group is not None and not group:
+                raise ValueError("all/any needs at least one condition")
+            return self
+        if self.op is None:
+            raise ValueError("a comparison needs an op (gt, ge, lt, le, eq, ne, in, not_in, contains, truthy)")
+        has_value = "value" in self.model_fields_set
+        if self.op == "truthy":
+            if has_value:
+                raise ValueError("op truthy takes no value")
+        elif not has_value:
+            raise ValueError(f"op {self.op} needs a value")
+        elif self.op in _NUMERIC_OPS:
+            if isinstance(self.value, bool) or not isinstance(self.value, int | float):
+                raise ValueError(f"op {self.op} needs a number, got {self.value!r}")
+        elif self.op in _SET_OPS:
+            if not isinstance(self.value, list | tuple):
+                raise ValueError(f"op {self.op} needs a list of values, got {self.value!r}")
+            if not self.value:
+                raise ValueError(f"op {self.op} with an empty list can never be decided: give at least one value")
+            if any(isinstance(v, list | tuple | dict) for v in self.value):
+                raise ValueError(f"op {self.op} needs a list of plain values")
+        elif isinstance(self.value, list | tuple | dict):
+            raise ValueError(f"op {self.op} needs a single value, got {self.value!r}")
+        return self
+
+
+class Action(_Strict):
+    """What a matching rule does: exactly one of ``route``, ``tier``, ``block`` or ``redact``.
+
+    ``route`` sends the request to a model (then ``fallbacks``); ``tier`` sends it to the
+    ``cost_quality`` knob's ``strong`` or ``weak`` model; ``block`` rejects it with that message and
+    ``status`` (403 by default, or 400); ``redact`` lists PII kinds the gateway removes from the
+    body before forwarding and, unlike the others, lets later rules run.
+    """
+
+    route: str | None = Field(default=None, min_length=1)
+    tier: Literal["strong", "weak"] | None = None
+    fallbacks: tuple[str, ...] = ()
+    block: str | None = Field(default=None, min_length=1)
+    status: Literal[400, 403] = 403
+    redact: tuple[str, ...] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Action:
+        kinds = [k for k in ("route", "tier", "block", "redact") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("an action is exactly one of: route, tier, block, redact")
+        if self.fallbacks and self.kind not in ("route", "tier"):
+            raise ValueError("fallbacks only go with route or tier")
+        if "status" in self.model_fields_set and self.kind != "block":
+            raise ValueError("status only goes with block")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """``route``, ``tier``, ``block`` or ``redact``."""
+        for key in ("route", "tier", "block"):
+            if getattr(self, key) is not None:
+                return key
+        return "redact"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the rule ends rule evaluation (everything but ``redact``)."""
+        return self.kind != "redact"
+
+
+class Rule(_Strict):
+    """``when`` the condition holds (always, if omitted), apply ``action``.
+
+    Rules run from the highest ``priority`` down (ties in file order) until a terminal action.
+    """
+
+    name: str = Field(pattern=_NAME)
+    priority: int = 0
+    when: Condition | None = None
+    action: Action
+    description: str | None = None
+
+
+class CostQuality(_Strict):
+    """The cost-quality knob: ``strong`` when the score reaches the threshold, else ``weak``.
+
+    The score is ``signal`` (default ``difficulty``: the probability that the strong model is
+    needed). Either a fixed ``threshold`` (default 0.5), or ``target_strong_share``: the threshold
+    is recalibrated continuously so that this share of the last ``window`` decisions goes to the
+    strong model (until ``min_samples`` scores are known, the threshold is ``1 - target``).
+    """
+
+    signal: str = Field(default="difficulty", pattern=_PATH)
+    strong: str = Field(min_length=1)
+    weak: str = Field(min_length=1)
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    target_strong_share: float | None = Field(default=None, ge=0.0, le=1.0)
+    window: int = Field(default=2000, ge=1)
+    min_samples: int = Field(default=50, ge=1)
+
+    @model_validator(mode="after")
+    def _one_knob(self) -> CostQuality:
+        if self.threshold is not None and self.target_strong_share is not None:
+            raise ValueError("set either threshold or target_strong_share, not both")
+        if self.strong == self.weak:
+            raise ValueError(f"strong and weak are the same model {self.strong!r}")
+        if self.target_strong_share is None and {"window", "min_samples"} & self.model_fields_set:
+            raise ValueError("window and min_samples only apply with target_strong_share")
+        return self
+
+
+class MultiModel(_Strict):
+    """Pick, among eligible ``candidates``, the model maximising quality - λ · normalised cost.
+
+    Quality is the predicted quality per model, read from ``quality_signal`` (a mapping model →
+    [0, 1]). Cost is the model's input + output price per million tokens (or ``costs``), divided
+    by the largest candidate cost. A model is eligible when its context window holds the estimated
+    request, it has the ``tools`` tag if the request offers tools, and it has every tag in
+    ``require_tags``.
+    """
+
+    lambda_: float = Field(default=0.5, ge=0.0, alias="lambda")
+    candidates: tuple[str, ...] = Field(min_length=1)
+    quality_signal: str = Field(default="quality", pattern=_PATH)
+    costs: dict[str, float] = Field(default_factory=dict)
+    require_tags: tuple[str, ...] = ()
+
+    @field_validator("candidates")
+    @classmethod
+    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("candidates are listed twice")
+        return value
+
+    @field_validator("costs")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        for model, cost in value.items():
+            if cost < 0:
+                raise ValueError(f"cost of {model!r} is negative")
+        return value
+
+
+class Sticky(_Strict):
+    """Session stickiness: a conversation stays on the model its first default decision chose.
+
+    The session is the ``x-pointsman-session-id`` header, else a hash of the conversation prefix
+    (system prompt + first user message). With ``escalate`` a later decision for a *stronger*
+    model moves the session there (strength: ``order``, weakest first; else the knob's weak <
+    strong; else price). Sessions expire after ``ttl`` seconds unused; at most ``max_sessions``.
+    """
+
+    enabled: bool = True
+    ttl: float = Field(default=1800.0, gt=0)
+    escalate: bool = True
+    max_sessions: int = Field(default=100_000, ge=1)
+    order: tuple[str, ...] = ()
+
+
+class KeywordList(_Strict):
+    """A keyword signal: which of these keywords / regexes occur in the request.
+
+    Its value is the list of matched keywords then patterns (falsy when none matched).
+    """
+
+    keywords: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+    case_sensitive: bool = False
+    scope: Literal["all", "user", "last_user", "system"] = "all"
+
+    @model_validator(mode="after")
+    def _something_to_match(self) -> KeywordList:
+        if not any(k.strip() for k in self.keywords) and not self.patterns:
+            raise ValueError("a keyword list needs at least one keyword or pattern")
+        for index, pattern in enumerate(self.patterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"patterns.{index}: {pattern!r} is not a valid regex: {exc}") from exc
+        return self
+
+    @property
+    def labels(self) -> frozenset[str]:
+        """Every value the signal can report."""
+        return frozenset((*self.keywords, *self.patterns))
+
+
+class SignalSettings(BaseModel):
+    """Per-signal settings of a route.
+
+    ``keywords`` defines keyword signals by name; any other key is the name of a signal and holds
+    settings passed to the signal provider as they are (for example ``pii: {kinds: [email]}``).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    keywords: dict[str, KeywordList] = Field(default_factory=dict)
+
+    @field_validator("keywords")
+    @classmethod
+    def _names(cls, value: dict[str, KeywordList]) -> dict[str, KeywordList]:
+        for name in value:
+            if not re.match(r"^[A-Za-z_][\w-]*$", name):
+                raise ValueError(f"{name!r} is not a valid signal name (letters, digits, _ and -)")
+        return value
+
+    @model_validator(mode="after")
+    def _settings_are_mappings(self) -> SignalSettings:
+        for name, settings in (self.model_extra or {}).items():
+            if not isinstance(settings, Mapping):
+                raise ValueError(f"{name}: signal settings must be a mapping")
+        return self
+
+    @property
+    def settings(self) -> dict[str, Mapping[str, Any]]:
+        """Settings of the other signals, by signal name."""
+        return dict(self.model_extra or {})
+
+
+class RouteConfig(_Strict):
+    """A virtual model (``auto`` …) and the policy that decides its requests.
+
+    ``policy: static`` (the default) sends every request to ``model``, then ``fallbacks``.
+    ``policy: rules`` evaluates ``rules``, then the default decision: exactly one of
+    ``cost_quality``, ``multi_model`` or ``model``; ``sticky`` keeps conversations on one model.
+    """
+
+    name: str = Field(min_length=1)
+    policy: Literal["static", "rules"] = "static"
+    model: str | None = Field(default=None, min_length=1)
+    fallbacks: tuple[str, ...] = ()
+    signals: SignalSettings = Field(default_factory=SignalSettings)
+    rules: tuple[Rule, ...] = ()
+    cost_quality: CostQuality | None = None
+    multi_model: MultiModel | None = None
+    sticky: Sticky | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> RouteConfig:
+        if self.policy == "static":
+            extra = [
+                key for key in ("signals", "rules", "cost_quality", "multi_model", "sticky")
+                if key in self.model_fields_set
+            ]
+            if extra:
+                raise ValueError(f"{', '.join(extra)}: only allowed with policy: rules")
+            if self.model is None:
+                raise ValueError("model: a static route needs a model")
+            return self
+        defaults = [k for k in ("model", "cost_quality", "multi_model") if getattr(self, k) is not None]
+        if not defaults:
+            raise ValueError(
+                "policy rules needs a default decision for requests no rule routes: "
+                "set cost_quality, multi_model or model"
+            )
+        if len(defaults) > 1:
+            raise ValueError(f"set only one default decision, not {' and '.join(defaults)}")
+        names = [rule.name for rule in self.rules]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"rules: two rules are named {name!r}")
+        return self

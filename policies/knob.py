@@ -1,0 +1,131 @@
+"""The cost-quality knob: a threshold on P(strong needed), fixed or calibrated to a target share.
+
+With a target share ``s`` the threshold is chosen from the scores of the last ``window``
+decisions so that a share ``s`` of them reaches it: if that traffic keeps its distribution, a
+share ``s`` of the next requests goes to the strong model. The window is seeded with historic
+scores (for example from the decision log) so a fresh gateway does not start uncalibrated.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from policies.base import PolicyError
+
+THRESHOLD_HEADER = "x-pointsman-threshold"
+
+
+@dataclass(frozen=True, slots=True)
+class KnobDecision:
+    """One knob decision: ``strong`` when ``score >= threshold``.
+
+    ``source`` says where the threshold came from: ``config``, ``calibrated`` (from the window),
+    ``uncalibrated`` (target mode with too few scores yet: ``1 - target``) or ``override``.
+    """
+
+    score: float
+    threshold: float
+    source: str
+    strong: bool
+
+
+class CostQualityKnob:
+    """A fixed ``threshold`` or a ``target_share`` calibrated on a sliding window of scores."""
+
+    def __init__(
+        self,
+        *,
+        threshold: float | None = None,
+        target_share: float | None = None,
+        window: int = 2000,
+        min_samples: int = 50,
+        seed: Iterable[float] = (),
+    ) -> None:
+        if threshold is not None and target_share is not None:
+            raise ValueError("set either threshold or target_share, not both")
+        if window < 1 or min_samples < 1:
+            raise ValueError("window and min_samples must be at least 1")
+        self.fixed = 0.5 if threshold is None and target_share is None else threshold
+        self.target_share = target_share
+        self.min_samples = min_samples
+        # The window in arrival order (to evict the oldest) and sorted (to read quantiles in O(1)).
+        self._recent: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] = []
+        for score in seed:
+            self.observe(score)
+
+    @property
+    def samples(self) -> int:
+        """How many scores the window holds."""
+        return len(self._recent)
+
+    def observe(self, score: float) -> None:
+        """Add a decided request's score to the calibration window (no-op for a fixed threshold)."""
+        if self.target_share is None or not math.isfinite(score):
+            return
+        if len(self._recent) == self._recent.maxlen:
+            oldest = self._recent[0]
+            del self._sorted[bisect.bisect_left(self._sorted, oldest)]
+        self._recent.append(score)
+        bisect.insort(self._sorted, score)
+
+    def threshold(self) -> tuple[float, str]:
+        """The current threshold and its source (see :class:`KnobDecision`)."""
+        if self.target_share is None:
+            assert self.fixed is not None
+            return self.fixed, "config"
+        if len(self._sorted) < self.min_samples:
+            return 1.0 - self.target_share, "uncalibrated"
+        return _share_threshold(self._sorted, self.target_share), "calibrated"
+
+    def decide(self, score: float, override: float | None = None) -> KnobDecision:
+        """Compare ``score`` with the threshold (or the per-request ``override``)."""
+        if override is not None:
+            threshold, source = override, "override"
+        else:
+            threshold, source = self.threshold()
+        return KnobDecision(score=score, threshold=threshold, source=source, strong=score >= threshold)
+
+
+def _share_threshold(ordered: list[float], share: float) -> float:
+    """A threshold that ``round(share * n)`` of the ``n`` sorted scores reach.
+
+    It lies halfway between the weakest score that goes strong and the strongest that does not,
+    so new scores from the same distribution split in the same proportion.
+    """
+    n = len(ordered)
+    strong = round(share * n)
+    first_strong = n - strong
+    if strong == 0:
+        return math.nextafter(ordered[-1], math.inf)
+    if first_strong == 0:
+        return ordered[0]
+    return (ordered[first_strong - 1] + ordered[first_strong]) / 2
+
+
+def threshold_override(headers: Mapping[str, str]) -> float | None:
+    """The per-request threshold from the ``x-pointsman-threshold`` header, if present.
+
+    Raises :class:`PolicyError` (400) when it is not a number in [0, 1].
+    """
+    raw = headers.get(THRESHOLD_HEADER)
+    if raw is None:
+        # Plain dicts (tests, replays) may not be case-insensitive like HTTP header maps.
+        raw = next((v for k, v in headers.items() if k.lower() == THRESHOLD_HEADER), None)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0.0 <= value <= 1.0):  # also rejects NaN
+        raise PolicyError(
+            f"header {THRESHOLD_HEADER}: {raw!r} is not a number between 0 and 1",
+            status=400,
+            code="invalid_threshold",
+        )
+    return value

@@ -1,0 +1,95 @@
+"""Session stickiness: an in-memory TTL + LRU map from a conversation to the model serving it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from policies.context import RequestContext
+
+SESSION_HEADER = "x-pointsman-session-id"
+
+
+class StickySessions:
+    """``session key -> model``; entries expire ``ttl`` seconds after their last use.
+
+    At most ``max_sessions`` entries are kept: the least recently used goes first. One instance
+    per route, used from the event loop only (no locking needed).
+    """
+
+    def __init__(self, ttl: float, max_sessions: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if ttl <= 0 or max_sessions < 1:
+            raise ValueError("ttl must be > 0 and max_sessions >= 1")
+        self.ttl = ttl
+        self.max_sessions = max_sessions
+        self._clock = clock
+        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str, *, touch: bool = True) -> str | None:
+        """The session's model, or ``None`` if unknown or expired. ``touch`` renews its TTL."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        model, expires = entry
+        now = self._clock()
+        if expires <= now:
+            del self._entries[key]
+            return None
+        if touch:
+            self._entries[key] = (model, now + self.ttl)
+            self._entries.move_to_end(key)
+        return model
+
+    def put(self, key: str, model: str) -> None:
+        """Pin the session to ``model`` (evicting the least recently used session if full)."""
+        self._entries[key] = (model, self._clock() + self.ttl)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_sessions:
+            self._entries.popitem(last=False)
+
+
+def session_key(ctx: RequestContext) -> tuple[str, str]:
+    """The session key of a request and where it came from (``header`` or ``prefix``).
+
+    The ``x-pointsman-session-id`` header wins; otherwise the conversation prefix — system
+    prompt(s) plus the first user message — identifies the conversation, since every later turn
+    repeats it. Keys are scoped by route and tenant so tenants never share sessions.
+    """
+    scope = f"{ctx.route}\x00{ctx.tenant or ''}\x00"
+    session = ctx.session_id or _header(ctx.headers, SESSION_HEADER)
+    if session:
+        return scope + "id\x00" + session, "header"
+    prefix = _prefix(ctx.body)
+    digest = hashlib.sha256(json.dumps(prefix, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return scope + "prefix\x00" + digest, "prefix"
+
+
+def _prefix(body: Mapping[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return [body.get("prompt")]
+    prefix: list[Any] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = message.get("role")
+        if role in ("system", "developer"):
+            prefix.append([role, message.get("content")])
+        elif role == "user":
+            prefix.append(["user", message.get("content")])
+            break
+    return prefix
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:
+        value = next((v for k, v in headers.items() if k.lower() == name), None)
+    return value
