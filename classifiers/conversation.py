@@ -1,0 +1,256 @@
+"""The bounded text form of a whole request that the encoders see.
+
+Routing on the last message alone misses what matters (a system prompt asking for code, a tool-using
+agent loop, a long thread), while encoding everything is slow and unbounded. ``conversation_text``
+renders a chat or completions request body into at most ``max_chars`` characters, deterministically:
+
+1. **Last user turn first**, in full up to its share (60% of the budget, more if the other sections
+   are short). It goes first because MiniLM reads only its first 256 word pieces: whatever else is
+   present, the question being asked is always inside the encoder's window. If it is too long, its head
+   and its tail are kept (questions often come after a long pasted document) around a ``[…]`` marker.
+2. ``[system]`` — system/developer messages joined, truncated to 15% of the budget (plus leftovers).
+3. ``[history]`` — every other message (earlier turns, assistant tool calls, tool results, including any
+   after the last user turn) as ``role: text`` lines in chronological order, each capped at 400
+   characters. The most recent are kept; older ones are dropped behind one ``[… N earlier messages]``
+   marker. Share: 15% plus leftovers.
+4. ``[tools]`` — ``name: description`` of each declared tool (description cut to 80 characters),
+   share 10% plus leftovers.
+
+Shares are guaranteed minimums for sections that need them; budget a section does not use goes to the
+others in the order above. Text parts of multi-part content are kept; other parts become markers such
+as ``[image]``. Assistant tool calls render as ``[call name(args)]`` with arguments cut to 120 chars.
+
+A request that is just one user message renders as exactly that message's text (cut to ``max_chars``),
+so a head trained on benchmark prompts sees the same text shape at serving time. Completions bodies
+(``"prompt"``: a string or a list of strings) are treated as a single user turn.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DEFAULT_MAX_CHARS = 2000
+SECTION_SEPARATOR = "\n\n"
+ELLIPSIS = "[…]"
+# Guaranteed shares of the budget; they sum to 1. Leftovers are redistributed in this same order.
+SHARES: tuple[tuple[str, float], ...] = (("last_user", 0.60), ("system", 0.15), ("history", 0.15), ("tools", 0.10))
+HEADERS = {"last_user": "", "system": "[system] ", "history": "[history]\n", "tools": "[tools] "}
+HISTORY_MESSAGE_CHARS = 400
+TOOL_DESCRIPTION_CHARS = 80
+TOOL_ARGUMENT_CHARS = 120
+SYSTEM_ROLES = frozenset({"system", "developer"})
+PART_MARKERS = {"image_url": "[image]", "input_image": "[image]", "input_audio": "[audio]", "file": "[file]"}
+
+
+def conversation_text(body: Mapping[str, Any], max_chars: int = DEFAULT_MAX_CHARS) -> str:
+    """Render a chat-completions or completions request body as bounded text for encoding.
+
+    Args:
+        body: The request body (``messages`` and optional ``tools``/``functions``, or ``prompt``).
+            Malformed pieces are rendered as best as possible, never raised on: validation is the
+            gateway's job, and routing must not fail on a shape the upstream would accept.
+        max_chars: Upper bound on the length of the result (characters).
+
+    Returns:
+        The text; ``len(result) <= max_chars`` always holds. See the module docstring for the layout.
+    """
+    if max_chars <= 0:
+        return ""
+    last_user, system, history, tools = _split(body)
+    if not system and not history and not tools:
+        return _clip(last_user, max_chars)
+
+    sections: dict[str, Any] = {"last_user": last_user, "system": system, "history": history, "tools": tools}
+    present = [name for name, _ in SHARES if sections[name]]
+    overhead = sum(len(HEADERS[name]) for name in present) + len(SECTION_SEPARATOR) * (len(present) - 1)
+    budget = max(max_chars - overhead, 0)
+    needs = {name: _length(sections[name]) for name in present}
+    alloc = _allocate(needs, budget)
+
+    parts: list[str] = []
+    for name in present:
+        if alloc[name] <= 0:
+            continue
+        rendered = _render_history(history, alloc[name]) if name == "history" else _clip(sections[name], alloc[name])
+        if rendered:
+            parts.append(HEADERS[name] + rendered)
+    text = SECTION_SEPARATOR.join(parts)
+    return text[:max_chars]  # never needed when the arithmetic above is right; cheap insurance for the bound
+
+
+def _allocate(needs: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Give each section min(need, share), then hand out what is left in priority order."""
+    share = dict(SHARES)
+    alloc = {name: min(need, int(budget * share[name])) for name, need in needs.items()}
+    left = budget - sum(alloc.values())
+    for name, _ in SHARES:
+        if name in needs and left > 0:
+            extra = min(needs[name] - alloc[name], left)
+            alloc[name] += extra
+            left -= extra
+    return alloc
+
+
+def _split(body: Mapping[str, Any]) -> tuple[str, str, list[str], str]:
+    """Return (last user text, system text, other messages rendered one per entry, tools text)."""
+    tools = _render_tools(body)
+    messages = body.get("messages")
+    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+        return _prompt_text(body.get("prompt")), "", [], tools
+
+    msgs = [m for m in messages if isinstance(m, Mapping)]
+    last_user_index = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
+    last_user = _content_text(msgs[last_user_index].get("content")) if last_user_index is not None else ""
+    system_parts: list[str] = []
+    history: list[str] = []
+    for i, message in enumerate(msgs):
+        if i == last_user_index:
+            continue
+        role = str(message.get("role") or "unknown")
+        if role in SYSTEM_ROLES:
+            text = _content_text(message.get("content"))
+            if text:
+                system_parts.append(text)
+            continue
+        rendered = _render_message(role, message)
+        if rendered:
+            history.append(rendered)
+    return last_user, "\n".join(system_parts), history, tools
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return "[tokens]"  # a pre-tokenised prompt: nothing readable to route on
+        return "\n".join(_prompt_text(p) for p in prompt)
+    return ""
+
+
+def _content_text(content: Any) -> str:
+    """Text of a message's content: a string, or the text parts of a list with markers for the rest."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence) and not isinstance(content, bytes):
+        pieces: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                pieces.append(part)
+            elif isinstance(part, Mapping):
+                kind = str(part.get("type") or "")
+                if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+                    pieces.append(part["text"])
+                elif kind == "refusal" and isinstance(part.get("refusal"), str):
+                    pieces.append(part["refusal"])
+                elif kind:
+                    pieces.append(PART_MARKERS.get(kind, f"[{kind}]"))
+        return "\n".join(p for p in pieces if p)
+    return str(content)
+
+
+def _render_message(role: str, message: Mapping[str, Any]) -> str:
+    """One history entry: ``role: text [call f(args)]…``, capped at HISTORY_MESSAGE_CHARS."""
+    pieces = [_content_text(message.get("content"))]
+    calls = message.get("tool_calls")
+    if isinstance(calls, Sequence) and not isinstance(calls, str | bytes):
+        pieces.extend(_render_call(c.get("function")) for c in calls if isinstance(c, Mapping))
+    if isinstance(message.get("function_call"), Mapping):  # the legacy functions API
+        pieces.append(_render_call(message["function_call"]))
+    text = " ".join(p for p in pieces if p).strip()
+    if not text:
+        return ""
+    label = role
+    if role in ("tool", "function") and isinstance(message.get("name"), str):
+        label = f"{role} {message['name']}"
+    return _clip(f"{label}: {text}", HISTORY_MESSAGE_CHARS)
+
+
+def _render_call(function: Any) -> str:
+    if not isinstance(function, Mapping):
+        return ""
+    name = str(function.get("name") or "?")
+    args = function.get("arguments")
+    if not isinstance(args, str):
+        args = json.dumps(args, sort_keys=True, ensure_ascii=False) if args is not None else ""
+    return f"[call {name}({_head(args, TOOL_ARGUMENT_CHARS)})]"
+
+
+def _render_tools(body: Mapping[str, Any]) -> str:
+    declared: list[Any] = []
+    for key in ("tools", "functions"):
+        value = body.get(key)
+        if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+            declared.extend(value)
+    lines: list[str] = []
+    for tool in declared:
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function")
+        spec: Mapping[str, Any] = function if isinstance(function, Mapping) else tool
+        name = spec.get("name") or tool.get("type")
+        if not name:
+            continue
+        description = spec.get("description")
+        if isinstance(description, str) and description.strip():
+            lines.append(f"{name}: {_head(' '.join(description.split()), TOOL_DESCRIPTION_CHARS)}")
+        else:
+            lines.append(str(name))
+    return "; ".join(lines)
+
+
+def _render_history(history: list[str], limit: int) -> str:
+    """Keep the most recent entries that fit in ``limit``; mark how many older ones were dropped."""
+    kept: list[str] = []  # newest first
+    used = 0  # characters of the kept entries joined by newlines
+    for entry in reversed(history):
+        cost = len(entry) + (1 if kept else 0)
+        if used + cost > limit:
+            break
+        kept.append(entry)
+        used += cost
+    if len(kept) == len(history):
+        return "\n".join(reversed(kept))
+    # Something was dropped: make room for the marker by giving up the oldest kept entries if needed.
+    while kept and used + len(_dropped_marker(len(history) - len(kept))) + 1 > limit:
+        removed = kept.pop()
+        used -= len(removed) + (1 if kept else 0)
+    marker = _dropped_marker(len(history) - len(kept))
+    if not kept:
+        # Not even the most recent entry fits whole: show as much of it as the budget allows.
+        marker = _dropped_marker(len(history) - 1)
+        room = limit - len(marker) - 1
+        if room > len(ELLIPSIS) + 8:
+            return (marker + "\n" if len(history) > 1 else "") + _clip(history[-1], room)
+        return _clip(history[-1], limit)
+    return "\n".join([marker, *reversed(kept)])
+
+
+def _dropped_marker(count: int) -> str:
+    return f"[… {count} earlier message{'s' if count != 1 else ''}]"
+
+
+def _length(section: Any) -> int:
+    if isinstance(section, list):
+        return sum(len(entry) for entry in section) + max(len(section) - 1, 0)
+    return len(section)
+
+
+def _head(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` if it fits, else its head and tail (2:1) around ``[…]``; never longer than ``limit``."""
+    if len(text) <= limit:
+        return text
+    room = limit - len(ELLIPSIS) - 2
+    if room < 8:
+        return text[:limit]
+    head = (room * 2) // 3
+    tail = room - head
+    return f"{text[:head]} {ELLIPSIS} {text[len(text) - tail :]}"

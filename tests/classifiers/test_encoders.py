@@ -1,0 +1,253 @@
+"""Encoders on the real bundled model and the committed static artifact, and the async batching front."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from classifiers.batching import BatchingEncoder
+from classifiers.encoders import Encoder, load_encoder
+from classifiers.encoders.static import DEFAULT_STATIC_DIR
+
+# Paraphrase pairs on unrelated topics: (0, 1), (2, 3), ... are neighbours.
+PAIRS = [
+    "How do I reverse a list in Python?",
+    "What is the idiomatic way to reverse an array in Python?",
+    "Who won the football World Cup in 2018?",
+    "Which country was the 2018 FIFA World Cup champion?",
+    "Solve for x: 3x + 5 = 20.",
+    "Find x if 3 times x plus 5 equals 20.",
+    "Write a short poem about the autumn sea.",
+    "Compose a brief poem about the ocean in fall.",
+    "What are the symptoms of iron deficiency?",
+    "How can I tell if I am low on iron?",
+    "Translate good morning into French.",
+    "How do you say good morning in French?",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _offline() -> Iterator[None]:
+    """Nothing here may reach the network: a download attempt fails instead of silently succeeding."""
+    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def minilm(_offline: None) -> Encoder:
+    return load_encoder("minilm")
+
+
+@pytest.fixture(scope="module")
+def static(_offline: None) -> Encoder:
+    return load_encoder("static")
+
+
+@pytest.fixture(params=["minilm", "static"])
+def encoder(request: pytest.FixtureRequest) -> Encoder:
+    return request.getfixturevalue(request.param)
+
+
+def test_encoder_ids_and_dims(minilm: Encoder, static: Encoder) -> None:
+    assert (minilm.id, minilm.dim) == ("minilm-l6-v2", 384)
+    assert (static.id, static.dim) == ("minilm-static-256", 256)
+    assert isinstance(minilm, Encoder) and isinstance(static, Encoder)
+
+
+def test_unknown_encoder_name_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown encoder 'bert'.*minilm.*static"):
+        load_encoder("bert")
+
+
+def test_vectors_are_normalised_float32_of_the_right_shape(encoder: Encoder) -> None:
+    texts = ["hello", "A much longer sentence about distributed databases and consensus. " * 40, "ünïcødé ✓"]
+    vectors = encoder.encode(texts)
+    assert vectors.dtype == np.float32
+    assert vectors.shape == (3, encoder.dim)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert encoder.encode([]).shape == (0, encoder.dim)
+
+
+def test_encoding_is_deterministic_and_independent_of_batching(encoder: Encoder) -> None:
+    # The batching front relies on this: a text's vector must not depend on what it was batched with.
+    alone = np.vstack([encoder.encode([text]) for text in PAIRS])
+    together = encoder.encode(PAIRS)
+    np.testing.assert_allclose(alone, together, atol=1e-5)
+    np.testing.assert_array_equal(encoder.encode(PAIRS[:3]), encoder.encode(PAIRS[:3]))
+
+
+def test_paraphrases_are_closer_than_unrelated_texts(encoder: Encoder) -> None:
+    close = encoder.encode(["How do I reverse a list in Python?", "What's the way to reverse an array in Python?"])
+    far = encoder.encode(["The French Revolution began in 1789 with the storming of the Bastille."])
+    assert float(close[0] @ close[1]) > float(close[0] @ far[0]) + 0.2
+
+
+def test_static_agrees_with_minilm_on_nearest_neighbours(minilm: Encoder, static: Encoder) -> None:
+    def neighbours(vectors: np.ndarray) -> np.ndarray:
+        sims = vectors @ vectors.T
+        np.fill_diagonal(sims, -np.inf)
+        return sims.argmax(axis=1)
+
+    partner = np.arange(len(PAIRS)) ^ 1  # 0<->1, 2<->3, ...
+    nn_minilm, nn_static = neighbours(minilm.encode(PAIRS)), neighbours(static.encode(PAIRS))
+    assert np.mean(nn_minilm == partner) == 1.0
+    # Static embeddings have no context (a paraphrase sharing no word can be missed), but most
+    # neighbourhoods must be the teacher's.
+    assert np.mean(nn_static == nn_minilm) >= 0.75
+
+
+def test_static_artifact_is_small_safe_and_matches_its_manifest() -> None:
+    manifest = json.loads((DEFAULT_STATIC_DIR / "manifest.json").read_text())
+    assert manifest["encoder_id"] == "minilm-static-256"
+    assert manifest["source_model"]["name"] == "sentence-transformers/all-MiniLM-L6-v2"
+    files = sorted(p.name for p in DEFAULT_STATIC_DIR.iterdir())
+    assert files == sorted([*manifest["files"], "manifest.json"])
+    # Only inert formats: nothing in a shipped artifact may be unpickled or executed.
+    assert all(Path(name).suffix in {".json", ".safetensors"} for name in files)
+    for name, meta in manifest["files"].items():
+        data = (DEFAULT_STATIC_DIR / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == meta["sha256"], f"{name} differs from the manifest"
+    assert sum((DEFAULT_STATIC_DIR / name).stat().st_size for name in files) < 9_000_000
+
+
+def test_static_encoder_does_not_import_torch() -> None:
+    # Choosing the fast encoder must not pay torch's import time and memory.
+    code = (
+        "import sys; from classifiers.encoders import load_encoder; "
+        "load_encoder('static').encode(['x']); print('torch' in sys.modules)"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=60)
+    assert out.stdout.strip() == "False"
+
+
+def test_missing_static_artifact_fails_clearly_instead_of_downloading(tmp_path: Path) -> None:
+    from classifiers.encoders.static import StaticEncoder
+
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors is missing.*classifiers\.encoders\.distill"):
+        StaticEncoder(tmp_path / "nowhere")
+
+
+# --- BatchingEncoder ---------------------------------------------------------------------------------
+
+
+async def test_concurrent_encodes_share_batches_and_match_direct_encoding(minilm: Encoder) -> None:
+    texts = [f"Request number {i}: explain topic {i * 7 % 13} in simple words." for i in range(64)]
+    direct = minilm.encode(texts)
+    async with BatchingEncoder(minilm, max_batch=32) as batcher:
+        vectors = await asyncio.gather(*(batcher.encode(t) for t in texts))
+        np.testing.assert_allclose(np.vstack(vectors), direct, atol=1e-5)
+        stats = batcher.stats()
+        assert (stats.misses, stats.hits, stats.encoded) == (64, 0, 64)
+        assert stats.batches < 64  # concurrent requests shared forward passes
+        assert stats.mean_batch_size > 1
+
+        again = await asyncio.gather(*(batcher.encode(t) for t in texts))
+        after = batcher.stats()
+        assert (after.hits, after.batches) == (64, stats.batches)  # all from the cache, no new batch
+        assert all(a is b for a, b in zip(again, vectors, strict=True))
+
+
+async def test_identical_concurrent_texts_are_encoded_once(static: Encoder) -> None:
+    async with BatchingEncoder(static) as batcher:
+        vectors = await asyncio.gather(*(batcher.encode("same prompt") for _ in range(10)))
+        assert batcher.stats().encoded == 1
+        assert all(v is vectors[0] for v in vectors)
+        assert not vectors[0].flags.writeable  # shared with the cache: callers cannot corrupt it
+
+
+async def test_cache_is_lru_bounded(static: Encoder) -> None:
+    async with BatchingEncoder(static, cache_size=2) as batcher:
+        for text in ("a", "b", "a", "c"):  # "b" is least recently used when "c" arrives
+            await batcher.encode(text)
+        await batcher.encode("a")
+        assert batcher.stats().hits == 2
+        await batcher.encode("b")
+        assert batcher.stats().hits == 2  # evicted, encoded again
+        assert batcher.stats().encoded == 4
+
+
+async def test_cache_size_zero_disables_caching(static: Encoder) -> None:
+    async with BatchingEncoder(static, cache_size=0) as batcher:
+        await batcher.encode("x")
+        await batcher.encode("x")
+        assert (batcher.stats().hits, batcher.stats().encoded) == (0, 2)
+
+
+async def test_event_loop_keeps_running_during_forward_passes(minilm: Encoder) -> None:
+    texts = [f"{i} " + "a fairly long request about databases, caching and replication. " * 6 for i in range(64)]
+    gaps: list[float] = []
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.002)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with BatchingEncoder(minilm, max_batch=32) as batcher:
+        tick = asyncio.create_task(ticker())
+        started = time.perf_counter()
+        await asyncio.gather(*(batcher.encode(t) for t in texts))
+        elapsed = time.perf_counter() - started
+        stop.set()
+        await tick
+    batches = batcher.stats().batches
+    # Each forward pass takes elapsed/batches seconds; had it run on the loop, the ticker would have
+    # stalled that long. It keeps ticking far more often than that.
+    assert elapsed / batches > 0.05, "forward passes too fast to tell anything"
+    assert max(gaps) < (elapsed / batches) / 2, f"loop stalled {max(gaps):.3f}s; a batch takes {elapsed / batches:.3f}s"
+
+
+class _FailsOn:
+    """A real encoder that fails for one text, to check errors reach the callers of that batch only."""
+
+    def __init__(self, inner: Encoder, poison: str) -> None:
+        self.inner, self.poison = inner, poison
+        self.id, self.dim = inner.id, inner.dim
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if self.poison in texts:
+            raise RuntimeError("encoder exploded")
+        return self.inner.encode(texts)
+
+
+async def test_encoder_errors_reach_callers_and_are_not_cached(static: Encoder) -> None:
+    async with BatchingEncoder(_FailsOn(static, "boom")) as batcher:
+        with pytest.raises(RuntimeError, match="encoder exploded"):
+            await batcher.encode("boom")
+        assert batcher.stats().batches == 0
+        # The batcher keeps working after a failed batch.
+        vector = await batcher.encode("fine")
+        np.testing.assert_allclose(vector, static.encode(["fine"])[0], atol=1e-6)
+        with pytest.raises(RuntimeError, match="encoder exploded"):
+            await batcher.encode("boom")
+
+
+async def test_closed_batcher_refuses_new_work(static: Encoder) -> None:
+    batcher = BatchingEncoder(static)
+    batcher.start()
+    await batcher.encode("cached before close")
+    await batcher.close()
+    await batcher.close()  # idempotent
+    assert (await batcher.encode("cached before close")).shape == (static.dim,)  # cache hits still served
+    with pytest.raises(RuntimeError, match="closed"):
+        await batcher.encode("new text")
