@@ -29,6 +29,7 @@ from gateway.health import HealthChecker
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
 from gateway.protocol import CHAT, COMPLETIONS, EMBEDDINGS
+from gateway.routing import RoutingBrain, historic_knob_scores
 from gateway.service import ProxyService, error_response, new_request_id
 from gateway.upstream import UpstreamClient
 from store import DecisionRecorder, open_store
@@ -60,7 +61,11 @@ def create_app(config: Config) -> FastAPI:
                       lambda: float(recorder.written))
         metrics.watch("pointsman_decision_log_dropped", "Decision records dropped (queue overflow).",
                       lambda: float(recorder.dropped))
-        service = ProxyService(config, pool, client, metrics, recorder)
+        windows = RoutingBrain.knob_windows_of(config)
+        history = await recorder.store.recent(limit=max(windows.values())) if windows else []
+        brain = RoutingBrain(config, historic_knob_scores(reversed(history), windows))
+        await brain.start()
+        service = ProxyService(config, pool, client, metrics, recorder, brain.policies)
         health = HealthChecker(pool, client)
         health.start()
         app.state.service = service
@@ -76,6 +81,7 @@ def create_app(config: Config) -> FastAPI:
             service.draining = True
             await health.stop()
             await client.close()
+            await brain.close()
             await recorder.stop()  # flush everything already answered before the process exits
 
     app = FastAPI(title="Pointsman", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
@@ -88,6 +94,9 @@ def create_app(config: Config) -> FastAPI:
 
     async def embeddings(request: Request) -> Response:
         return await _service(request).handle(request, EMBEDDINGS)
+
+    async def route(request: Request) -> Response:
+        return await _service(request).explain(request)
 
     async def list_models(request: Request) -> Response:
         service = _service(request)
@@ -127,6 +136,7 @@ def create_app(config: Config) -> FastAPI:
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/embeddings", embeddings, methods=["POST"])
     app.add_route("/v1/models", list_models, methods=["GET"])
+    app.add_route("/v1/route", route, methods=["POST"])
     app.add_route("/health", health, methods=["GET"])
     app.add_route("/ready", ready, methods=["GET"])
     app.add_route("/metrics", metrics, methods=["GET"])

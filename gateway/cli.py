@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -74,6 +76,59 @@ async def serve(config: Config) -> None:
             await local.stop()
 
 
+async def explain_route(
+    config: Config, route: str, prompt: str, system: str | None, headers: dict[str, str]
+) -> dict[str, Any]:
+    """The routing decision for one prompt on ``route``, computed offline (no backend call)."""
+    from gateway.routing import RoutingBrain
+    from policies import RequestContext
+
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    body = {"model": route, "messages": messages}
+    brain = RoutingBrain(config)
+    policy = brain.policies.get(route)
+    if policy is None:
+        raise ConfigError(f"no route {route!r} in the config (routes: {', '.join(brain.policies) or 'none'})")
+    await brain.start()
+    try:
+        ctx = RequestContext(request_id="cli", endpoint="chat.completions", route=route, body=body, headers=headers)
+        explain = getattr(policy, "explain", None)
+        if explain is not None:
+            return {"route": route, **await explain(ctx)}
+        plan = await policy.decide(ctx)
+        return {"route": route, "policy": plan.policy, "plan": plan.describe(), "model": plan.candidates[0],
+                "reason": plan.reason}
+    finally:
+        await brain.close()
+
+
+def _probe(path: str, config_path: str | None) -> int:
+    from gateway.probes import load_probe_config, load_probes, run_probes
+
+    try:
+        config = load_config(config_path) if config_path else load_probe_config(path) or embedded_default()
+        probes = load_probes(path)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"pointsman: {exc}", file=sys.stderr)
+        return 2
+    try:
+        results = asyncio.run(run_probes(config, probes))
+    except ConfigError as exc:
+        print(f"pointsman: {exc}", file=sys.stderr)
+        return 2
+    for result in results:
+        status = "PASS" if result.passed else "FAIL"
+        print(f"{status}  {result.probe.name}" + "".join(f"\n      {f}" for f in result.failures))
+    failed = sum(not r.passed for r in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def _split_header(text: str) -> tuple[str, str]:
+    name, _, value = text.partition(":")
+    return name.strip().lower(), value.strip()
+
+
 def _run(coro_factory: object) -> None:
     try:
         import uvloop
@@ -96,18 +151,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_check.add_argument("config")
     p_hash = sub.add_parser("hash-key", help="print the sha256 to put in auth.api_keys for a client key")
     p_hash.add_argument("key", help="the key, or - to read it from stdin")
-    args = parser.parse_args(argv)
+    p_route = sub.add_parser("route", help="explain how a prompt would be routed (no backend is called)")
+    p_route.add_argument("prompt", help="the last user message (use - to read it from stdin)")
+    p_route.add_argument("--config", help="YAML config file (default: the embedded default)")
+    p_route.add_argument("--route", default="auto", help="route (virtual model) to ask; default auto")
+    p_route.add_argument("--system", help="a system prompt to include in the conversation")
+    p_route.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                         help="request header, e.g. x-pointsman-threshold:0.3 (repeatable)")
+    p_probe = sub.add_parser("probe", help="check a routing probes file (expected routes) offline")
+    p_probe.add_argument("file", help="probes YAML (may embed its own config: section)")
+    p_probe.add_argument("--config", help="gateway config (default: the probes file's config section)")
+    sub.add_parser("train", help="train the router artifacts from the shared data (see --help)", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "train":
+        from evals.train import main as train_main
+
+        return train_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "hash-key":
         key = sys.stdin.readline().strip() if args.key == "-" else args.key
         print(hash_key(key))
         return 0
+    if args.command == "probe":
+        return _probe(args.file, args.config)
     try:
         config = load_config(args.config) if getattr(args, "config", None) else embedded_default()
     except ConfigError as exc:
         print(f"pointsman: {exc}", file=sys.stderr)
         return 2
+    if args.command == "route":
+        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+        headers = dict(_split_header(h) for h in args.header)
+        try:
+            explanation = asyncio.run(explain_route(config, args.route, prompt, args.system, headers))
+        except (ConfigError, KeyError) as exc:
+            print(f"pointsman: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(explanation, indent=2, default=str))
+        return 0 if not explanation.get("blocked") else 3
     if args.command == "check-config":
         print(f"{args.config}: ok ({len(config.backends)} backends, {len(config.routes)} routes)")
         return 0

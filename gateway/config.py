@@ -15,7 +15,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from classifiers.signals import PII_KINDS
 from gateway.errors import ConfigError
+from policies.config import RouteConfig
+from policies.signals import DEFAULT_SIGNAL_SPECS, SignalKind, SignalSpec
+from policies.validation import policy_problems
+
+# The signal types the classifiers provide, with the closed label set of the PII signal, so a
+# policy naming an unknown PII kind fails at start-up.
+_SIGNAL_SPECS = {**DEFAULT_SIGNAL_SPECS, "pii": SignalSpec(SignalKind.LABELS, labels=frozenset(PII_KINDS))}
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -103,16 +111,19 @@ class BackendConfig(_Strict):
         return self.replicas or ((self.base_url,) if self.base_url else ())
 
 
-class RouteConfig(_Strict):
-    """A virtual model (``auto`` …) whose requests go through a policy.
+class ClassifiersConfig(_Strict):
+    """The routing brain's models: which encoder embeds conversations, and the trained heads.
 
-    In this version the policy is ``static``: every request goes to ``model``, then ``fallbacks``.
+    ``encoder``: ``static`` (model2vec distilled from all-MiniLM-L6-v2; ~1 ms) or ``minilm`` (the
+    bundled sentence-transformer). ``routers_dir`` holds trained router artifacts
+    (``pointsman train``); empty means the ones shipped inside the package.
     """
 
-    name: str = Field(min_length=1)
-    policy: Literal["static"] = "static"
-    model: str = Field(min_length=1)
-    fallbacks: tuple[str, ...] = ()
+    encoder: Literal["static", "minilm"] = "static"
+    routers_dir: str | None = None
+    cache_size: int = Field(default=10_000, ge=0)
+    max_batch: int = Field(default=32, ge=1)
+    encoder_threads: int = Field(default=1, ge=1)
 
 
 class RetryConfig(_Strict):
@@ -194,6 +205,7 @@ class Config(_Strict):
     auth: AuthConfig = AuthConfig()
     store: StoreConfig = StoreConfig()
     local_model: LocalModelConfig = LocalModelConfig()
+    classifiers: ClassifiersConfig = ClassifiersConfig()
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:
@@ -219,16 +231,35 @@ class Config(_Strict):
                             f"backends.{backend.name}.models.{model.name}.fallbacks: unknown model {fallback!r}"
                         )
         route_names: set[str] = set()
+        tags = self.model_tags()
         for route in self.routes:
             if route.name in models:
                 raise ValueError(f"routes.{route.name}: a route may not share its name with a model")
+            if route.name == "direct":
+                raise ValueError("routes.direct: 'direct' is reserved (x-pointsman-route of concrete models)")
             if route.name in route_names:
                 raise ValueError(f"routes: duplicate route name {route.name!r}")
             route_names.add(route.name)
-            for key, target in [("model", route.model), *(("fallbacks", f) for f in route.fallbacks)]:
-                if target not in models:
-                    raise ValueError(f"routes.{route.name}.{key}: unknown model {target!r}")
+            if route.policy == "static":
+                if route.model is None:
+                    raise ValueError(f"routes.{route.name}.model: a static route needs a model")
+                for key, target in [("model", route.model), *(("fallbacks", f) for f in route.fallbacks)]:
+                    if target not in models:
+                        raise ValueError(f"routes.{route.name}.{key}: unknown model {target!r}")
+            else:
+                problems = policy_problems(
+                    route.name, route, set(DEFAULT_SIGNAL_SPECS), models, tags, signal_specs=_SIGNAL_SPECS
+                )
+                if problems:
+                    raise ValueError("\n  ".join(problems))
         return self
+
+    def model_tags(self) -> dict[str, set[str]]:
+        """Tags of every configured model (the embedded local model included)."""
+        tags = {m.name: set(m.tags) for b in self.backends for m in b.models}
+        if self.local_model.enabled:
+            tags.setdefault(self.local_model.model_name, {"local", "cheap"})
+        return tags
 
 
 def substitute_env(value: Any, env: dict[str, str], path: str = "") -> Any:

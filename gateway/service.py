@@ -10,27 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from classifiers.signals import redact_body
 from gateway.auth import KeyChecker
 from gateway.config import Config
 from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailableError
 from gateway.forward import Completed, Forwarder, OpenedStream
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
-from gateway.protocol import ClientDisconnected, Endpoint, parse_request, read_body
+from gateway.protocol import CHAT, COMPLETIONS, ClientDisconnected, Endpoint, parse_request, read_body
 from gateway.streaming import ProxyStream
 from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamClient
 from gateway.usage import SSEUsageScanner, cost_usd
-from policies import Plan, Policy, PolicyError, RequestContext, StaticPolicy
+from policies import Plan, Policy, PolicyError, RequestContext
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord
 
@@ -49,6 +52,7 @@ class ProxyService:
         client: UpstreamClient,
         metrics: Metrics,
         recorder: DecisionRecorder,
+        policies: Mapping[str, Policy],
     ) -> None:
         self.config = config
         self.pool = pool
@@ -57,9 +61,7 @@ class ProxyService:
         self.keys = KeyChecker(config.auth.api_keys)
         self.forwarder = Forwarder(pool, client, config.retry, metrics)
         self.draining = False
-        self.policies: dict[str, Policy] = {
-            route.name: StaticPolicy(route.name, route.model, route.fallbacks) for route in config.routes
-        }
+        self.policies: dict[str, Policy] = dict(policies)
         # Plans for concrete model names never change: build them once.
         self._direct_plans = {
             name: Plan(
@@ -95,6 +97,10 @@ class ProxyService:
             record.requested_model = body["model"]
             record.stream = bool(body.get("stream"))
             plan = await self._plan(request, endpoint, body, trace)
+            if plan.redact:
+                # The policy asked to strip PII before the request leaves the gateway.
+                body = redact_body(body, plan.redact)
+                raw = orjson.dumps(body)
             result = await self._forward_unless_disconnected(request, endpoint, body, raw, plan, trace)
             if result is None:
                 record.outcome, record.status = "client_disconnected", 499
@@ -115,8 +121,8 @@ class ProxyService:
             record.status, record.outcome, record.error_type = 500, "error", "internal_error"
             raise
         finally:
-            self.metrics.in_flight.dec()
-            if not streaming:
+            if not streaming:  # a stream is finished (and leaves in_flight) when its last byte is sent
+                self.metrics.in_flight.dec()
                 self._finish(trace)
 
     async def _plan(
@@ -135,24 +141,66 @@ class ProxyService:
                     param="model",
                 )
             record.route = model
-            ctx = RequestContext(
-                request_id=record.request_id,
-                endpoint=endpoint.name,
-                route=model,
-                body=body,
-                tenant=record.tenant,
-                session_id=request.headers.get("x-pointsman-session-id"),
-                headers=request.headers,
-            )
+            ctx = self.context(request, endpoint, body, record.request_id, record.tenant)
             try:
                 plan = await policy.decide(ctx)
             except PolicyError as exc:
+                record.decision = {"policy": policy.name, "blocked": exc.code}
                 raise _policy_error(exc) from exc
             plan = self._with_model_fallbacks(plan)
         record.decision = plan.describe()
         record.reason = plan.reason
         record.signals = plan.signals
         return plan
+
+    def context(
+        self, request: Request, endpoint: Endpoint, body: Mapping[str, Any], request_id: str, tenant: str | None
+    ) -> RequestContext:
+        """What a policy sees of this request."""
+        return RequestContext(
+            request_id=request_id,
+            endpoint=endpoint.name,
+            route=body["model"],
+            body=body,
+            tenant=tenant,
+            session_id=request.headers.get("x-pointsman-session-id"),
+            headers=request.headers,
+        )
+
+    async def explain(self, request: Request) -> Response:
+        """``POST /v1/route``: the routing decision for a request, without calling any backend."""
+        request_id = new_request_id()
+        try:
+            tenant = self.authenticate(request)
+            raw = await read_body(
+                request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes
+            )
+            body = parse_request(raw, CHAT if "messages" in _peek_keys(raw) else COMPLETIONS)
+            model = body["model"]
+            direct = self._direct_plans.get(model)
+            if direct is not None:
+                explanation: dict[str, Any] = {"route": None, "policy": "direct", "plan": direct.describe(),
+                                               "model": direct.candidates[0], "reason": direct.reason}
+            else:
+                policy = self.policies.get(model)
+                if policy is None:
+                    raise ModelNotFoundError(f"The model '{model}' does not exist", param="model")
+                ctx = self.context(request, CHAT, body, request_id, tenant)
+                explain = getattr(policy, "explain", None)
+                if explain is not None:
+                    explanation = {"route": model, **await explain(ctx)}
+                else:
+                    plan = self._with_model_fallbacks(await policy.decide(ctx))
+                    explanation = {"route": model, "policy": plan.policy, "plan": plan.describe(),
+                                   "model": plan.candidates[0], "reason": plan.reason}
+        except PointsmanError as error:
+            return error_response(error)
+        except PolicyError as exc:
+            return error_response(_policy_error(exc))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        explanation["request_id"] = request_id
+        return Response(orjson.dumps(explanation, default=str), media_type="application/json")
 
     def _with_model_fallbacks(self, plan: Plan) -> Plan:
         expanded: list[str] = []
@@ -162,7 +210,7 @@ class ProxyService:
         candidates = _dedupe(expanded)
         if candidates == plan.candidates:
             return plan
-        return Plan(candidates=candidates, policy=plan.policy, reason=plan.reason, signals=plan.signals)
+        return dataclasses.replace(plan, candidates=candidates)
 
     async def _forward_unless_disconnected(
         self,
@@ -239,6 +287,7 @@ class ProxyService:
         ]
 
     def _finish_stream(self, trace: RequestTrace, scanner: SSEUsageScanner) -> None:
+        self.metrics.in_flight.dec()
         record = trace.record
         record.prompt_tokens, record.completion_tokens = scanner.prompt_tokens, scanner.completion_tokens
         target = self.pool.get(record.model or "")
@@ -295,6 +344,14 @@ def _policy_error(exc: PolicyError) -> PointsmanError:
     error.status = exc.status
     error.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
     return error
+
+
+def _peek_keys(raw: bytes) -> set[str]:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {"messages"}  # let the chat parser produce the precise 400
+    return set(parsed) if isinstance(parsed, dict) else {"messages"}
 
 
 def _dedupe(names: Any) -> tuple[str, ...]:

@@ -1,0 +1,97 @@
+"""Numpy forward passes of the supported head kinds (no scikit-learn needed at serving time)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    """Numerically stable logistic function."""
+    out = np.empty_like(z, dtype=np.float64)
+    pos = z >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-z[pos]))
+    ez = np.exp(z[~pos])
+    out[~pos] = ez / (1.0 + ez)
+    return out
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    """Row-wise softmax."""
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _to_proba(logits: np.ndarray) -> np.ndarray:
+    # One output column is a binary model (positive-class logit), as in scikit-learn.
+    if logits.shape[1] == 1:
+        p = sigmoid(logits[:, 0])
+        return np.column_stack([1.0 - p, p])
+    return softmax(logits)
+
+
+def logreg_proba(x: np.ndarray, p: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Linear model: ``coef`` (n_out, n_features), ``intercept`` (n_out,)."""
+    return _to_proba(x @ p["coef"].T.astype(np.float64) + p["intercept"])
+
+
+_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": lambda z: np.maximum(z, 0.0),
+    "tanh": np.tanh,
+    "logistic": sigmoid,
+    "identity": lambda z: z,
+}
+
+
+def mlp_proba(x: np.ndarray, p: Mapping[str, np.ndarray], config: Mapping[str, Any]) -> np.ndarray:
+    """Multi-layer perceptron: ``W0..Wn``/``b0..bn`` with ``config["activation"]`` between layers."""
+    act = _ACTIVATIONS[config["activation"]]
+    n_layers = int(config["n_layers"])
+    h = x
+    for i in range(n_layers):
+        h = h @ p[f"W{i}"].astype(np.float64) + p[f"b{i}"]
+        if i < n_layers - 1:
+            h = act(h)
+    return _to_proba(h)
+
+
+def knn_proba(x: np.ndarray, p: Mapping[str, np.ndarray], config: Mapping[str, Any]) -> np.ndarray:
+    """Cosine kNN over stored training vectors ``X`` with labels ``y``; Laplace-smoothed class shares."""
+    ref = p["X"].astype(np.float32)
+    y = p["y"].astype(np.int64)
+    n_classes = int(config["n_classes"])
+    k = min(int(config["k"]), len(ref))
+    q = x.astype(np.float32)
+    q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    sims = q @ ref.T
+    idx = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+    counts = np.zeros((len(q), n_classes))
+    for c in range(n_classes):
+        counts[:, c] = (y[idx] == c).sum(axis=1)
+    alpha = float(config.get("alpha", 1.0))
+    return (counts + alpha) / (k + alpha * n_classes)
+
+
+def grouped_score(
+    x_raw: np.ndarray, z: np.ndarray, p: Mapping[str, np.ndarray], config: Mapping[str, Any]
+) -> np.ndarray:
+    """Group prior + per-family linear experts (see ``evals/difficulty.py``): a real-valued score per row.
+
+    A soft gate assigns each prompt to training groups (MMLU subjects, GSM8K, MT-bench categories) by
+    cosine similarity to their centroids; the score is the gate-weighted group gain rate plus, per data
+    family, the family's gate mass times its ridge expert's residual prediction.
+    """
+    dim = int(config["embedding_dim"])
+    e = x_raw[:, :dim]
+    e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+    logits = e @ p["centroids"].T.astype(np.float64) / float(config["tau"]) + p["log_prior"]
+    gate = softmax(logits)
+    score = gate @ p["rates"]
+    fam = p["family"].astype(np.int64)
+    experts = z @ p["expert_coef"].T.astype(np.float64) + p["expert_intercept"]
+    for f in range(experts.shape[1]):
+        score = score + gate[:, fam == f].sum(axis=1) * experts[:, f]
+    return score

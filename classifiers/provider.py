@@ -1,0 +1,174 @@
+"""Computes the signals a route's policy asks for — only those, and concurrently.
+
+The embedding-based signals (``difficulty``, ``domain``) share one encoder pass: the conversation
+is encoded once in the encoder's worker thread (micro-batched with concurrent requests, cached by
+content) while the cheap rule-based signals run on the event loop. Everything reads the whole
+request body, never just the last message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from classifiers.batching import BatchingEncoder
+from classifiers.conversation import conversation_text
+from classifiers.heads import Head, build_features, load_head
+from classifiers.signals import Signal, SignalExtractor, build_signal
+
+#: Where the shipped router artifacts live (``pointsman train`` writes here by default).
+DEFAULT_ROUTERS_DIR = Path(__file__).resolve().parent / "artifacts" / "routers"
+DIFFICULTY_ARTIFACT = "difficulty-gpt4-mixtral-{encoder}"
+DOMAIN_ARTIFACT = "domain-{encoder}"
+RULE_SIGNALS: tuple[str, ...] = ("pii", "jailbreak", "tools", "length")
+HEAD_SIGNALS: tuple[str, ...] = ("difficulty", "domain")
+
+
+class HasBody(Protocol):
+    """The part of a request context the provider reads (``policies.RequestContext`` has it)."""
+
+    @property
+    def body(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(slots=True)
+class RouterHeads:
+    """The trained heads for one encoder: difficulty = P(strong needed), and task domain."""
+
+    encoder: str
+    difficulty: Head | None = None
+    domain: Head | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def by_signal(self) -> dict[str, Head]:
+        heads = {"difficulty": self.difficulty, "domain": self.domain}
+        return {name: head for name, head in heads.items() if head is not None}
+
+
+def load_router_heads(encoder: str, routers_dir: str | Path | None = None) -> RouterHeads:
+    """Load the difficulty and domain heads trained for ``encoder`` (missing ones stay None)."""
+    root = Path(routers_dir) if routers_dir else DEFAULT_ROUTERS_DIR
+    heads = RouterHeads(encoder=encoder)
+    for attr, pattern in (("difficulty", DIFFICULTY_ARTIFACT), ("domain", DOMAIN_ARTIFACT)):
+        directory = root / pattern.format(encoder=encoder)
+        if (directory / "manifest.json").exists():
+            head = load_head(directory)
+            _check_encoder(head, encoder, directory)
+            setattr(heads, attr, head)
+            heads.sources[attr] = str(directory)
+    return heads
+
+
+class ClassifierSignalProvider:
+    """A route's signal provider (implements ``policies.SignalProvider`` structurally)."""
+
+    def __init__(
+        self,
+        *,
+        encoder: BatchingEncoder | None,
+        heads: RouterHeads | None,
+        extractors: Mapping[str, SignalExtractor],
+        max_chars: int = 2000,
+    ) -> None:
+        self._encoder = encoder
+        self._heads = heads.by_signal() if heads is not None else {}
+        self._extractors = dict(extractors)
+        self._max_chars = max_chars
+
+    @property
+    def available(self) -> frozenset[str]:
+        """Names of every signal this provider can compute."""
+        heads = set(self._heads) if self._encoder is not None else set()
+        return frozenset(set(self._extractors) | heads)
+
+    @property
+    def head_signals(self) -> frozenset[str]:
+        """The embedding-based signals this provider could compute once an encoder is attached."""
+        return frozenset(self._heads)
+
+    def attach_encoder(self, encoder: BatchingEncoder) -> None:
+        """Give the provider the shared encoder (loaded only when some policy needs a head signal)."""
+        self._encoder = encoder
+
+    async def compute(self, names: set[str], ctx: HasBody) -> dict[str, Signal]:
+        """The requested signals that this provider knows; unknown names are left out."""
+        body = ctx.body
+        head_names = [n for n in names if n in self._heads] if self._encoder is not None else []
+        embedding_task: asyncio.Future[np.ndarray] | None = None
+        text = ""
+        if head_names:
+            text = conversation_text(body, max_chars=self._max_chars)
+            assert self._encoder is not None
+            embedding_task = asyncio.ensure_future(self._encoder.encode(text))
+        out: dict[str, Signal] = {}
+        try:
+            for name in names:
+                extractor = self._extractors.get(name)
+                if extractor is not None:
+                    out[name] = extractor.extract(body)
+        except BaseException:
+            if embedding_task is not None:
+                embedding_task.cancel()
+            raise
+        if embedding_task is not None:
+            embedding = await embedding_task
+            for name in head_names:
+                out[name] = _head_signal(name, self._heads[name], embedding, text)
+        return out
+
+
+def build_extractors(keyword_lists: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, SignalExtractor]:
+    """The built-in rule signals plus one keyword signal per configured keyword list."""
+    extractors: dict[str, SignalExtractor] = {name: build_signal(name) for name in RULE_SIGNALS}
+    for name, params in (keyword_lists or {}).items():
+        extractors[name] = build_signal("keywords", name=name, **dict(params))
+    return extractors
+
+
+def _head_signal(name: str, head: Head, embedding: np.ndarray, text: str) -> Signal:
+    cheap = bool(head.manifest.get("feature_schema", {}).get("cheap"))
+    features = build_features(embedding[None, :], [text] if cheap else None)
+    proba = head.predict_proba(features)[0]
+    if name == "difficulty":
+        index = _positive_index(head.labels)
+        p_strong = float(proba[index])
+        return Signal(
+            name="difficulty",
+            value=p_strong,
+            confidence=abs(p_strong - 0.5) * 2.0,
+            detail={"head": head.kind, "label": head.labels[index]},
+        )
+    best = int(np.argmax(proba))
+    return Signal(
+        name=name,
+        value=head.labels[best],
+        confidence=float(proba[best]),
+        detail={"scores": {label: round(float(p), 4) for label, p in zip(head.labels, proba, strict=True)}},
+    )
+
+
+def _positive_index(labels: tuple[str, ...]) -> int:
+    for index, label in enumerate(labels):
+        if "strong" in label.lower() or label.lower() in ("1", "true", "yes"):
+            return index
+    return len(labels) - 1
+
+
+def _check_encoder(head: Head, encoder: str, directory: Path) -> None:
+    schema = head.manifest.get("feature_schema", {})
+    trained_on = schema.get("embedding", {}).get("encoder") or head.manifest.get("encoder_id")
+    if trained_on and encoder == "static" and "static" not in str(trained_on):
+        raise ValueError(f"{directory}: head was trained on encoder {trained_on!r}, not {encoder!r}")
+    if trained_on and encoder == "minilm" and "static" in str(trained_on):
+        raise ValueError(f"{directory}: head was trained on encoder {trained_on!r}, not {encoder!r}")
+
+
+def describe_heads(heads: RouterHeads) -> str:
+    """One line per loaded head (for start-up logs)."""
+    return json.dumps({k: v for k, v in heads.sources.items()})

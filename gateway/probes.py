@@ -1,0 +1,124 @@
+"""Routing probes: a YAML file of conversations and the routing each must get, checked offline.
+
+A probe names a prompt (or a whole conversation, with tools) and what the decision must be: the
+model, the rule that decided, that it is blocked, or which PII kinds get redacted. ``pointsman
+probe FILE [--config CONFIG]`` and the test suite run them without calling any backend, so a
+policy or router change that breaks an expectation fails before it ships.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.config import Config, parse_config
+from gateway.routing import RoutingBrain
+from policies import RequestContext
+
+
+@dataclass(slots=True, frozen=True)
+class Probe:
+    """One conversation and the routing it must get on ``route``."""
+
+    name: str
+    body: dict[str, Any]
+    expect: dict[str, Any]
+    route: str = "auto"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ProbeResult:
+    probe: Probe
+    passed: bool
+    failures: list[str]
+    explanation: dict[str, Any]
+
+
+def load_probe_config(path: str | Path) -> Config | None:
+    """The gateway config embedded in a probes file (its ``config:`` section), if it has one."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    section = data.get("config") if isinstance(data, dict) else None
+    return parse_config(section) if section is not None else None
+
+
+def load_probes(path: str | Path) -> list[Probe]:
+    """Parse a probes file; errors name the probe index and the key."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not isinstance(data.get("probes"), list):
+        raise ValueError(f"{path}: expected a mapping with a 'probes' list")
+    probes = []
+    for index, item in enumerate(data["probes"]):
+        where = f"{path}: probes.{index}"
+        if not isinstance(item, dict) or "expect" not in item:
+            raise ValueError(f"{where}: each probe needs 'expect'")
+        if "prompt" in item:
+            messages: list[Any] = [{"role": "user", "content": item["prompt"]}]
+            if item.get("system"):
+                messages.insert(0, {"role": "system", "content": item["system"]})
+        elif isinstance(item.get("conversation"), list):
+            messages = item["conversation"]
+        else:
+            raise ValueError(f"{where}: give 'prompt' or 'conversation'")
+        route = str(item.get("route", "auto"))
+        body: dict[str, Any] = {"model": route, "messages": messages}
+        if item.get("tools"):
+            body["tools"] = item["tools"]
+        unknown = set(item["expect"]) - {"model", "rule", "blocked", "redact"}
+        if unknown:
+            raise ValueError(f"{where}.expect: unknown key(s) {', '.join(sorted(unknown))}")
+        probes.append(Probe(
+            name=str(item.get("name", f"probe {index}")), body=body, expect=dict(item["expect"]),
+            route=route, headers={str(k).lower(): str(v) for k, v in (item.get("headers") or {}).items()},
+        ))
+    return probes
+
+
+async def run_probes(config: Config, probes: Sequence[Probe]) -> list[ProbeResult]:
+    """Explain every probe with the config's routing brain and compare with its expectations."""
+    brain = RoutingBrain(config)
+    await brain.start()
+    results = []
+    try:
+        for probe in probes:
+            policy = brain.policies.get(probe.route)
+            if policy is None:
+                results.append(ProbeResult(probe, False, [f"no route {probe.route!r}"], {}))
+                continue
+            ctx = RequestContext(request_id=f"probe:{probe.name}", endpoint="chat.completions",
+                                 route=probe.route, body=probe.body, headers=probe.headers)
+            explain = getattr(policy, "explain", None)
+            if explain is None:
+                plan = await policy.decide(ctx)
+                explanation: dict[str, Any] = {"model": plan.candidates[0], "reason": plan.reason}
+            else:
+                explanation = await explain(ctx)
+            failures = _compare(probe.expect, explanation)
+            results.append(ProbeResult(probe, not failures, failures, explanation))
+    finally:
+        await brain.close()
+    return results
+
+
+def _compare(expect: Mapping[str, Any], explanation: Mapping[str, Any]) -> list[str]:
+    failures = []
+    blocked = bool(explanation.get("blocked"))
+    if "blocked" in expect and bool(expect["blocked"]) != blocked:
+        failures.append(f"blocked: expected {expect['blocked']}, got {blocked}")
+    if "model" in expect and explanation.get("model") != expect["model"]:
+        failures.append(f"model: expected {expect['model']!r}, got {explanation.get('model')!r} "
+                        f"({explanation.get('reason', '')})")
+    if "rule" in expect:
+        applied = [r["name"] for r in explanation.get("rules", []) if r.get("applied")]
+        if expect["rule"] not in applied:
+            failures.append(f"rule: expected {expect['rule']!r} to decide, applied: {applied}")
+    if "redact" in expect:
+        found = set(explanation.get("signals", {}).get("pii", {}).get("value") or [])
+        missing = set(expect["redact"]) - found
+        if missing or not explanation.get("redact"):
+            failures.append(f"redact: expected {sorted(expect['redact'])} found and redacted, found {sorted(found)}")
+    return failures

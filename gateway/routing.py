@@ -1,0 +1,124 @@
+"""Builds each route's policy from the config and owns the shared routing-brain resources.
+
+Static routes get a :class:`StaticPolicy`. ``policy: rules`` routes get a :class:`RulePolicy`
+whose signal provider computes rule signals (PII, jailbreak, tools, length, keyword lists) and,
+when a rule or the cost–quality knob asks for them, the trained heads' signals (difficulty,
+domain) over one shared, micro-batched, cached encoder. The encoder is only loaded when some
+policy needs it, so a gateway without such routes never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from classifiers.batching import BatchingEncoder
+from classifiers.encoders import load_encoder
+from classifiers.provider import ClassifierSignalProvider, RouterHeads, build_extractors, load_router_heads
+from gateway.config import Config
+from gateway.errors import ConfigError
+from policies import Policy, StaticPolicy
+from policies.rules import RulePolicy
+from policies.utility import ModelInfo
+
+log = logging.getLogger("pointsman.routing")
+
+
+class RoutingBrain:
+    """Every route's policy, plus the encoder and heads they share."""
+
+    def __init__(self, config: Config, historic_scores: Mapping[str, Iterable[float]] | None = None) -> None:
+        self.config = config
+        self.encoder: BatchingEncoder | None = None
+        settings = config.classifiers
+        self.heads: RouterHeads = load_router_heads(settings.encoder, settings.routers_dir)
+        models = _model_infos(config)
+        self.policies: dict[str, Policy] = {}
+        self._providers: dict[str, ClassifierSignalProvider] = {}
+        for route in config.routes:
+            if route.policy == "static":
+                assert route.model is not None  # enforced by config validation
+                self.policies[route.name] = StaticPolicy(route.name, route.model, route.fallbacks)
+                continue
+            keywords = {name: spec.model_dump() for name, spec in route.signals.keywords.items()}
+            provider = ClassifierSignalProvider(encoder=None, heads=self.heads, extractors=build_extractors(keywords))
+            policy = RulePolicy(
+                route.name, route, provider, models,
+                historic_scores=(historic_scores or {}).get(route.name, ()),
+            )
+            missing = set(policy.needed_signals) - provider.available - provider.head_signals
+            if missing:
+                raise ConfigError(
+                    f"routes.{route.name}: signal(s) {', '.join(sorted(missing))} cannot be computed "
+                    f"(no trained head for encoder {settings.encoder!r} in the router artifacts)"
+                )
+            self.policies[route.name] = policy
+            self._providers[route.name] = provider
+
+    @property
+    def needs_encoder(self) -> bool:
+        return any(
+            set(policy.needed_signals) & provider.head_signals
+            for name, provider in self._providers.items()
+            if isinstance(policy := self.policies[name], RulePolicy)
+        )
+
+    async def start(self) -> None:
+        """Load the encoder (in a thread: it may take seconds) if some policy needs head signals."""
+        if not self.needs_encoder:
+            return
+        settings = self.config.classifiers
+        encoder = await asyncio.to_thread(load_encoder, settings.encoder, threads=settings.encoder_threads)
+        self.encoder = BatchingEncoder(encoder, cache_size=settings.cache_size, max_batch=settings.max_batch)
+        self.encoder.start()
+        # Warm-up: the first forward pass pays one-off costs (allocations, lazy init) that no
+        # client request should see.
+        await self.encoder.encode("warm-up")
+        for provider in self._providers.values():
+            provider.attach_encoder(self.encoder)
+        log.info("routing encoder %s loaded (heads: %s)", encoder.id, ", ".join(self.heads.sources) or "none")
+
+    async def close(self) -> None:
+        if self.encoder is not None:
+            await self.encoder.close()
+            self.encoder = None
+
+    @staticmethod
+    def knob_windows_of(config: Config) -> dict[str, int]:
+        """Routes whose cost–quality knob calibrates from recent traffic, and how many scores it keeps."""
+        return {
+            route.name: route.cost_quality.window
+            for route in config.routes
+            if route.cost_quality is not None and route.cost_quality.target_strong_share is not None
+        }
+
+
+def historic_knob_scores(records: Iterable[Any], routes: Mapping[str, int]) -> dict[str, list[float]]:
+    """Scores the knob logged for ``routes`` in past decision records (newest last, per window)."""
+    scores: dict[str, list[float]] = {name: [] for name in routes}
+    for record in records:
+        if record.route not in scores:
+            continue
+        score = (record.decision or {}).get("details", {}).get("score")
+        if isinstance(score, (int, float)):
+            scores[record.route].append(float(score))
+    return {name: values[-routes[name]:] for name, values in scores.items()}
+
+
+def _model_infos(config: Config) -> dict[str, ModelInfo]:
+    infos = {
+        m.name: ModelInfo(
+            name=m.name, input_cost_per_mtok=m.input_cost_per_mtok, output_cost_per_mtok=m.output_cost_per_mtok,
+            context_window=m.context_window, tags=frozenset(m.tags),
+        )
+        for backend in config.backends
+        for m in backend.models
+    }
+    local = config.local_model
+    if local.enabled and local.model_name not in infos:
+        infos[local.model_name] = ModelInfo(
+            name=local.model_name, context_window=local.n_ctx, tags=frozenset({"local", "cheap"})
+        )
+    return infos
