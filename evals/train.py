@@ -1,0 +1,267 @@
+"""Build the default router artifacts reproducibly: ``python -m evals.train`` (wired to ``pointsman train``).
+
+For each encoder ("minilm", "static") it writes into ``classifiers/artifacts/routers/``:
+- ``difficulty-gpt4-mixtral-<encoder>/``: P(strong model needed) for GPT-4-1106 vs Mixtral-8x7B.
+- ``domain-<encoder>/``: task/domain (math, code, reasoning, knowledge, writing, chat, extraction).
+
+Only RouteLLM data is used (vendorable, Apache-2.0); RouterBench never goes into a shipped artifact.
+Fixed seeds, a split by prompt hash (70/10/20 train/validation/test), contaminated prompts dropped.
+Embeddings are cached under ``.cache/embeddings/`` so a re-run only refits the heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from classifiers.heads.features import CHEAP_FEATURE_NAMES, build_features
+from classifiers.heads.fit import calibration_report, fit_calibration, fit_head
+from classifiers.heads.head import Head
+from evals.data import DOMAINS, STRONG, WEAK, resolve_data_dir, split_of
+from evals.data.paths import REPO_ROOT
+from evals.data.routellm import MT_BENCH_MARGIN
+from evals.data.split import DEFAULT_FRACTIONS, DEFAULT_SEED
+from evals.dataset import PairData, load_pair_data, records_hash
+from evals.difficulty import (
+    DEFAULT_CANDIDATES,
+    Candidate,
+    apgr_by_dataset,
+    cross_validated_scores,
+    features_of,
+    fit_candidate,
+)
+from evals.embeddings import embed_prompts, get_encoder, prompt_text
+
+ROUTERS_DIR = REPO_ROOT / "classifiers" / "artifacts" / "routers"
+ENCODERS = ("minilm", "static")
+SOURCES = [
+    {
+        "name": "RouteLLM evaluation data (MMLU, GSM8K, MT-bench; GPT-4-1106 vs Mixtral-8x7B)",
+        "url": "https://github.com/lm-sys/RouteLLM",
+        "commit": "0b64fdafe049e596a3f5657c219329f24af24198",
+        "path": "routellm/evals/",
+        "license": "Apache-2.0",
+    }
+]
+
+
+def _created_at() -> str:
+    # SOURCE_DATE_EPOCH pins the timestamp for byte-identical rebuilds.
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = datetime.fromtimestamp(int(epoch), UTC) if epoch else datetime.now(UTC)
+    return when.replace(microsecond=0).isoformat()
+
+
+def _feature_schema(encoder_id: str, dim: int, cheap: bool) -> dict[str, Any]:
+    return {
+        "text": "classifiers.conversation.conversation_text(body, max_chars=2000)",
+        "embedding": {"encoder": encoder_id, "dim": dim, "normalised": True},
+        "cheap": list(CHEAP_FEATURE_NAMES) if cheap else [],
+        "order": "embedding then cheap (classifiers.heads.build_features)",
+    }
+
+
+def _split_counts(data: PairData) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for ds in ("mmlu", "gsm8k", "mt_bench"):
+        out[ds] = {sp: int(data.mask(sp, ds).sum()) for sp in ("train", "val", "test")}
+    return out
+
+
+def select_difficulty(
+    data: PairData, candidates: Sequence[Candidate], seed: int, log: Any = print
+) -> tuple[Candidate, dict[str, dict[str, float]]]:
+    """Pick the candidate with the best mean cross-validated APGR on MMLU and GSM8K (train+val only)."""
+    rows = data.split != "test"
+    results: dict[str, dict[str, float]] = {}
+    best: tuple[float, Candidate] | None = None
+    for cand in candidates:
+        t0 = time.perf_counter()
+        oof = cross_validated_scores(cand, data, rows, seed)
+        per = apgr_by_dataset(oof, data, rows)
+        mean = float(np.mean([per["mmlu"], per["gsm8k"]]))
+        results[cand.name] = {**{f"cv_apgr_{k}": round(v, 4) for k, v in per.items()}, "cv_apgr_mean": round(mean, 4)}
+        log(
+            f"  {cand.name:34s} cv APGR mmlu {per['mmlu']:.3f} gsm8k {per['gsm8k']:.3f}"
+            f" ({time.perf_counter() - t0:.0f}s)"
+        )
+        if cand.exportable and cand.kind != "knn" and (best is None or mean > best[0]):
+            best = (mean, cand)
+    assert best is not None, "no exportable candidate"
+    return best[1], results
+
+
+def train_difficulty(
+    data: PairData, dim: int, seed: int, candidates: Sequence[Candidate], log: Any = print
+) -> tuple[Head, dict[str, Any]]:
+    """Select, fit on train, calibrate on validation, and measure on test."""
+    chosen, cv = select_difficulty(data, candidates, seed, log)
+    train, val, test = data.mask("train"), data.mask("val"), data.mask("test")
+    fitted = fit_candidate(chosen, data, train, seed)
+    head = fitted.head
+    assert head is not None
+    x = features_of(data, chosen)
+    calib = fit_calibration(head, x[val], data.needed[val])
+    proba_test = head.predict_proba(x[test])
+    metrics = {
+        "selection": "5-fold CV APGR (mean of MMLU and GSM8K) on train+val; test untouched",
+        "candidates": cv,
+        "chosen": chosen.name,
+        "test_apgr": {k: round(v, 4) for k, v in apgr_by_dataset(proba_test[:, 1], data, test).items()},
+        "test_calibration": {k: round(v, 4) for k, v in calibration_report(proba_test, data.needed[test]).items()},
+        "val_apgr": {k: round(v, 4) for k, v in apgr_by_dataset(head.predict_proba(x[val])[:, 1], data, val).items()},
+    }
+    log(f"  chosen {chosen.name}: test APGR {metrics['test_apgr']}, calibration {calib}")
+    head.manifest = {
+        "name": f"difficulty-gpt4-mixtral-{data.encoder_id}",
+        "task": "difficulty",
+        "description": "P(strong model needed) for GPT-4-1106 (strong) vs Mixtral-8x7B (weak)",
+        "model_pair": {"strong": STRONG, "weak": WEAK},
+        "positive_label": "strong_needed",
+        "label_definition": (
+            "MMLU/GSM8K: strong correct and weak wrong; MT-bench: mean strong judge score exceeds the weak "
+            f"one by >= {MT_BENCH_MARGIN} (ridge candidates regress the gain strong - weak instead)"
+        ),
+        "encoder": data.encoder_id,
+        "feature_schema": _feature_schema(data.encoder_id, dim, chosen.features == "emb+cheap"),
+        "data": _data_block(data, train, chosen),
+        "metrics": metrics,
+        "created_at": _created_at(),
+    }
+    return head, metrics
+
+
+def _data_block(data: PairData, train: np.ndarray, chosen: Candidate | None) -> dict[str, Any]:
+    idx = np.flatnonzero(train)
+    return {
+        "sources": SOURCES,
+        "datasets": ["mmlu", "gsm8k", "mt_bench"],
+        "contaminated_prompts": "dropped (routellm/*/contaminated_prompts.jsonl)",
+        "split": {"by": "sha256(seed, prompt)", "seed": DEFAULT_SEED, "fractions": list(DEFAULT_FRACTIONS)},
+        "rows": _split_counts(data),
+        "train_sha256": records_hash([data.records[i].prompt for i in idx], [int(data.needed[i]) for i in idx]),
+    }
+
+
+def train_domain(data: PairData, encoder: Any, seed: int, log: Any = print) -> tuple[Head, dict[str, Any]]:
+    """Multiclass domain head (logistic regression, class-balanced weights, temperature-calibrated).
+
+    MT-bench contributes both turns of each question (same split as its first turn) because its
+    categories are the only source of writing/chat/extraction examples.
+    """
+    texts, labels, splits = [], [], []
+    for r in data.records:
+        sp = split_of(r.prompt, DEFAULT_SEED)
+        for t in r.turns or (r.prompt,):
+            texts.append(t)
+            labels.append(DOMAINS.index(r.domain))
+            splits.append(sp)
+    y, sp_arr = np.array(labels), np.array(splits)
+    emb = embed_prompts(encoder, texts)
+    x = build_features(emb, [prompt_text(t) for t in texts])
+    train, val, test = sp_arr == "train", sp_arr == "val", sp_arr == "test"
+    counts = np.bincount(y[train], minlength=len(DOMAINS)).astype(float)
+    weights = (len(y[train]) / (len(DOMAINS) * np.maximum(counts, 1)))[y[train]]
+    best: tuple[float, Head, float] | None = None
+    tried = {}
+    for c in (0.1, 1.0):
+        head, _ = fit_head("logreg", x[train], y[train], DOMAINS, seed=seed, C=c, sample_weight=weights)
+        pred = head.raw_proba(x[val]).argmax(axis=1)
+        bal = float(np.mean([np.mean(pred[y[val] == k] == k) for k in range(len(DOMAINS)) if (y[val] == k).any()]))
+        tried[f"logreg(C={c})"] = round(bal, 4)
+        log(f"  domain logreg C={c}: val balanced accuracy {bal:.3f}")
+        if best is None or bal > best[0]:
+            best = (bal, head, c)
+    assert best is not None
+    head = best[1]
+    fit_calibration(head, x[val], y[val])
+    proba = head.predict_proba(x[test])
+    pred = proba.argmax(axis=1)
+    per_class = {
+        DOMAINS[k]: round(float(np.mean(pred[y[test] == k] == k)), 4)
+        for k in range(len(DOMAINS))
+        if (y[test] == k).any()
+    }
+    metrics = {
+        "val_balanced_accuracy": tried,
+        "test_accuracy": round(float(np.mean(pred == y[test])), 4),
+        "test_recall_per_class": per_class,
+        "test_calibration": {k: round(v, 4) for k, v in calibration_report(proba, y[test]).items()},
+        "train_counts": {DOMAINS[k]: int(counts[k]) for k in range(len(DOMAINS))},
+    }
+    log(f"  domain: test accuracy {metrics['test_accuracy']}, recall {per_class}")
+    head.manifest = {
+        "name": f"domain-{data.encoder_id}",
+        "task": "domain",
+        "description": "task/domain of the conversation",
+        "label_definition": "evals/data/domains.py: MMLU subjects, GSM8K -> math, MT-bench categories",
+        "encoder": data.encoder_id,
+        "feature_schema": _feature_schema(data.encoder_id, emb.shape[1], True),
+        "data": {
+            "sources": SOURCES,
+            "datasets": ["mmlu", "gsm8k", "mt_bench"],
+            "contaminated_prompts": "dropped",
+            "split": {"by": "sha256(seed, prompt)", "seed": DEFAULT_SEED, "fractions": list(DEFAULT_FRACTIONS)},
+            "train_sha256": records_hash([t for t, m in zip(texts, train, strict=True) if m], list(y[train])),
+        },
+        "metrics": metrics,
+        "created_at": _created_at(),
+    }
+    return head, metrics
+
+
+def build(
+    data_dir: Path, encoders: Sequence[str], out_dir: Path, seed: int, candidates: Sequence[Candidate]
+) -> dict[str, Any]:
+    """Train and write every default artifact; returns the metrics per artifact."""
+    report: dict[str, Any] = {}
+    for name in encoders:
+        t0 = time.perf_counter()
+        print(f"[{name}] loading encoder and embedding the RouteLLM prompts", flush=True)
+        encoder = get_encoder(name)
+        # The split seed is fixed (DEFAULT_SEED): ``seed`` only seeds the models and the CV folds.
+        data = load_pair_data(data_dir, encoder, DEFAULT_SEED)
+        print(f"[{name}] difficulty head: model selection", flush=True)
+        head, metrics = train_difficulty(data, encoder.dim, seed, candidates)
+        path = head.save(out_dir / f"difficulty-gpt4-mixtral-{name}")
+        report[path.name] = metrics
+        print(f"[{name}] domain head", flush=True)
+        dhead, dmetrics = train_domain(data, encoder, seed)
+        dpath = dhead.save(out_dir / f"domain-{name}")
+        report[dpath.name] = dmetrics
+        print(f"[{name}] wrote {path} and {dpath} in {time.perf_counter() - t0:.0f}s", flush=True)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(prog="python -m evals.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--data", help="data directory (default: $POINTSMAN_DATA_DIR or <repo>/../shared/data)")
+    parser.add_argument("--encoders", default=",".join(ENCODERS), help="comma-separated: minilm,static")
+    parser.add_argument("--out", default=str(ROUTERS_DIR), help="artifact directory")
+    parser.add_argument("--seed", type=int, default=0, help="model seed (the split seed is fixed)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    encoders = [e.strip() for e in args.encoders.split(",") if e.strip()]
+    unknown = [e for e in encoders if e not in ENCODERS]
+    if unknown:
+        parser.error(f"unknown encoder(s) {unknown}; expected {ENCODERS}")
+    data_dir = resolve_data_dir(args.data)
+    if not (data_dir / "routellm").is_dir():
+        print(f"error: no routellm/ under {data_dir} (use --data or POINTSMAN_DATA_DIR)", file=sys.stderr)
+        return 2
+    build(data_dir, encoders, Path(args.out), args.seed, DEFAULT_CANDIDATES)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""Heads exported to numpy give scikit-learn's probabilities, and survive a save/load round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from classifiers.heads import build_features, cheap_features, load_head
+from classifiers.heads.fit import fit_calibration, fit_head
+
+
+def _data(n_classes: int, n: int = 300, d: int = 12, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    w = rng.normal(size=(d, n_classes))
+    y = (x @ w + rng.normal(scale=0.5, size=(n, n_classes))).argmax(axis=1)
+    return x, y
+
+
+@pytest.mark.parametrize("n_classes", [2, 4])
+@pytest.mark.parametrize("kind", ["logreg", "mlp"])
+def test_numpy_head_matches_sklearn(kind: str, n_classes: int) -> None:
+    x, y = _data(n_classes)
+    labels = [f"c{i}" for i in range(n_classes)]
+    head, model = fit_head(kind, x, y, labels, seed=0, hidden=(16,), max_iter=300)
+    z = (x - head.params["mean"]) / head.params["scale"]
+    # Weights are stored as float32, so agreement is to float32 precision.
+    np.testing.assert_allclose(head.raw_proba(x), model.predict_proba(z), atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["logreg", "mlp", "knn"])
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_save_load_round_trip_is_exact(tmp_path: Path, kind: str, n_classes: int) -> None:
+    x, y = _data(n_classes, seed=1)
+    head, _ = fit_head(kind, x[:200], y[:200], [f"c{i}" for i in range(n_classes)], hidden=(8,), k=15)
+    fit_calibration(head, x[200:250], y[200:250])
+    head.manifest = {"encoder": "test-encoder"}
+    head.save(tmp_path / "h")
+    loaded = load_head(tmp_path / "h")
+    assert loaded.labels == head.labels
+    assert loaded.manifest["encoder"] == "test-encoder"
+    assert loaded.calibration == head.calibration
+    np.testing.assert_array_equal(loaded.predict_proba(x[250:]), head.predict_proba(x[250:]))
+    np.testing.assert_allclose(loaded.predict_proba(x[250:]).sum(axis=1), 1.0)
+
+
+def test_artifact_has_no_pickle_and_rejects_swapped_weights(tmp_path: Path) -> None:
+    x, y = _data(2)
+    head, _ = fit_head("logreg", x, y, ["no", "yes"])
+    head.save(tmp_path / "h")
+    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == ["manifest.json", "weights.npz"]
+    manifest = json.loads((tmp_path / "h" / "manifest.json").read_text())
+    assert manifest["kind"] == "logreg" and manifest["labels"] == ["no", "yes"]
+    other, _ = fit_head("logreg", x[:100], y[:100], ["no", "yes"])
+    other.save(tmp_path / "other")
+    (tmp_path / "h" / "weights.npz").write_bytes((tmp_path / "other" / "weights.npz").read_bytes())
+    with pytest.raises(ValueError, match="sha256"):
+        load_head(tmp_path / "h")
+
+
+def test_platt_calibration_keeps_the_ranking() -> None:
+    x, y = _data(2, n=400, seed=3)
+    head, _ = fit_head("logreg", x[:300], y[:300], ["no", "yes"], C=10.0)
+    raw = head.raw_proba(x[300:])[:, 1]
+    calib = fit_calibration(head, x[300:], y[300:])
+    assert calib["method"] == "platt"
+    calibrated = head.predict_proba(x[300:])[:, 1]
+    # Monotone map: ordered by the raw score, calibrated scores never decrease (ties may appear at saturation).
+    assert np.all(np.diff(calibrated[np.argsort(raw)]) >= 0)
+
+
+def test_features_append_cheap_text_statistics() -> None:
+    emb = np.eye(2, 4, dtype=np.float32)
+    feats = build_features(emb, ["What is 2 + 2?", "hello"])
+    assert feats.shape == (2, 4 + len(cheap_features("x")))
+    np.testing.assert_array_equal(feats[:, :4], emb)
+    assert feats[0, 4] > feats[1, 4]  # the longer text has more characters
+    with pytest.raises(ValueError):
+        build_features(emb, ["only one text"])
+
+
+def test_saving_twice_gives_identical_bytes(tmp_path: Path) -> None:
+    # Reproducible artifacts: no timestamps inside the weights file.
+    x, y = _data(2)
+    head, _ = fit_head("logreg", x, y, ["no", "yes"])
+    head.save(tmp_path / "a")
+    head.save(tmp_path / "b")
+    assert (tmp_path / "a" / "weights.npz").read_bytes() == (tmp_path / "b" / "weights.npz").read_bytes()
+
+
+ROUTERS = Path(__file__).resolve().parents[2] / "classifiers" / "artifacts" / "routers"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["difficulty-gpt4-mixtral-minilm", "difficulty-gpt4-mixtral-static", "domain-minilm", "domain-static"],
+)
+def test_shipped_artifacts_load_and_name_their_data(name: str) -> None:
+    head = load_head(ROUTERS / name)
+    m = head.manifest
+    dim = m["feature_schema"]["embedding"]["dim"]
+    assert head.n_features == dim + len(m["feature_schema"]["cheap"])
+    # Shipped artifacts are trained on vendorable RouteLLM data only, never RouterBench.
+    assert [s["license"] for s in m["data"]["sources"]] == ["Apache-2.0"]
+    assert "routerbench" not in json.dumps(m).lower()
+    rng = np.random.default_rng(0)
+    x = np.hstack([rng.normal(size=(5, dim)), np.abs(rng.normal(size=(5, head.n_features - dim)))])
+    proba = head.predict_proba(x)
+    assert proba.shape == (5, len(head.labels))
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+    assert (ROUTERS / name / "weights.npz").stat().st_size < 300_000  # small enough to commit
+
+
+def test_grouped_difficulty_head_round_trip_and_ranking(tmp_path: Path) -> None:
+    from evals.data.records import PairRecord
+    from evals.dataset import PairData
+    from evals.difficulty import Candidate, fit_candidate
+
+    rng = np.random.default_rng(5)
+    recs, embs = [], []
+    # Two groups with different gain rates, separable in embedding space.
+    for i in range(200):
+        hard = i % 2 == 0
+        e = rng.normal(size=8) + (3.0 if hard else -3.0)
+        strong, weak = 1.0, float(rng.random() > (0.7 if hard else 0.1))
+        recs.append(PairRecord(f"p{i}", "mmlu", "hard" if hard else "easy", "knowledge", strong, weak, strong > weak))
+        embs.append(e / np.linalg.norm(e))
+    emb = np.array(embs, dtype=np.float32)
+    data = PairData(
+        records=recs,
+        embeddings=emb,
+        features=emb,
+        split=np.array(["train"] * 200),
+        dataset=np.array(["mmlu"] * 200),
+        strong=np.array([r.strong_quality for r in recs]),
+        weak=np.array([r.weak_quality for r in recs]),
+        needed=np.array([int(r.strong_needed) for r in recs]),
+        encoder_id="test",
+    )
+    fitted = fit_candidate(Candidate("grouped", {"tau": 0.1, "alpha": 10.0}), data, np.ones(200, dtype=bool), seed=0)
+    head = fitted.head
+    assert head is not None
+    scores = head.predict_proba(emb)[:, 1]
+    hard = np.array([r.group == "hard" for r in recs])
+    assert scores[hard].mean() > scores[~hard].mean()
+    head.save(tmp_path / "g")
+    np.testing.assert_array_equal(load_head(tmp_path / "g").predict_proba(emb), head.predict_proba(emb))

@@ -1,0 +1,85 @@
+"""RouteLLM's routing metrics on tiny cases computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evals.metrics import (
+    apgr,
+    cost_at_quality,
+    cpt,
+    evaluate_scores,
+    oracle_curve,
+    oracle_quality,
+    pgr,
+    quality_at_cost,
+    routing_curve,
+)
+
+# Four prompts. The strong model is right on 0, 2, 3; the weak one only on 0.
+# Always-strong quality 0.75, always-weak 0.25.
+SCORES = np.array([0.1, 0.2, 0.3, 0.4])
+STRONG = np.array([1.0, 0.0, 1.0, 1.0])
+WEAK = np.array([1.0, 0.0, 0.0, 0.0])
+
+
+def test_pgr_is_share_of_the_gap() -> None:
+    assert pgr(0.5, strong=0.75, weak=0.25) == pytest.approx(0.5)
+    assert pgr(0.25, strong=0.75, weak=0.25) == 0.0
+    assert pgr(0.75, strong=0.75, weak=0.25) == 1.0
+
+
+def test_curve_uses_qcut_edges_and_a_strict_last_threshold() -> None:
+    # Two bins: edges at quantiles 0, 0.5, 1 -> 0.1, 0.25, 0.4. ">=" for the first two, ">" for the last.
+    curve = routing_curve(SCORES, STRONG, WEAK, num_results=2)
+    assert [p.threshold for p in curve] == pytest.approx([0.1, 0.25, 0.4])
+    assert [p.strong_share for p in curve] == pytest.approx([1.0, 0.5, 0.0])
+    # Half strong: prompts 2 and 3 go strong (1 + 1), 0 and 1 stay weak (1 + 0) -> 3/4.
+    assert [p.quality for p in curve] == pytest.approx([0.75, 0.75, 0.25])
+
+
+def test_apgr_and_cpt_by_hand() -> None:
+    curve = routing_curve(SCORES, STRONG, WEAK, num_results=2)
+    # AUC over (0, .25), (.5, .75), (1, .75) = .5 * .5 + .5 * .75 = .625; weak area .25, strong .75.
+    assert apgr(curve, strong=0.75, weak=0.25) == pytest.approx((0.625 - 0.25) / 0.5)
+    # PGR 50% = quality .5, reached a quarter of the way: interpolate on the first segment.
+    assert cpt(curve, 0.5, strong=0.75, weak=0.25) == pytest.approx(0.25)
+    assert cpt(curve, 0.8, strong=0.75, weak=0.25) == pytest.approx(0.4)
+    m = evaluate_scores(SCORES, STRONG, WEAK, num_results=2)
+    assert (m.apgr, m.cpt50, m.cpt80) == pytest.approx((0.75, 0.25, 0.4))
+
+
+def test_reversed_router_is_worse_than_random_and_oracle_better() -> None:
+    good = evaluate_scores(SCORES, STRONG, WEAK, num_results=2).apgr
+    bad = evaluate_scores(-SCORES, STRONG, WEAK, num_results=2).apgr
+    assert bad < 0.5 < good
+
+
+def test_oracle_spends_strong_calls_on_positive_gains_only() -> None:
+    # Gains are 0, 0, 1, 1: two useful strong calls.
+    assert oracle_quality(STRONG, WEAK, 0.0) == pytest.approx(0.25)
+    assert oracle_quality(STRONG, WEAK, 0.25) == pytest.approx(0.5)
+    assert oracle_quality(STRONG, WEAK, 0.5) == pytest.approx(0.75)
+    assert oracle_quality(STRONG, WEAK, 1.0) == pytest.approx(0.75)
+    curve = oracle_curve(STRONG, WEAK, steps=4)
+    # (0,.25) (.25,.5) (.5,.75) (.75,.75) (1,.75): area .09375 + .15625 + .1875 + .1875 = .625.
+    assert apgr(curve, strong=0.75, weak=0.25) == pytest.approx((0.625 - 0.25) / 0.5)
+
+
+def test_oracle_with_scores_that_can_lose() -> None:
+    # Judge scores: the strong model is worse on the second prompt; the oracle never sends it there.
+    strong, weak = np.array([9.0, 5.0, 8.0]), np.array([6.0, 7.0, 8.0])
+    assert oracle_quality(strong, weak, 1.0) == pytest.approx((9 + 7 + 8) / 3)
+
+
+def test_frontier_helpers_read_the_upper_envelope() -> None:
+    costs, quals = [1.0, 2.0, 3.0], [0.5, 0.7, 0.6]  # the third policy is dominated
+    assert quality_at_cost(costs, quals, 1.5) == pytest.approx(0.6)
+    assert quality_at_cost(costs, quals, 3.0) == pytest.approx(0.7)
+    assert math.isnan(quality_at_cost(costs, quals, 0.5))
+    assert cost_at_quality(costs, quals, 0.6) == pytest.approx(1.5)
+    assert cost_at_quality(costs, quals, 0.4) == pytest.approx(1.0)
+    assert math.isnan(cost_at_quality(costs, quals, 0.8))
