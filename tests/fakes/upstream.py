@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Self
 
 import orjson
 import uvicorn
@@ -213,14 +213,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class FakeUpstream:
-    """Runs the fake on a loopback port in a background thread (its own event loop)."""
+class LoopbackServer:
+    """Runs an ASGI app with uvicorn on a free loopback port in a background thread."""
 
-    def __init__(self, port: int | None = None) -> None:
-        self.state = UpstreamState()
+    def __init__(self, app: Any, port: int | None = None) -> None:
         self.port = port or free_port()
         self._server = uvicorn.Server(uvicorn.Config(
-            build_app(self.state), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off",
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off",
             timeout_graceful_shutdown=1,
         ))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
@@ -229,15 +228,23 @@ class FakeUpstream:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self) -> FakeUpstream:
+    def start(self) -> Self:
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
             if time.monotonic() > deadline:
-                raise RuntimeError("fake upstream did not start")
+                raise RuntimeError(f"{type(self).__name__} did not start")
             time.sleep(0.01)
         return self
 
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+class FakeUpstream(LoopbackServer):
+    """The behaviour-by-model fake on a loopback port; ``state`` records what it saw."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.state = UpstreamState()
+        super().__init__(build_app(self.state), port)
