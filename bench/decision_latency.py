@@ -201,6 +201,7 @@ def bench_config(encoder: str, cache_size: int, routers_dir: Path | None, max_ba
         "cache_size": cache_size,
         "max_batch": max_batch,
         "encoder_threads": threads,
+        "minilm_dtype": os.environ.get("POINTSMAN_MINILM_DTYPE", "float32"),
     }
     if routers_dir is not None:
         classifiers["routers_dir"] = str(routers_dir)

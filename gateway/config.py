@@ -124,6 +124,9 @@ class ClassifiersConfig(_Strict):
     cache_size: int = Field(default=10_000, ge=0)
     max_batch: int = Field(default=32, ge=1)
     encoder_threads: int = Field(default=1, ge=1)
+    minilm_dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        default="float32", description="bfloat16 is ~35% faster on CPUs with native bf16, slightly less replayable"
+    )
 
 
 class RetryConfig(_Strict):

@@ -70,7 +70,9 @@ class RoutingBrain:
         if not self.needs_encoder:
             return
         settings = self.config.classifiers
-        encoder = await asyncio.to_thread(load_encoder, settings.encoder, threads=settings.encoder_threads)
+        encoder = await asyncio.to_thread(
+            load_encoder, settings.encoder, threads=settings.encoder_threads, dtype=settings.minilm_dtype
+        )
         self.encoder = BatchingEncoder(encoder, cache_size=settings.cache_size, max_batch=settings.max_batch)
         self.encoder.start()
         # Warm-up: the first forward pass pays one-off costs (allocations, lazy init) that no

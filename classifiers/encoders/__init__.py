@@ -12,13 +12,14 @@ ENCODER_NAMES: tuple[str, ...] = ("minilm", "static")
 __all__ = ["ENCODER_NAMES", "Encoder", "l2_normalise", "load_encoder"]
 
 
-def load_encoder(name: str, *, threads: int | None = None) -> Encoder:
+def load_encoder(name: str, *, threads: int | None = None, dtype: str = "float32") -> Encoder:
     """Build the encoder called ``name``.
 
     Args:
         name: ``"minilm"`` (sentence-transformers on the bundled model, CPU, offline) or ``"static"``
             (model2vec static embeddings from ``classifiers/artifacts/encoders/minilm-static/``).
         threads: torch intra-op threads for ``"minilm"`` (default 1); ignored by ``"static"``.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"auto"`` weights for ``"minilm"``; ignored by ``"static"``.
 
     Raises:
         ValueError: unknown name (the message lists the known ones).
@@ -28,7 +29,7 @@ def load_encoder(name: str, *, threads: int | None = None) -> Encoder:
     if name == "minilm":
         from classifiers.encoders.minilm import DEFAULT_THREADS, MiniLMEncoder
 
-        return MiniLMEncoder(threads=threads if threads is not None else DEFAULT_THREADS)
+        return MiniLMEncoder(threads=threads if threads is not None else DEFAULT_THREADS, dtype=dtype)
     if name == "static":
         from classifiers.encoders.static import StaticEncoder
 

@@ -62,6 +62,24 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AMX-BF16 or AVX512-BF16), read from /proc/cpuinfo."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(dtype: str) -> str:
+    """``"auto"`` -> ``"bfloat16"`` on CPUs with native bf16, else ``"float32"``; others pass through."""
+    if dtype == "auto":
+        return "bfloat16" if cpu_has_native_bf16() else "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
+    return dtype
+
+
 class MiniLMEncoder:
     """The default encoder: 384-d sentence embeddings from all-MiniLM-L6-v2 on CPU.
 
@@ -74,6 +92,10 @@ class MiniLMEncoder:
             always fits whatever its length.
         max_tokens: Word pieces read per text (default: the model's 256). all-MiniLM-L6-v2 was trained
             on 128; lowering it roughly halves the cost of long prompts.
+        dtype: ``"float32"`` (default), ``"bfloat16"``, or ``"auto"`` (bfloat16 when the CPU has native
+            bf16 — AMX or AVX512-BF16). bf16 measured ~35% faster per text here, embeddings at cosine
+            >= 0.9999 to fp32 (trained heads still fit), but a text's vector then moves by ~1e-3 with
+            what it is batched with, so decisions near a threshold are not exactly replayable: opt in.
 
     Inputs longer than the model's window (256 word pieces) are truncated by the tokenizer; the
     conversation text puts the last user turn first so it is always inside that window.
@@ -89,6 +111,7 @@ class MiniLMEncoder:
         batch_size: int = 32,
         token_budget: int = DEFAULT_TOKEN_BUDGET,
         max_tokens: int | None = None,
+        dtype: str = "float32",
     ) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
@@ -106,6 +129,9 @@ class MiniLMEncoder:
         with quiet_transformers():
             self._model: Any = SentenceTransformer(str(path), device="cpu", local_files_only=True)
         self._model.eval()
+        self.dtype = resolve_dtype(dtype)
+        if self.dtype == "bfloat16":
+            self._model.to(torch.bfloat16)
         dim = self._model.get_embedding_dimension()
         if dim is None:
             raise ValueError(f"cannot tell the embedding dimension of the model in {path}")
@@ -129,11 +155,11 @@ class MiniLMEncoder:
                 vectors = self._model.encode(
                     [texts[i] for i in chunk],
                     batch_size=len(chunk),
-                    convert_to_numpy=True,
+                    convert_to_tensor=True,
                     normalize_embeddings=True,
                     show_progress_bar=False,
                 )
-                out[chunk] = vectors
+                out[chunk] = vectors.float().numpy()
         return l2_normalise(out)
 
     def _chunks(self, texts: Sequence[str]) -> list[list[int]]:

@@ -251,3 +251,17 @@ async def test_closed_batcher_refuses_new_work(static: Encoder) -> None:
     assert (await batcher.encode("cached before close")).shape == (static.dim,)  # cache hits still served
     with pytest.raises(RuntimeError, match="closed"):
         await batcher.encode("new text")
+
+
+def test_minilm_bf16_matches_fp32_and_auto_follows_the_cpu() -> None:
+    from classifiers.encoders.minilm import MiniLMEncoder, cpu_has_native_bf16, resolve_dtype
+
+    assert resolve_dtype("auto") == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    with pytest.raises(ValueError, match="dtype"):
+        resolve_dtype("int4")
+    texts = ["What is the capital of France?", "Prove there are infinitely many primes of the form 4k+3."]
+    fp32 = MiniLMEncoder(dtype="float32").encode(texts)
+    bf16 = MiniLMEncoder(dtype="bfloat16").encode(texts)
+    assert bf16.dtype == np.float32
+    # Close enough that heads trained on fp32 embeddings stay valid on bf16 ones.
+    assert float((fp32 * bf16).sum(axis=1).min()) > 0.999
