@@ -1,0 +1,72 @@
+"""A bad routing policy stops the gateway at start-up, with a message naming the offending key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fakes.upstream import free_port
+
+
+def _config(route: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "server": {"port": free_port()},
+        "backends": [{"name": "b", "base_url": "http://127.0.0.1:9/v1", "health": {"enabled": False},
+                      "models": [{"name": "small"}, {"name": "big"}]}],
+        "routes": [{"name": "auto", "policy": "rules", **route}],
+    }
+
+
+BAD_POLICIES = [
+    pytest.param(
+        {"rules": [{"name": "r", "when": {"signal": "domian", "op": "eq", "value": "code"},
+                    "action": {"route": "big"}}],
+         "model": "small"},
+        "routes.auto.rules.0.when.signal: unknown signal 'domian'",
+        id="unknown-signal",
+    ),
+    pytest.param(
+        {"rules": [{"name": "r", "action": {"route": "big"},
+                    "when": {"all": [{"signal": "difficulty", "op": "gt", "value": 0.8},
+                                     {"signal": "difficulty", "op": "lt", "value": 0.2}]}}],
+         "model": "small"},
+        "routes.auto.rules.0.when.all",
+        id="impossible-condition",
+    ),
+    pytest.param(
+        {"cost_quality": {"signal": "difficulty", "strong": "gpt-5", "weak": "small", "threshold": 0.5}},
+        "routes.auto.cost_quality.strong: unknown model 'gpt-5'",
+        id="missing-model",
+    ),
+    pytest.param(
+        {"rules": [{"name": "r", "when": {"signal": "jailbreak", "op": "ge", "value": 1.5},
+                    "action": {"block": "no"}}], "model": "small"},
+        "routes.auto.rules.0.when",
+        id="threshold-out-of-range",
+    ),
+]
+
+
+@pytest.mark.parametrize(("route", "expected"), BAD_POLICIES)
+def test_serve_refuses_a_bad_policy_naming_the_key(tmp_path: Path, route: dict[str, Any], expected: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_config(route)))
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr, result.stderr
+
+
+def test_a_good_policy_passes_check_config(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_config(
+        {"rules": [{"name": "r", "when": {"signal": "pii", "op": "truthy"}, "action": {"redact": ["email"]}}],
+         "cost_quality": {"signal": "difficulty", "strong": "big", "weak": "small", "threshold": 0.3}})))
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
