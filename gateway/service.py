@@ -34,6 +34,7 @@ from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamClient
 from gateway.usage import SSEUsageScanner, cost_usd
 from policies import Plan, Policy, PolicyError, RequestContext
+from policies.knob import REQUEST_FIELD
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord
 
@@ -97,6 +98,10 @@ class ProxyService:
             record.requested_model = body["model"]
             record.stream = bool(body.get("stream"))
             plan = await self._plan(request, endpoint, body, trace)
+            if REQUEST_FIELD in body:
+                # The gateway's own namespace (e.g. a threshold override) never goes upstream.
+                body = {k: v for k, v in body.items() if k != REQUEST_FIELD}
+                raw = orjson.dumps(body)
             if plan.redact:
                 # The policy asked to strip PII before the request leaves the gateway.
                 body = redact_body(body, plan.redact)

@@ -13,9 +13,11 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from policies.base import PolicyError
 
+REQUEST_FIELD = "pointsman"  # the gateway's namespace in a request body
 THRESHOLD_HEADER = "x-pointsman-threshold"
 
 
@@ -107,24 +109,32 @@ def _share_threshold(ordered: list[float], share: float) -> float:
     return (ordered[first_strong - 1] + ordered[first_strong]) / 2
 
 
-def threshold_override(headers: Mapping[str, str]) -> float | None:
-    """The per-request threshold from the ``x-pointsman-threshold`` header, if present.
+def threshold_override(headers: Mapping[str, str], body: Mapping[str, Any] | None = None) -> float | None:
+    """The per-request threshold: the ``x-pointsman-threshold`` header, else the request field
+    ``{"pointsman": {"threshold": ...}}`` (the gateway's own namespace, stripped before forwarding).
 
-    Raises :class:`PolicyError` (400) when it is not a number in [0, 1].
+    Raises :class:`PolicyError` (400) naming the header or field when it is not a number in [0, 1].
     """
-    raw = headers.get(THRESHOLD_HEADER)
+    raw: Any = headers.get(THRESHOLD_HEADER)
     if raw is None:
         # Plain dicts (tests, replays) may not be case-insensitive like HTTP header maps.
         raw = next((v for k, v in headers.items() if k.lower() == THRESHOLD_HEADER), None)
+    where = f"header {THRESHOLD_HEADER}"
+    if raw is None and body is not None:
+        extension = body.get(REQUEST_FIELD)
+        if extension is not None and not isinstance(extension, Mapping):
+            raise PolicyError(f"field {REQUEST_FIELD}: must be an object", status=400, code="invalid_threshold")
+        raw = extension.get("threshold") if extension is not None else None
+        where = f"field {REQUEST_FIELD}.threshold"
     if raw is None:
         return None
     try:
-        value = float(raw)
-    except ValueError:
+        value = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
         value = math.nan
     if not (0.0 <= value <= 1.0):  # also rejects NaN
         raise PolicyError(
-            f"header {THRESHOLD_HEADER}: {raw!r} is not a number between 0 and 1",
+            f"{where}: {raw!r} is not a number between 0 and 1",
             status=400,
             code="invalid_threshold",
         )

@@ -147,7 +147,7 @@ class RulePolicy:
     # -- evaluation -------------------------------------------------------------------------
 
     async def _evaluate(self, ctx: RequestContext, *, commit: bool) -> _Outcome:
-        override = threshold_override(ctx.headers)
+        override = threshold_override(ctx.headers, ctx.body)
         signals: dict[str, SignalLike] = {}
         if self.needed_signals:
             signals = dict(await self.provider.compute(set(self.needed_signals), ctx))

@@ -93,6 +93,18 @@ def test_threshold_override_moves_the_decision_both_ways(sdk: OpenAI, routed: Ga
     assert json.loads(routed.decision(rid)["decision"])["details"]["threshold"] == 1.0
 
 
+def test_threshold_request_field_overrides_and_is_not_forwarded(sdk: OpenAI, upstream: FakeUpstream) -> None:
+    user = uuid.uuid4().hex
+    messages = [{"role": "user", "content": "Name a primary colour."}]
+    model, _ = _ask(sdk, messages, user=user, extra_body={"pointsman": {"threshold": 0}}, extra_headers=_session())
+    assert model == "big-model"
+    sent = [b for b in upstream.state.bodies if b.get("user") == user][-1]
+    assert "pointsman" not in sent
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(sdk, messages, extra_body={"pointsman": {"threshold": 7}}, extra_headers=_session())
+    assert "pointsman.threshold" in info.value.body["message"]  # type: ignore[index]
+
+
 def test_bad_threshold_header_is_400(sdk: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         _ask(sdk, [{"role": "user", "content": "hi"}], extra_headers={"x-pointsman-threshold": "lots"})

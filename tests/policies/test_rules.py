@@ -134,6 +134,20 @@ async def test_threshold_override_header() -> None:
     assert plan.candidates[0] == "small"  # 0.99 < 1.0
 
 
+async def test_threshold_override_request_field_and_header_precedence() -> None:
+    policy, _ = build(GUARDED)
+    plan = await policy.decide(request("tell me about rivers [d=0.3]", pointsman={"threshold": 0.25}))
+    assert plan.candidates[0] == "big" and plan.details["threshold"] == 0.25
+    # The header wins over the field when both are sent.
+    plan = await policy.decide(request("rivers [d=0.3]", pointsman={"threshold": 0.25},
+                                       headers={"x-pointsman-threshold": "0.9"}))
+    assert plan.candidates[0] == "small" and plan.details["threshold"] == 0.9
+    for bad in ({"threshold": 2}, {"threshold": "x"}, {"threshold": True}, "0.3"):
+        with pytest.raises(PolicyError) as caught:
+            await policy.decide(request("rivers", pointsman=bad))
+        assert caught.value.status == 400 and "field pointsman" in caught.value.message
+
+
 @pytest.mark.parametrize("bad", ["1.5", "-0.1", "high", "nan", ""])
 async def test_bad_threshold_override_is_a_400_naming_the_header(bad: str) -> None:
     policy, _ = build(GUARDED)
