@@ -44,6 +44,11 @@ class _DrainingServer(uvicorn.Server):
 
 async def serve(config: Config) -> None:
     """Run the gateway (and the embedded local model, if enabled) until SIGINT/SIGTERM."""
+    from gateway.routing import RoutingBrain
+
+    # Pre-flight: route policies whose signals cannot be computed (no trained head for the chosen
+    # encoder) fail here with a clean message, before any child process or socket exists.
+    RoutingBrain(config)
     local = None
     if config.local_model.enabled:
         from gateway.local_model import LocalModelServer

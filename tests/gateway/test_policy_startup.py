@@ -70,3 +70,14 @@ def test_a_good_policy_passes_check_config(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", str(path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_serve_refuses_a_policy_whose_heads_are_missing(tmp_path: Path) -> None:
+    config = _config({"cost_quality": {"signal": "difficulty", "strong": "big", "weak": "small", "threshold": 0.5}})
+    config["classifiers"] = {"encoder": "static", "routers_dir": str(tmp_path / "no-artifacts")}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "routes.auto: signal(s) difficulty cannot be computed" in result.stderr
