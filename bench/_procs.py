@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -28,6 +29,14 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def cpu_model() -> str:
+    """The CPU's model name (for result headers)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
 
 
 def cpu_count() -> int:

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _procs
 import numpy as np
 
 from classifiers.conversation import conversation_text
@@ -635,13 +636,6 @@ def print_rich(results: Mapping[str, EncoderResult], checks: list[dict[str, Any]
         )
 
 
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def _check_heads(encoders: Sequence[str], routers_dir: Path | None) -> None:
     root = routers_dir or DEFAULT_ROUTERS_DIR
     missing = [e for e in encoders if not (root / DIFFICULTY_ARTIFACT.format(encoder=e) / "manifest.json").exists()]
@@ -689,7 +683,7 @@ def _run(args: argparse.Namespace) -> int:
     checks = evaluate(results)
     meta = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _cpu_model(),
+        "cpu": _procs.cpu_model(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "loop": loop_name,

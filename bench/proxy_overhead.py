@@ -349,13 +349,6 @@ def print_rich(
 # --------------------------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def _litellm_version() -> str:
     pip = litellm_env.VENV_DIR / "bin" / "python"
     out = subprocess.run(
@@ -483,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = evaluate(table, concurrencies)
     meta = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _cpu_model(),
+        "cpu": _procs.cpu_model(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "rounds": args.rounds,

@@ -9,7 +9,6 @@ request body, never just the last message.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,14 +160,9 @@ def _positive_index(labels: tuple[str, ...]) -> int:
 
 
 def _check_encoder(head: Head, encoder: str, directory: Path) -> None:
+    """Refuse a head trained on the other encoder's embeddings (the vectors would be meaningless)."""
     schema = head.manifest.get("feature_schema", {})
-    trained_on = schema.get("embedding", {}).get("encoder") or head.manifest.get("encoder_id")
-    if trained_on and encoder == "static" and "static" not in str(trained_on):
+    trained_on = str(schema.get("embedding", {}).get("encoder") or head.manifest.get("encoder_id") or "")
+    family = "static" if trained_on.startswith("minilm-static") else "minilm"
+    if trained_on and family != encoder:
         raise ValueError(f"{directory}: head was trained on encoder {trained_on!r}, not {encoder!r}")
-    if trained_on and encoder == "minilm" and "static" in str(trained_on):
-        raise ValueError(f"{directory}: head was trained on encoder {trained_on!r}, not {encoder!r}")
-
-
-def describe_heads(heads: RouterHeads) -> str:
-    """One line per loaded head (for start-up logs)."""
-    return json.dumps({k: v for k, v in heads.sources.items()})

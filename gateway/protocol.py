@@ -64,6 +64,11 @@ async def read_body(receive: Receive, content_length: str | None, limit: int) ->
 
 def parse_request(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
     """Parse and minimally validate a request body for ``endpoint``; raises 400s naming the field."""
+    return validate_request(decode_body(raw), endpoint)
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; 400 when it is empty, not JSON, or not an object."""
     if not raw:
         raise InvalidRequestError("request body is empty; expected a JSON object")
     try:
@@ -72,6 +77,11 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
         raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise InvalidRequestError("request body must be a JSON object")
+    return body
+
+
+def validate_request(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]:
+    """Check the fields the gateway itself needs for ``endpoint``; returns ``body`` unchanged."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError("'model' is required and must be a non-empty string", param="model")

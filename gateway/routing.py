@@ -37,6 +37,7 @@ class RoutingBrain:
         models = _model_infos(config)
         self.policies: dict[str, Policy] = {}
         self._providers: dict[str, ClassifierSignalProvider] = {}
+        self.needs_encoder = False  # whether some policy uses a head signal (difficulty, domain)
         for route in config.routes:
             if route.policy == "static":
                 assert route.model is not None  # enforced by config validation
@@ -56,14 +57,7 @@ class RoutingBrain:
                 )
             self.policies[route.name] = policy
             self._providers[route.name] = provider
-
-    @property
-    def needs_encoder(self) -> bool:
-        return any(
-            set(policy.needed_signals) & provider.head_signals
-            for name, provider in self._providers.items()
-            if isinstance(policy := self.policies[name], RulePolicy)
-        )
+            self.needs_encoder |= bool(set(policy.needed_signals) & provider.head_signals)
 
     async def start(self) -> None:
         """Load the encoder (in a thread: it may take seconds) if some policy needs head signals."""

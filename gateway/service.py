@@ -28,7 +28,16 @@ from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailabl
 from gateway.forward import Completed, Forwarder, OpenedStream
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
-from gateway.protocol import CHAT, COMPLETIONS, ClientDisconnected, Endpoint, parse_request, read_body
+from gateway.protocol import (
+    CHAT,
+    COMPLETIONS,
+    ClientDisconnected,
+    Endpoint,
+    decode_body,
+    parse_request,
+    read_body,
+    validate_request,
+)
 from gateway.streaming import ProxyStream
 from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamClient
@@ -98,14 +107,15 @@ class ProxyService:
             record.requested_model = body["model"]
             record.stream = bool(body.get("stream"))
             plan = await self._plan(request, endpoint, body, trace)
-            if REQUEST_FIELD in body:
+            forwarded = body
+            if REQUEST_FIELD in forwarded:
                 # The gateway's own namespace (e.g. a threshold override) never goes upstream.
-                body = {k: v for k, v in body.items() if k != REQUEST_FIELD}
-                raw = orjson.dumps(body)
+                forwarded = {k: v for k, v in forwarded.items() if k != REQUEST_FIELD}
             if plan.redact:
                 # The policy asked to strip PII before the request leaves the gateway.
-                body = redact_body(body, plan.redact)
-                raw = orjson.dumps(body)
+                forwarded = redact_body(forwarded, plan.redact)
+            if forwarded is not body:
+                body, raw = forwarded, orjson.dumps(forwarded)
             result = await self._forward_unless_disconnected(request, endpoint, body, raw, plan, trace)
             if result is None:
                 record.outcome, record.status = "client_disconnected", 499
@@ -180,7 +190,8 @@ class ProxyService:
             raw = await read_body(
                 request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes
             )
-            body = parse_request(raw, CHAT if "messages" in _peek_keys(raw) else COMPLETIONS)
+            body = decode_body(raw)
+            validate_request(body, CHAT if "messages" in body else COMPLETIONS)
             model = body["model"]
             direct = self._direct_plans.get(model)
             if direct is not None:
@@ -349,14 +360,6 @@ def _policy_error(exc: PolicyError) -> PointsmanError:
     error.status = exc.status
     error.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
     return error
-
-
-def _peek_keys(raw: bytes) -> set[str]:
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return {"messages"}  # let the chat parser produce the precise 400
-    return set(parsed) if isinstance(parsed, dict) else {"messages"}
 
 
 def _dedupe(names: Any) -> tuple[str, ...]:
