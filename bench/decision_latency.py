@@ -195,15 +195,20 @@ def _user(text: str) -> dict[str, Any]:
 # the routing brain -------------------------------------------------------------------------------
 
 
-def bench_config(encoder: str, cache_size: int, routers_dir: Path | None, max_batch: int, threads: int) -> Config:
-    """The black-box routing test's ``auto`` route, with the encoder and cache under test."""
-    classifiers: dict[str, Any] = {
-        "encoder": encoder,
-        "cache_size": cache_size,
-        "max_batch": max_batch,
-        "encoder_threads": threads,
-        "minilm_dtype": os.environ.get("POINTSMAN_MINILM_DTYPE", "float32"),
-    }
+def bench_config(
+    encoder: str, cache_size: int, routers_dir: Path | None, max_batch: int, threads: int | None
+) -> Config:
+    """The black-box routing test's ``auto`` route, with the encoder and cache under test.
+
+    ``POINTSMAN_MINILM_RUNTIME`` (onnx | torch) and ``POINTSMAN_MINILM_DTYPE`` (torch only) pick the
+    MiniLM variant; unset means the gateway's defaults.
+    """
+    classifiers: dict[str, Any] = {"encoder": encoder, "cache_size": cache_size, "max_batch": max_batch}
+    if threads is not None:
+        classifiers["encoder_threads"] = threads
+    for key, env in (("minilm_runtime", "POINTSMAN_MINILM_RUNTIME"), ("minilm_dtype", "POINTSMAN_MINILM_DTYPE")):
+        if os.environ.get(env):
+            classifiers[key] = os.environ[env]
     if routers_dir is not None:
         classifiers["routers_dir"] = str(routers_dir)
     return parse_config(
@@ -586,7 +591,8 @@ def render_markdown(results: Mapping[str, EncoderResult], checks: list[dict[str,
         f"{meta['date']} - {meta['cpu']} ({meta['cores']} cores), Python {meta['python']}, {meta['loop']}, "
         f"{meta['pinning']}. {meta['rounds']} rounds per cell, medians over rounds; cache off unless stated "
         f"(the cache-on line is one round over {CACHE_PROMPTS} repeated prompts). Encoder threads "
-        f"{meta['encoder_threads']}, max batch {meta['max_batch']}. {meta['elapsed_s']:.0f} s in all.",
+        f"{meta['encoder_threads']}, MiniLM runtime {meta['minilm_runtime']}, max batch {meta['max_batch']}. "
+        f"{meta['elapsed_s']:.0f} s in all.",
         "",
         "| " + " | ".join(ROW_COLUMNS) + " |",
         "|" + "|".join("---" if col in ("encoder", "cache") else "---:" for col in ROW_COLUMNS) + "|",
@@ -690,7 +696,8 @@ def _run(args: argparse.Namespace) -> int:
         "pinning": pinning,
         "rounds": args.rounds,
         "max_batch": args.max_batch,
-        "encoder_threads": args.encoder_threads,
+        "encoder_threads": args.encoder_threads if args.encoder_threads is not None else "default",
+        "minilm_runtime": os.environ.get("POINTSMAN_MINILM_RUNTIME") or "onnx (default)",
         "prompt_mix": {
             "mmlu": PATTERN.count("mmlu") / len(PATTERN),
             "gsm8k": PATTERN.count("gsm8k") / len(PATTERN),
@@ -739,7 +746,9 @@ def main(argv: list[str] | None = None) -> int:
         help="decisions per round (default: per encoder and concurrency, sized to ~1-4 s)",
     )
     parser.add_argument("--max-batch", type=int, default=32, help="classifiers.max_batch")
-    parser.add_argument("--encoder-threads", type=int, default=1, help="classifiers.encoder_threads")
+    parser.add_argument(
+        "--encoder-threads", type=int, default=None, help="classifiers.encoder_threads (default: the gateway's)"
+    )
     parser.add_argument("--routers-dir", type=Path, default=None, help="trained router artifacts")
     parser.add_argument("--data", default=None, help="data directory (holds routellm/)")
     parser.add_argument("--cpus", default="", help="pin this process to these cores, e.g. 0,1 (default: not pinned)")

@@ -108,6 +108,9 @@ class BatchingEncoder:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        close_encoder = getattr(self.encoder, "close", None)
+        if callable(close_encoder):  # encoders with worker threads of their own (MiniLM on ONNX Runtime)
+            close_encoder()
 
     async def __aenter__(self) -> BatchingEncoder:
         self.start()

@@ -115,18 +115,37 @@ class ClassifiersConfig(_Strict):
     """The routing brain's models: which encoder embeds conversations, and the trained heads.
 
     ``encoder``: ``static`` (model2vec distilled from all-MiniLM-L6-v2; ~1 ms) or ``minilm`` (the
-    bundled sentence-transformer). ``routers_dir`` holds trained router artifacts
-    (``pointsman train``); empty means the ones shipped inside the package.
+    bundled sentence-transformer). ``routers_dir`` holds trained router artifacts (``pointsman
+    train``); each head is looked up there first, then among the ones shipped inside the package.
     """
 
     encoder: Literal["static", "minilm"] = "static"
     routers_dir: str | None = None
     cache_size: int = Field(default=10_000, ge=0)
     max_batch: int = Field(default=32, ge=1)
-    encoder_threads: int = Field(default=1, ge=1)
-    minilm_dtype: Literal["float32", "bfloat16", "auto"] = Field(
-        default="float32", description="bfloat16 is ~35% faster on CPUs with native bf16, slightly less replayable"
+    minilm_runtime: Literal["onnx", "torch"] = Field(
+        default="onnx",
+        description="onnx: ONNX Runtime, one pass per text, passes in parallel on every core (same vectors); "
+        "torch: sentence-transformers itself",
     )
+    encoder_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="MiniLM on onnx: passes run at once (default one per core, at most 4); "
+        "on torch: intra-op threads (default 1)",
+    )
+    minilm_dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        default="float32",
+        description="torch runtime only: bfloat16 is ~35% faster on CPUs with native bf16, slightly less replayable",
+    )
+
+    @model_validator(mode="after")
+    def _dtype_needs_torch(self) -> ClassifiersConfig:
+        if self.minilm_dtype != "float32" and self.minilm_runtime != "torch":
+            raise ValueError(
+                f"minilm_dtype {self.minilm_dtype!r} needs minilm_runtime: torch (ONNX Runtime runs float32)"
+            )
+        return self
 
 
 class RetryConfig(_Strict):

@@ -65,7 +65,11 @@ class RoutingBrain:
             return
         settings = self.config.classifiers
         encoder = await asyncio.to_thread(
-            load_encoder, settings.encoder, threads=settings.encoder_threads, dtype=settings.minilm_dtype
+            load_encoder,
+            settings.encoder,
+            threads=settings.encoder_threads,
+            dtype=settings.minilm_dtype,
+            runtime=settings.minilm_runtime,
         )
         self.encoder = BatchingEncoder(encoder, cache_size=settings.cache_size, max_batch=settings.max_batch)
         self.encoder.start()

@@ -265,3 +265,51 @@ def test_minilm_bf16_matches_fp32_and_auto_follows_the_cpu() -> None:
     assert bf16.dtype == np.float32
     # Close enough that heads trained on fp32 embeddings stay valid on bf16 ones.
     assert float((fp32 * bf16).sum(axis=1).min()) > 0.999
+
+
+def test_minilm_runs_on_onnx_by_default_and_gives_the_sentence_transformers_vectors(minilm: Encoder) -> None:
+    from classifiers.encoders.minilm import MiniLMEncoder
+    from classifiers.encoders.minilm_onnx import OnnxMiniLMEncoder
+
+    assert isinstance(minilm, OnnxMiniLMEncoder)
+    texts = [*PAIRS, "", "x", "ünïcødé ✓ 😀", "A much longer text about consensus protocols. " * 80]
+    reference = MiniLMEncoder().encode(texts)
+    # The same model through another runtime: heads trained on either kind of vector stay valid.
+    np.testing.assert_allclose(minilm.encode(texts), reference, atol=2e-5)
+    assert load_encoder("minilm", runtime="torch").encode(texts[:2]).shape == (2, 384)
+
+
+def test_onnx_minilm_parallel_workers_are_exact_and_order_independent(minilm: Encoder) -> None:
+    from classifiers.encoders.minilm_onnx import OnnxMiniLMEncoder
+
+    texts = [f"{text} (variant {i})" for i, text in enumerate(PAIRS * 3)]
+    one_worker = OnnxMiniLMEncoder(workers=1).encode(texts)
+    four = OnnxMiniLMEncoder(workers=4)
+    try:
+        # Bit-for-bit: every text runs alone, so neither batch-mates nor thread scheduling move a vector.
+        np.testing.assert_array_equal(four.encode(texts), one_worker)
+        np.testing.assert_array_equal(four.encode(texts[::-1])[::-1], one_worker)
+    finally:
+        four.close()
+
+
+def test_onnx_export_is_cached_and_rebuilt_when_missing(tmp_path: Path) -> None:
+    from classifiers.encoders.minilm import bundled_model_dir
+    from classifiers.encoders.minilm_onnx import OnnxMiniLMEncoder, onnx_path_for
+
+    target = onnx_path_for(bundled_model_dir(), tmp_path)
+    assert not target.exists()
+    first = OnnxMiniLMEncoder(cache_dir=tmp_path)
+    assert first.onnx_path == target and target.is_file()
+    assert not list(target.parent.glob("*.tmp")), "no half-written export may stay behind"
+    mtime = target.stat().st_mtime_ns
+    second = OnnxMiniLMEncoder(cache_dir=tmp_path)  # reuses the file instead of exporting again
+    assert target.stat().st_mtime_ns == mtime
+    np.testing.assert_array_equal(first.encode(PAIRS[:2]), second.encode(PAIRS[:2]))
+
+
+def test_minilm_runtime_and_dtype_errors_are_clear() -> None:
+    with pytest.raises(ValueError, match="runtime 'tensorrt'"):
+        load_encoder("minilm", runtime="tensorrt")
+    with pytest.raises(ValueError, match="needs runtime 'torch'"):
+        load_encoder("minilm", dtype="bfloat16")

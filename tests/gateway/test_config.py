@@ -119,6 +119,15 @@ def test_wrong_type_is_named() -> None:
     assert "backends.0.timeouts.connect" in message
 
 
+def test_minilm_dtype_without_the_torch_runtime_is_named() -> None:
+    message = _error({"backends": [_backend()], "classifiers": {"encoder": "minilm", "minilm_dtype": "bfloat16"}})
+    assert "classifiers" in message and "minilm_runtime: torch" in message
+    ok = parse_config(
+        {"backends": [_backend()], "classifiers": {"minilm_runtime": "torch", "minilm_dtype": "bfloat16"}}, env={}
+    )
+    assert ok.classifiers.minilm_dtype == "bfloat16"
+
+
 def test_route_to_unknown_model_is_named() -> None:
     message = _error({"backends": [_backend()], "routes": [{"name": "auto", "model": "gpt-9"}]})
     assert "routes.auto.model" in message and "gpt-9" in message
