@@ -1,9 +1,9 @@
 """Computes the signals a route's policy asks for — only those, and concurrently.
 
-The embedding-based signals (``difficulty``, ``domain``) share one encoder pass: the conversation
-is encoded once in the encoder's worker thread (micro-batched with concurrent requests, cached by
-content) while the cheap rule-based signals run on the event loop. Everything reads the whole
-request body, never just the last message.
+The embedding-based signals (``difficulty``, ``domain``, per-model ``quality``) share one encoder
+pass: the conversation is encoded once in the encoder's worker thread (micro-batched with concurrent
+requests, cached by content) while the cheap rule-based signals run on the event loop. Everything
+reads the whole request body, never just the last message.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from classifiers.signals import Signal, SignalExtractor, build_signal
 DEFAULT_ROUTERS_DIR = Path(__file__).resolve().parent / "artifacts" / "routers"
 DIFFICULTY_ARTIFACT = "difficulty-gpt4-mixtral-{encoder}"
 DOMAIN_ARTIFACT = "domain-{encoder}"
+#: The per-model quality head (``pointsman train --quality <source>``); never shipped with the package.
+QUALITY_ARTIFACT = "quality-{source}-{encoder}"
 RULE_SIGNALS: tuple[str, ...] = ("pii", "jailbreak", "tools", "length")
-HEAD_SIGNALS: tuple[str, ...] = ("difficulty", "domain")
+HEAD_SIGNALS: tuple[str, ...] = ("difficulty", "domain", "quality")
 
 
 class HasBody(Protocol):
@@ -38,29 +40,57 @@ class HasBody(Protocol):
 
 @dataclass(slots=True)
 class RouterHeads:
-    """The trained heads for one encoder: difficulty = P(strong needed), and task domain."""
+    """The trained heads for one encoder: difficulty = P(strong needed), task domain, and per-model
+    quality (a ``multilabel`` head whose labels are model names)."""
 
     encoder: str
     difficulty: Head | None = None
     domain: Head | None = None
+    quality: Head | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    root: Path = DEFAULT_ROUTERS_DIR
 
     def by_signal(self) -> dict[str, Head]:
-        heads = {"difficulty": self.difficulty, "domain": self.domain}
+        heads = {"difficulty": self.difficulty, "domain": self.domain, "quality": self.quality}
         return {name: head for name, head in heads.items() if head is not None}
 
 
 def load_router_heads(encoder: str, routers_dir: str | Path | None = None) -> RouterHeads:
-    """Load the difficulty and domain heads trained for ``encoder`` (missing ones stay None)."""
-    root = Path(routers_dir) if routers_dir else DEFAULT_ROUTERS_DIR
-    heads = RouterHeads(encoder=encoder)
+    """Load the difficulty, domain and quality heads trained for ``encoder`` (missing ones stay None).
+
+    Each head is looked up in ``routers_dir`` first, then among the artifacts shipped with the package,
+    so a directory holding only a quality head (``pointsman train --quality``) still routes on the
+    shipped difficulty and domain heads. The quality head is the one directory
+    ``quality-<source>-<encoder>`` of the first directory that has any; two there are ambiguous and
+    raise ``ValueError``.
+    """
+    roots = [Path(routers_dir)] if routers_dir else []
+    if DEFAULT_ROUTERS_DIR not in roots:
+        roots.append(DEFAULT_ROUTERS_DIR)
+    heads = RouterHeads(encoder=encoder, root=roots[0])
+    directories: list[tuple[str, Path]] = []
     for attr, pattern in (("difficulty", DIFFICULTY_ARTIFACT), ("domain", DOMAIN_ARTIFACT)):
-        directory = root / pattern.format(encoder=encoder)
-        if (directory / "manifest.json").exists():
-            head = load_head(directory)
-            _check_encoder(head, encoder, directory)
-            setattr(heads, attr, head)
-            heads.sources[attr] = str(directory)
+        found = [root / pattern.format(encoder=encoder) for root in roots]
+        directories += [(attr, d) for d in found if (d / "manifest.json").exists()][:1]
+    for root in roots:
+        quality = sorted(
+            d for d in root.glob(QUALITY_ARTIFACT.format(source="*", encoder=encoder)) if (d / "manifest.json").exists()
+        )
+        if len(quality) > 1:
+            raise ValueError(
+                f"{root}: more than one quality head for encoder {encoder!r} "
+                f"({', '.join(d.name for d in quality)}); keep one per routers directory"
+            )
+        if quality:
+            directories.append(("quality", quality[0]))
+            break
+    for attr, directory in directories:
+        head = load_head(directory)
+        _check_encoder(head, encoder, directory)
+        if attr == "quality" and head.kind != "multilabel":
+            raise ValueError(f"{directory}: a quality head must be of kind 'multilabel', not {head.kind!r}")
+        setattr(heads, attr, head)
+        heads.sources[attr] = str(directory)
     return heads
 
 
@@ -134,6 +164,8 @@ def _head_signal(name: str, head: Head, embedding: np.ndarray, text: str) -> Sig
     cheap = bool(head.manifest.get("feature_schema", {}).get("cheap"))
     features = build_features(embedding[None, :], [text] if cheap else None)
     proba = head.predict_proba(features)[0]
+    if head.kind == "multilabel":
+        return _quality_signal(name, head, proba)
     if name == "difficulty":
         index = _positive_index(head.labels)
         p_strong = float(proba[index])
@@ -149,6 +181,27 @@ def _head_signal(name: str, head: Head, embedding: np.ndarray, text: str) -> Sig
         value=head.labels[best],
         confidence=float(proba[best]),
         detail={"scores": {label: round(float(p), 4) for label, p in zip(head.labels, proba, strict=True)}},
+    )
+
+
+def _quality_signal(name: str, head: Head, proba: np.ndarray) -> Signal:
+    """Per-label probabilities as a mapping ``{label: p}`` (labels are model names for the quality head).
+
+    Confidence is the mean over labels of ``|p - 0.5| * 2`` (the ``difficulty`` signal's definition,
+    averaged): 0 when every prediction is a coin flip, 1 when every one is certain. ``detail.spread``
+    (max - min) says how much the predictions separate the models on this request.
+    """
+    best = int(np.argmax(proba))
+    return Signal(
+        name=name,
+        value={label: round(float(p), 4) for label, p in zip(head.labels, proba, strict=True)},
+        confidence=float(np.mean(np.abs(proba - 0.5)) * 2.0),
+        detail={
+            "head": head.kind,
+            "artifact": str(head.manifest.get("name", "")),
+            "best": head.labels[best],
+            "spread": round(float(proba.max() - proba.min()), 4),
+        },
     )
 
 

@@ -79,13 +79,26 @@ class MultiData:
     cost: np.ndarray
     split: np.ndarray
     encoder_id: str
+    features: np.ndarray  # embeddings + cheap text statistics (what serving's heads score)
+    task: np.ndarray  # "arc-challenge" | "mbpp" | "winogrande"
+
+    def mask(self, split: str | None = None) -> np.ndarray:
+        """Boolean row mask for a split (all rows when None)."""
+        if split is None:
+            return np.ones(len(self.records), dtype=bool)
+        return np.asarray(self.split == split)
 
 
 def load_multi_data(data_dir: Path, encoder: object, seed: int, progress: bool = True) -> MultiData:
-    """Load RouterBench-train (bench only: never for shipped artifacts), embed and split by prompt hash."""
+    """Load RouterBench-train, embed and split by prompt hash.
+
+    For benchmarks and for quality heads users train for themselves (``pointsman train --quality``):
+    the data has no declared licence, so nothing built from it may be shipped.
+    """
     records = load_routerbench(data_dir)
     models = sorted(records[0].quality)
-    emb = embed_prompts(encoder, [r.prompt for r in records], progress=progress)  # type: ignore[arg-type]
+    prompts = [r.prompt for r in records]
+    emb = embed_prompts(encoder, prompts, progress=progress)  # type: ignore[arg-type]
     return MultiData(
         records=records,
         models=models,
@@ -94,4 +107,6 @@ def load_multi_data(data_dir: Path, encoder: object, seed: int, progress: bool =
         cost=np.array([[r.cost[m] for m in models] for r in records]),
         split=np.array([split_of(r.prompt, seed) for r in records]),
         encoder_id=encoder.id,  # type: ignore[attr-defined]
+        features=build_features(emb, [prompt_text(p) for p in prompts]),
+        task=np.array([r.task for r in records]),
     )

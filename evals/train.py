@@ -7,6 +7,10 @@ For each encoder ("minilm", "static") it writes into ``classifiers/artifacts/rou
 Only RouteLLM data is used (vendorable, Apache-2.0); RouterBench never goes into a shipped artifact.
 Fixed seeds, a split by prompt hash (70/10/20 train/validation/test), contaminated prompts dropped.
 Embeddings are cached under ``.cache/embeddings/`` so a re-run only refits the heads.
+
+``--quality routerbench`` instead trains the per-model quality head for ``multi_model`` routes
+(:mod:`evals.quality`) into ``--out`` (default ``./routers``; the shipped directory is refused because
+RouterBench declares no licence).
 """
 
 from __future__ import annotations
@@ -246,8 +250,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evals.train", description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="data directory (default: $POINTSMAN_DATA_DIR or <repo>/../shared/data)")
     parser.add_argument("--encoders", default=",".join(ENCODERS), help="comma-separated: minilm,static")
-    parser.add_argument("--out", default=str(ROUTERS_DIR), help="artifact directory")
+    parser.add_argument(
+        "--out",
+        help="artifact directory (default: the shipped classifiers/artifacts/routers/; with --quality ./routers)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="model seed (the split seed is fixed)")
+    parser.add_argument(
+        "--quality",
+        choices=("routerbench",),
+        help="train only the per-model quality head (signal 'quality' for multi_model routes) from "
+        "<data>/routerbench-train into --out/quality-routerbench-<encoder>/; for your own deployment only: "
+        "RouterBench declares no licence, so the shipped artifact directory is refused",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -256,10 +271,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown encoder(s) {unknown}; expected {ENCODERS}")
     data_dir = resolve_data_dir(args.data)
+    if args.quality:
+        return _train_quality(data_dir, encoders, args.out, args.seed, progress=not args.no_progress)
     if not (data_dir / "routellm").is_dir():
         print(f"error: no routellm/ under {data_dir} (use --data or POINTSMAN_DATA_DIR)", file=sys.stderr)
         return 2
-    build(data_dir, encoders, Path(args.out), args.seed, DEFAULT_CANDIDATES)
+    build(data_dir, encoders, Path(args.out or ROUTERS_DIR), args.seed, DEFAULT_CANDIDATES)
+    return 0
+
+
+def _train_quality(data_dir: Path, encoders: Sequence[str], out: str | None, seed: int, progress: bool) -> int:
+    from evals.quality import DEFAULT_QUALITY_OUT, LICENSE, build_quality, refuse_shipped_dir, summary
+
+    out_dir = Path(out) if out else DEFAULT_QUALITY_OUT
+    try:
+        refuse_shipped_dir(out_dir)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not (data_dir / "routerbench-train").is_dir():
+        print(f"error: no routerbench-train/ under {data_dir} (use --data or POINTSMAN_DATA_DIR)", file=sys.stderr)
+        return 2
+    report = build_quality(data_dir, encoders, out_dir, seed, progress=progress)
+    for path, metrics in report.items():
+        print(f"{path} (held-out test split):", *summary(metrics), sep="\n")
+    print(
+        f"Serve it: set classifiers.routers_dir: {out_dir} and give the multi_model route "
+        "quality_models: {<your model>: <RouterBench model>} for candidates named differently.\n"
+        f"Licence of the training data: {LICENSE}. Keep the artifact out of anything you distribute."
+    )
     return 0
 
 

@@ -166,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_probe = sub.add_parser("probe", help="check a routing probes file (expected routes) offline")
     p_probe.add_argument("file", help="probes YAML (may embed its own config: section)")
     p_probe.add_argument("--config", help="gateway config (default: the probes file's config section)")
-    sub.add_parser("train", help="train the router artifacts from the shared data (see --help)", add_help=False)
+    sub.add_parser("train", add_help=False,
+                   help="train the router artifacts (--quality routerbench: a per-model quality head) from the "
+                        "shared data (see --help)")
     args, rest = parser.parse_known_args(argv)
     if args.command == "train":
         from evals.train import main as train_main

@@ -2,9 +2,9 @@
 
 Static routes get a :class:`StaticPolicy`. ``policy: rules`` routes get a :class:`RulePolicy`
 whose signal provider computes rule signals (PII, jailbreak, tools, length, keyword lists) and,
-when a rule or the cost–quality knob asks for them, the trained heads' signals (difficulty,
-domain) over one shared, micro-batched, cached encoder. The encoder is only loaded when some
-policy needs it, so a gateway without such routes never imports torch.
+when a rule, the cost–quality knob or the multi-model choice asks for them, the trained heads'
+signals (difficulty, domain, per-model quality) over one shared, micro-batched, cached encoder.
+The encoder is only loaded when some policy needs it, so a gateway without such routes never imports torch.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from classifiers.provider import ClassifierSignalProvider, RouterHeads, build_ex
 from gateway.config import Config
 from gateway.errors import ConfigError
 from policies import Policy, StaticPolicy
+from policies.config import RouteConfig
 from policies.rules import RulePolicy
+from policies.signals import signal_name
 from policies.utility import ModelInfo
+from policies.validation import quality_label_problems
 
 log = logging.getLogger("pointsman.routing")
 
@@ -33,7 +36,10 @@ class RoutingBrain:
         self.config = config
         self.encoder: BatchingEncoder | None = None
         settings = config.classifiers
-        self.heads: RouterHeads = load_router_heads(settings.encoder, settings.routers_dir)
+        try:
+            self.heads: RouterHeads = load_router_heads(settings.encoder, settings.routers_dir)
+        except ValueError as exc:  # an unusable artifact (wrong encoder, bad hash, two quality heads)
+            raise ConfigError(f"classifiers.routers_dir: {exc}") from exc
         models = _model_infos(config)
         self.policies: dict[str, Policy] = {}
         self._providers: dict[str, ClassifierSignalProvider] = {}
@@ -50,14 +56,41 @@ class RoutingBrain:
                 historic_scores=(historic_scores or {}).get(route.name, ()),
             )
             missing = set(policy.needed_signals) - provider.available - provider.head_signals
+            problems = self._quality_problems(route, missing)
+            missing -= {signal_name(route.multi_model.quality_signal)} if route.multi_model else set()
             if missing:
-                raise ConfigError(
+                problems.insert(0, (
                     f"routes.{route.name}: signal(s) {', '.join(sorted(missing))} cannot be computed "
                     f"(no trained head for encoder {settings.encoder!r} in the router artifacts)"
-                )
+                ))
+            if problems:
+                raise ConfigError("\n  ".join(problems))
             self.policies[route.name] = policy
             self._providers[route.name] = provider
             self.needs_encoder |= bool(set(policy.needed_signals) & provider.head_signals)
+
+    def _quality_problems(self, route: RouteConfig, missing: set[str]) -> list[str]:
+        """A ``multi_model`` route's quality signal: computable, and scoring every candidate."""
+        mm = route.multi_model
+        if mm is None:
+            return []
+        name = signal_name(mm.quality_signal)
+        root = f"routes.{route.name}"
+        encoder = self.config.classifiers.encoder
+        if name in missing:
+            if name != "quality":
+                return [f"{root}.multi_model.quality_signal: signal {name!r} cannot be computed"]
+            return [
+                f"{root}.multi_model.quality_signal: signal 'quality' cannot be computed: no quality head for encoder "
+                f"{encoder!r} (quality-<source>-{encoder}/) in {self.heads.root} (classifiers.routers_dir). "
+                f"Train one with `pointsman train --quality routerbench --encoders {encoder} --out DIR` "
+                "and set classifiers.routers_dir: DIR"
+            ]
+        head = self.heads.quality
+        if name != "quality" or head is None:
+            return []
+        source = f"the quality head {head.manifest.get('name', self.heads.sources.get('quality'))}"
+        return [f"{root}.{key}: {message}" for key, message in quality_label_problems(mm, head.labels, source)]
 
     async def start(self) -> None:
         """Load the encoder (in a thread: it may take seconds) if some policy needs head signals."""

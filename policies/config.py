@@ -194,8 +194,11 @@ class MultiModel(_Strict):
     """Pick, among eligible ``candidates``, the model maximising quality - λ · normalised cost.
 
     Quality is the predicted quality per model, read from ``quality_signal`` (a mapping model →
-    [0, 1]). Cost is the model's input + output price per million tokens (or ``costs``), divided
-    by the largest candidate cost. A model is eligible when its context window holds the estimated
+    [0, 1]; the built-in ``quality`` signal comes from the trained quality head, whose keys are the
+    model names of its training data). ``quality_models`` maps a candidate to the key it is scored
+    under (``{claude-3-haiku: claude-instant-v1}``); a candidate not listed is looked up by its own
+    name. Cost is the model's input + output price per million tokens (or ``costs``), divided by
+    the largest candidate cost. A model is eligible when its context window holds the estimated
     request, it has the ``tools`` tag if the request offers tools, and it has every tag in
     ``require_tags``.
     """
@@ -203,6 +206,7 @@ class MultiModel(_Strict):
     lambda_: float = Field(default=0.5, ge=0.0, alias="lambda")
     candidates: tuple[str, ...] = Field(min_length=1)
     quality_signal: str = Field(default="quality", pattern=_PATH)
+    quality_models: dict[str, str] = Field(default_factory=dict)
     costs: dict[str, float] = Field(default_factory=dict)
     require_tags: tuple[str, ...] = ()
 
@@ -212,6 +216,18 @@ class MultiModel(_Strict):
         if len(set(value)) != len(value):
             raise ValueError("candidates are listed twice")
         return value
+
+    @field_validator("quality_models")
+    @classmethod
+    def _labels_named(cls, value: dict[str, str]) -> dict[str, str]:
+        for model, label in value.items():
+            if not label.strip():
+                raise ValueError(f"quality label of {model!r} is empty")
+        return value
+
+    def quality_key(self, candidate: str) -> str:
+        """The key ``candidate`` is scored under in the quality signal's mapping."""
+        return self.quality_models.get(candidate, candidate)
 
     @field_validator("costs")
     @classmethod

@@ -97,7 +97,8 @@ class RulePolicy:
         if mm is not None:
             needed.add(signal_name(mm.quality_signal))
             self.chooser = UtilityChooser(
-                mm.candidates, mm.lambda_, self.models, costs=mm.costs, require_tags=mm.require_tags
+                mm.candidates, mm.lambda_, self.models, costs=mm.costs, require_tags=mm.require_tags,
+                quality_keys=mm.quality_models,
             )
         self.needed_signals = frozenset(needed)
         sticky = config.sticky
@@ -290,9 +291,12 @@ class RulePolicy:
         if outcome.knob is not None:
             details.update(score=round(outcome.knob.score, 4), threshold=round(outcome.knob.threshold, 4),
                            threshold_source=outcome.knob.source)
-        best = outcome.choice.best if outcome.choice is not None else None
-        if best is not None and best.utility is not None and best.quality is not None:
+        choice = outcome.choice
+        best = choice.best if choice is not None else None
+        if choice is not None and best is not None and best.utility is not None and best.quality is not None:
             details.update(utility=round(best.utility, 4), quality=round(best.quality, 4))
+            # Every candidate's predicted quality, so the decision log shows what the choice was made from.
+            details["qualities"] = {e.model: None if e.quality is None else round(e.quality, 4) for e in choice.ranked}
         if outcome.sticky is not None:
             details["sticky"] = outcome.sticky["state"]
         return Plan(

@@ -29,7 +29,10 @@ class ModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class Scored:
-    """One candidate's evaluation; ``excluded`` says why an ineligible model was left out."""
+    """One candidate's evaluation; ``excluded`` says why an ineligible model was left out.
+
+    ``quality_key`` is the key its quality was read under when that differs from ``model``.
+    """
 
     model: str
     quality: float | None
@@ -37,11 +40,13 @@ class Scored:
     norm_cost: float
     utility: float | None
     excluded: str | None = None
+    quality_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form for explanations."""
         return {
             "model": self.model,
+            **({"quality_key": self.quality_key} if self.quality_key else {}),
             "quality": None if self.quality is None else round(self.quality, 4),
             "cost": self.cost,
             "norm_cost": round(self.norm_cost, 4),
@@ -68,7 +73,10 @@ class Choice:
 
 
 class UtilityChooser:
-    """Ranks ``candidates`` for a request (see :class:`policies.config.MultiModel`)."""
+    """Ranks ``candidates`` for a request (see :class:`policies.config.MultiModel`).
+
+    ``quality_keys`` maps a candidate to the key of its score in the quality mapping (default: its name).
+    """
 
     def __init__(
         self,
@@ -78,10 +86,12 @@ class UtilityChooser:
         *,
         costs: Mapping[str, float] | None = None,
         require_tags: Sequence[str] = (),
+        quality_keys: Mapping[str, str] | None = None,
     ) -> None:
         if lam < 0:
             raise ValueError("lambda must be >= 0")
         self.candidates = tuple(candidates)
+        self.quality_keys = {name: (quality_keys or {}).get(name, name) for name in self.candidates}
         self.lam = lam
         self.models = {name: models.get(name, ModelInfo(name)) for name in self.candidates}
         costs = costs or {}
@@ -99,12 +109,14 @@ class UtilityChooser:
         entries: list[Scored] = []
         for name in self.candidates:
             info = self.models[name]
-            q = qualities.get(name)
+            key = self.quality_keys[name]
+            q = qualities.get(key)
             q_value = float(q) if isinstance(q, int | float) and not isinstance(q, bool) and math.isfinite(q) else None
             excluded = self._excluded(info, needed, tools, q_value)
             utility = None if q_value is None else q_value - self.lam * self.norm_costs[name]
             entries.append(
-                Scored(name, q_value, self.costs[name], self.norm_costs[name], utility, excluded)
+                Scored(name, q_value, self.costs[name], self.norm_costs[name], utility, excluded,
+                       quality_key=key if key != name else None)
             )
         eligible = [e for e in entries if e.excluded is None]
         # Stable sort: on equal utility the cheaper model wins, then configuration order.

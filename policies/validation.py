@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.conditions import describe
-from policies.config import Condition, RouteConfig
+from policies.config import Condition, MultiModel, RouteConfig
 from policies.signals import (
     DEFAULT_SIGNAL_SPECS,
     OPS_BY_KIND,
@@ -175,6 +175,13 @@ class _Checker:
         for name in mm.costs:
             if name not in mm.candidates:
                 self.fail(f"multi_model.costs.{name}", f"{name!r} is not one of the candidates")
+        for name in mm.quality_models:
+            if name not in mm.candidates:
+                self.fail(f"multi_model.quality_models.{name}", f"{name!r} is not one of the candidates")
+        spec = spec_for_path(self.specs, mm.quality_signal) if signal_name(mm.quality_signal) in self.signals else None
+        if spec is not None and spec.kind is SignalKind.MAPPING and spec.labels is not None:
+            for path, message in quality_label_problems(mm, spec.labels):
+                self.fail(path, message)
         if mm.require_tags:
             required = set(mm.require_tags)
             if not any(required <= self.tags.get(name, set()) for name in mm.candidates):
@@ -247,6 +254,28 @@ class _Checker:
             if _impossible(leaves, spec.kind):
                 text = " and ".join(describe(leaf) for leaf in leaves)
                 self.fail(path, f"impossible condition on {signal!r}: {text} can never all hold")
+
+
+def quality_label_problems(
+    mm: MultiModel, labels: Collection[str], source: str = "the quality signal"
+) -> list[tuple[str, str]]:
+    """``(key path, message)`` for each candidate whose quality key is not one of ``labels``.
+
+    ``labels`` are the keys the quality signal reports (the trained quality head's model names);
+    ``source`` names where they come from in the message.
+    """
+    known = set(labels)
+    problems = []
+    for i, name in enumerate(mm.candidates):
+        key = mm.quality_key(name)
+        if key in known:
+            continue
+        mapped = name in mm.quality_models
+        path = f"multi_model.quality_models.{name}" if mapped else f"multi_model.candidates.{i}"
+        fix = "" if mapped else f"; map it with multi_model.quality_models: {{{name}: <label>}}"
+        problems.append((path, f"{key!r} is not a model of {source}{_suggest(key, known)}{fix}; "
+                               f"known: {sorted(known)}"))
+    return problems
 
 
 def _impossible(leaves: list[Condition], kind: SignalKind) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,34 @@ def client(gateway: GatewayProcess) -> OpenAI:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+def routing_data_dir(subdir: str) -> Path:
+    """The shared routing data (``../shared/data`` or ``$POINTSMAN_DATA_DIR``) holding ``subdir``.
+
+    The data is not vendored (RouterBench may not be); CI always has it beside the clone, so there a
+    missing directory fails the test, elsewhere it skips it.
+    """
+    from evals.data import resolve_data_dir
+
+    path = resolve_data_dir()
+    if not (path / subdir).is_dir():
+        message = f"routing data not found at {path / subdir} (set POINTSMAN_DATA_DIR)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def quality_routers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A routers directory holding ``quality-routerbench-static``, trained once per session on the real
+    RouterBench-train data with the static encoder (``pointsman train --quality routerbench``'s code path;
+    one C instead of the grid, to keep the suite fast).
+    """
+    from evals.quality import build_quality
+
+    data_dir = routing_data_dir("routerbench-train")
+    out = tmp_path_factory.mktemp("routers")
+    build_quality(data_dir, ["static"], out, seed=0, c_grid=(0.001,), progress=False, log=lambda _: None)
+    return out

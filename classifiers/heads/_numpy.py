@@ -38,6 +38,11 @@ def logreg_proba(x: np.ndarray, p: Mapping[str, np.ndarray]) -> np.ndarray:
     return _to_proba(x @ p["coef"].T.astype(np.float64) + p["intercept"])
 
 
+def multilabel_proba(x: np.ndarray, p: Mapping[str, np.ndarray]) -> np.ndarray:
+    """One independent sigmoid per label: ``coef`` (n_labels, n_features), ``intercept`` (n_labels,)."""
+    return sigmoid(x @ p["coef"].T.astype(np.float64) + p["intercept"])
+
+
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": lambda z: np.maximum(z, 0.0),
     "tanh": np.tanh,

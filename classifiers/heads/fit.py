@@ -1,13 +1,14 @@
 """Fit heads with scikit-learn and export them to numpy :class:`Head` objects (training time only).
 
 Calibration is fitted on a validation set the model did not train on: Platt scaling for binary heads
-(monotone, so the ranking and therefore APGR is unchanged) and temperature scaling for multiclass heads.
+(monotone, so the ranking and therefore APGR is unchanged), temperature scaling for multiclass heads,
+and Platt scaling per label for multilabel heads.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -82,9 +83,82 @@ def fit_head(
     return Head(kind=kind, labels=tuple(labels), params=params, config=config), model
 
 
+def fit_multilabel(
+    x: np.ndarray,
+    y: np.ndarray,
+    labels: Sequence[str],
+    *,
+    C: float = 0.1,
+    seed: int = 0,
+    progress: Iterable[int] | None = None,
+) -> Head:
+    """One logistic regression per label (a ``multilabel`` head) on features ``x``.
+
+    ``y`` is ``(n, len(labels))`` with 0/1 outcomes and NaN where a label is unknown: each label is fitted
+    on its own known rows only. The standardisation is shared (all rows of ``x``). A label that is
+    constant on its rows gets a zero weight vector and the logit of its (clipped) rate as intercept.
+    ``progress`` may wrap ``range(len(labels))`` (e.g. with tqdm). Returns the uncalibrated head.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if y.shape != (len(x), len(labels)):
+        raise ValueError(f"y has shape {y.shape}; expected {(len(x), len(labels))}")
+    mean, scale = _standardiser(x, standardise=True)
+    z = (x - mean) / scale
+    coef = np.zeros((len(labels), x.shape[1]), dtype=np.float32)
+    intercept = np.zeros(len(labels), dtype=np.float64)
+    constant: list[str] = []
+    for j in progress if progress is not None else range(len(labels)):
+        known = ~np.isnan(y[:, j])
+        target = y[known, j] > 0.5
+        if not known.any() or target.all() or not target.any():
+            rate = float(np.clip(target.mean() if known.any() else 0.5, 1e-3, 1 - 1e-3))
+            intercept[j] = np.log(rate / (1 - rate))
+            constant.append(labels[j])
+            continue
+        model = LogisticRegression(C=C, max_iter=2000, random_state=seed).fit(z[known], target)
+        coef[j] = model.coef_[0].astype(np.float32)
+        intercept[j] = float(model.intercept_[0])
+    config: dict[str, Any] = {"n_classes": len(labels), "C": float(C), "constant_labels": constant}
+    params = {"mean": mean, "scale": scale, "coef": coef, "intercept": intercept}
+    return Head(kind="multilabel", labels=tuple(labels), params=params, config=config)
+
+
+def _platt(raw: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    """Platt parameters ``(a, b)`` for positive-class scores ``raw``; None when not fittable or not monotone."""
+    from sklearn.linear_model import LogisticRegression
+
+    y = np.asarray(y, dtype=np.int64)
+    if len(y) < 2 or y.min() == y.max():
+        return None
+    eps = 1e-7
+    p = np.clip(raw, eps, 1 - eps)
+    logit = np.log(p / (1 - p)).reshape(-1, 1)
+    lr = LogisticRegression(C=1e4, max_iter=1000).fit(logit, y)
+    a, b = float(lr.coef_[0, 0]), float(lr.intercept_[0])
+    return (a, b) if a > 0 else None
+
+
 def fit_calibration(head: Head, x_val: np.ndarray, y_val: np.ndarray) -> dict[str, Any]:
-    """Fit the head's calibrator on validation data and install it; returns the calibration dict."""
+    """Fit the head's calibrator on validation data and install it; returns the calibration dict.
+
+    For a ``multilabel`` head ``y_val`` is ``(n, n_labels)`` with NaN for unknown cells; a label whose
+    Platt map cannot be fitted (one class only) or would invert the ranking keeps its raw scores (a=1, b=0).
+    """
     raw = head.raw_proba(x_val)
+    if head.kind == "multilabel":
+        y_all = np.asarray(y_val, dtype=np.float64)
+        a_list, b_list = [], []
+        for j in range(raw.shape[1]):
+            known = ~np.isnan(y_all[:, j])
+            fitted = _platt(raw[known, j], y_all[known, j] > 0.5)
+            a, b = fitted if fitted is not None else (1.0, 0.0)
+            a_list.append(a)
+            b_list.append(b)
+        head.calibration = {"method": "platt_per_label", "a": a_list, "b": b_list}
+        return head.calibration
     y_val = np.asarray(y_val, dtype=np.int64)
     eps = 1e-7
     if raw.shape[1] == 2:
@@ -129,4 +203,4 @@ def calibration_report(proba: np.ndarray, y: np.ndarray, bins: int = 10) -> dict
     return {"brier": brier, "ece": float(ece)}
 
 
-__all__ = ["apply_calibration", "calibration_report", "fit_calibration", "fit_head"]
+__all__ = ["apply_calibration", "calibration_report", "fit_calibration", "fit_head", "fit_multilabel"]

@@ -18,10 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from classifiers.heads._numpy import grouped_score, knn_proba, logreg_proba, mlp_proba, sigmoid, softmax
+from classifiers.heads._numpy import (
+    grouped_score,
+    knn_proba,
+    logreg_proba,
+    mlp_proba,
+    multilabel_proba,
+    sigmoid,
+    softmax,
+)
 
 FORMAT_VERSION = 1
-KINDS: tuple[str, ...] = ("logreg", "mlp", "knn", "grouped")
+KINDS: tuple[str, ...] = ("logreg", "mlp", "knn", "grouped", "multilabel")
 
 
 @dataclass
@@ -29,12 +37,16 @@ class Head:
     """A classifier over feature vectors with calibrated ``predict_proba``.
 
     Attributes:
-        kind: ``"logreg"``, ``"mlp"``, ``"knn"`` or ``"grouped"`` (binary difficulty only).
+        kind: ``"logreg"``, ``"mlp"``, ``"knn"``, ``"grouped"`` (binary difficulty only) or
+            ``"multilabel"`` (one independent logistic regression per label, e.g. the per-model
+            quality head: column ``i`` is P(label ``i`` holds), and rows do not sum to 1).
         labels: Class names; column ``i`` of ``predict_proba`` is ``labels[i]``.
         params: Model arrays plus ``mean``/``scale`` for standardisation.
         config: Hyperparameters the forward pass needs (activation, layer count, k ...).
         calibration: ``{"method": "platt", "a", "b"}`` (binary: ``sigmoid(a * logit(p) + b)``),
-            ``{"method": "temperature", "t"}`` (multiclass: ``softmax(log(p) / t)``) or ``{"method": "none"}``.
+            ``{"method": "temperature", "t"}`` (multiclass: ``softmax(log(p) / t)``),
+            ``{"method": "platt_per_label", "a": [...], "b": [...]}`` (multilabel: Platt per column)
+            or ``{"method": "none"}``.
         manifest: Everything else recorded with the artifact (encoder id, feature schema, data, metrics).
     """
 
@@ -55,7 +67,7 @@ class Head:
         return int(self.params["mean"].shape[0])
 
     def raw_proba(self, x: np.ndarray) -> np.ndarray:
-        """Uncalibrated class probabilities, shape ``(n, len(labels))``."""
+        """Uncalibrated class (or, for ``multilabel``, per-label) probabilities, shape ``(n, len(labels))``."""
         x = np.atleast_2d(np.asarray(x, dtype=np.float64))
         if x.shape[1] != self.n_features:
             raise ValueError(f"expected {self.n_features} features, got {x.shape[1]}")
@@ -64,6 +76,8 @@ class Head:
             return logreg_proba(z, self.params)
         if self.kind == "mlp":
             return mlp_proba(z, self.params, self.config)
+        if self.kind == "multilabel":
+            return multilabel_proba(z, self.params)
         if self.kind == "grouped":
             # A score, not a probability: squashed here, made a probability by Platt calibration.
             q = sigmoid(grouped_score(x, z, self.params, self.config))
@@ -71,7 +85,7 @@ class Head:
         return knn_proba(z, self.params, self.config)
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
-        """Calibrated class probabilities, shape ``(n, len(labels))``; rows sum to 1."""
+        """Calibrated probabilities, shape ``(n, len(labels))``; rows sum to 1 except for ``multilabel``."""
         return apply_calibration(self.raw_proba(x), self.calibration)
 
     def save(self, directory: str | Path) -> Path:
@@ -120,6 +134,13 @@ def apply_calibration(proba: np.ndarray, calibration: Mapping[str, Any]) -> np.n
         return np.column_stack([1.0 - q, q])
     if method == "temperature":
         return softmax(np.log(np.clip(proba, eps, 1.0)) / float(calibration["t"]))
+    if method == "platt_per_label":
+        a = np.asarray(calibration["a"], dtype=np.float64)
+        b = np.asarray(calibration["b"], dtype=np.float64)
+        if a.shape != (proba.shape[1],) or b.shape != a.shape:
+            raise ValueError(f"platt_per_label calibration has {a.shape} parameters for {proba.shape[1]} labels")
+        p = np.clip(proba, eps, 1 - eps)
+        return sigmoid(a * np.log(p / (1 - p)) + b)
     raise ValueError(f"unknown calibration method {method!r}")
 
 

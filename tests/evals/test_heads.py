@@ -148,3 +148,53 @@ def test_grouped_difficulty_head_round_trip_and_ranking(tmp_path: Path) -> None:
     assert scores[hard].mean() > scores[~hard].mean()
     head.save(tmp_path / "g")
     np.testing.assert_array_equal(load_head(tmp_path / "g").predict_proba(emb), head.predict_proba(emb))
+
+
+def test_multilabel_head_fits_each_label_on_its_known_rows_and_round_trips(tmp_path: Path) -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    from classifiers.heads.fit import fit_multilabel
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(400, 6))
+    y = (x[:, :3] + rng.normal(scale=0.7, size=(400, 3)) > 0).astype(float)
+    y[::7, 1] = np.nan  # unknown outcomes of label 1: skipped for that label only
+    y[:, 2] = 1.0  # a label that is always true
+    head = fit_multilabel(x[:300], y[:300], ["a", "b", "c"], C=1.0)
+    assert head.kind == "multilabel" and head.config["constant_labels"] == ["c"]
+    z = (x - head.params["mean"]) / head.params["scale"]
+    known = ~np.isnan(y[:300, 1])
+    reference = LogisticRegression(C=1.0, max_iter=2000).fit(z[:300][known], y[:300, 1][known] > 0.5)
+    raw = head.raw_proba(x[300:])
+    np.testing.assert_allclose(raw[:, 1], reference.predict_proba(z[300:])[:, 1], atol=2e-5)
+    assert np.all(raw[:, 2] > 0.99)
+    calib = fit_calibration(head, x[300:], y[300:])
+    assert calib["method"] == "platt_per_label" and calib["a"][2] == 1.0 and calib["b"][2] == 0.0
+    calibrated = head.predict_proba(x[300:])
+    assert calibrated.shape == (100, 3) and not np.allclose(calibrated.sum(axis=1), 1.0)
+    assert np.all(np.diff(calibrated[np.argsort(raw[:, 0]), 0]) >= 0)  # Platt per label keeps each ranking
+    head.save(tmp_path / "q")
+    loaded = load_head(tmp_path / "q")
+    assert loaded.labels == ("a", "b", "c")
+    np.testing.assert_array_equal(loaded.predict_proba(x[300:]), calibrated)
+
+
+def test_router_heads_come_from_routers_dir_first_then_the_shipped_ones(tmp_path: Path) -> None:
+    import shutil
+
+    from classifiers.provider import DEFAULT_ROUTERS_DIR, load_router_heads
+
+    shipped = load_router_heads("static")
+    assert shipped.sources == {
+        "difficulty": str(DEFAULT_ROUTERS_DIR / "difficulty-gpt4-mixtral-static"),
+        "domain": str(DEFAULT_ROUTERS_DIR / "domain-static"),
+    }
+    # A directory with only its own difficulty head: that one wins, domain still comes from the package.
+    own = tmp_path / "routers"
+    shutil.copytree(DEFAULT_ROUTERS_DIR / "difficulty-gpt4-mixtral-static", own / "difficulty-gpt4-mixtral-static")
+    mixed = load_router_heads("static", own)
+    assert mixed.sources["difficulty"] == str(own / "difficulty-gpt4-mixtral-static")
+    assert mixed.sources["domain"] == str(DEFAULT_ROUTERS_DIR / "domain-static")
+    assert mixed.root == own
+    # An empty or missing directory changes nothing.
+    assert load_router_heads("static", tmp_path / "missing").sources == shipped.sources

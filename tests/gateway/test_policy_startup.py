@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,12 +73,54 @@ def test_a_good_policy_passes_check_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_serve_refuses_a_policy_whose_heads_are_missing(tmp_path: Path) -> None:
+def test_serve_refuses_a_head_trained_on_another_encoder(tmp_path: Path) -> None:
+    # routers_dir is searched before the shipped artifacts: a head there that was trained on the
+    # other encoder's vectors must stop start-up, not be scored with meaningless inputs.
+    from classifiers.provider import DEFAULT_ROUTERS_DIR
+
+    routers = tmp_path / "routers"
+    shutil.copytree(DEFAULT_ROUTERS_DIR / "difficulty-gpt4-mixtral-minilm", routers / "difficulty-gpt4-mixtral-static")
     config = _config({"cost_quality": {"signal": "difficulty", "strong": "big", "weak": "small", "threshold": 0.5}})
-    config["classifiers"] = {"encoder": "static", "routers_dir": str(tmp_path / "no-artifacts")}
+    config["classifiers"] = {"encoder": "static", "routers_dir": str(routers)}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
-    assert "routes.auto: signal(s) difficulty cannot be computed" in result.stderr
+    assert "classifiers.routers_dir:" in result.stderr
+    assert "trained on encoder 'minilm-l6-v2', not 'static'" in result.stderr
+
+
+def _multi_model_config(tmp_path: Path, routers_dir: Path, multi_model: dict[str, Any]) -> Path:
+    config = _config({"multi_model": multi_model})
+    config["classifiers"] = {"encoder": "static", "routers_dir": str(routers_dir)}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _serve(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_serve_refuses_a_multi_model_route_without_a_quality_head(tmp_path: Path) -> None:
+    path = _multi_model_config(tmp_path, tmp_path / "no-artifacts", {"candidates": ["small", "big"]})
+    result = _serve(path)
+    assert result.returncode == 2, result.stderr
+    assert "routes.auto.multi_model.quality_signal: signal 'quality' cannot be computed: no quality head" \
+        in result.stderr
+    assert "pointsman train --quality routerbench" in result.stderr
+
+
+def test_serve_refuses_candidates_the_quality_head_cannot_score(tmp_path: Path, quality_routers_dir: Path) -> None:
+    # 'small' is not a RouterBench model and has no mapping; 'big' maps to a label with a typo.
+    path = _multi_model_config(tmp_path, quality_routers_dir, {
+        "candidates": ["small", "big"], "quality_models": {"big": "gpt-4-1106-previw"}})
+    result = _serve(path)
+    assert result.returncode == 2, result.stderr
+    assert "routes.auto.multi_model.candidates.0: 'small' is not a model of the quality head " \
+           "quality-routerbench-static" in result.stderr
+    assert "map it with multi_model.quality_models" in result.stderr
+    assert "routes.auto.multi_model.quality_models.big: 'gpt-4-1106-previw' is not a model of the quality head " \
+           "quality-routerbench-static (did you mean 'gpt-4-1106-preview'?)" in result.stderr

@@ -89,3 +89,21 @@ async def test_no_eligible_model_is_a_clear_400() -> None:
     assert "context window" in caught.value.message
     explained = await policy.explain(request("word " * 80000 + QUALITY, tools=True))
     assert explained["error"]["code"] == "no_eligible_model" and explained["model"] is None
+
+
+async def test_quality_models_map_candidates_to_the_quality_heads_names() -> None:
+    # The quality signal scores models under its own (training data) names; the route maps them.
+    extra = "  quality_models: {big: gpt-4, tiny: mistral-7b}\n"
+    policy, _ = build(multi(0, extra))
+    text = "hi [q gpt-4=0.95 mistral-7b=0.3 small=0.6 coder=0.7 big=0.1 tiny=0.99]"
+    plan = await policy.decide(request(text))
+    assert plan.candidates == ("big",)  # scored 0.95 as gpt-4, not 0.1 under its own name
+    assert plan.details["qualities"] == {"big": 0.95, "coder": 0.7, "small": 0.6, "tiny": 0.3}
+    explained = await policy.explain(request(text))
+    ranking = {entry["model"]: entry for entry in explained["multi_model"]["ranking"]}
+    assert ranking["big"]["quality_key"] == "gpt-4" and ranking["big"]["quality"] == 0.95
+    assert ranking["tiny"]["quality_key"] == "mistral-7b" and ranking["tiny"]["quality"] == 0.3
+    assert "quality_key" not in ranking["small"]  # read under its own name
+    # A mapped label the signal does not report leaves that candidate without a prediction.
+    plan = await policy.decide(request("hi [q small=0.6 coder=0.7 big=0.99]"))
+    assert plan.candidates == ("coder",)

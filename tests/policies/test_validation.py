@@ -249,3 +249,29 @@ def test_static_routes_check_only_their_models() -> None:
     assert only("name: auto\nmodel: small\nfallbacks: [bog]\n").startswith(
         "routes.auto.fallbacks.0: unknown model 'bog' (did you mean 'big'?)"
     )
+
+
+def test_quality_models_must_name_candidates() -> None:
+    text = "name: auto\npolicy: rules\nmulti_model: {candidates: [tiny], quality_models: {big: gpt-4}}\n"
+    assert only(text).startswith("routes.auto.multi_model.quality_models.big: 'big' is not one of the candidates")
+    assert any("quality label of 'tiny' is empty" in e for e in structural(
+        "name: auto\npolicy: rules\nmulti_model: {candidates: [tiny], quality_models: {tiny: ' '}}\n"))
+
+
+def test_candidates_the_quality_signal_cannot_score_are_named() -> None:
+    # With the quality head's labels declared (the gateway does this from the trained artifact), every
+    # candidate must be scored: under its own name or through quality_models.
+    specs = {"quality": SignalSpec(SignalKind.MAPPING, labels=frozenset({"gpt-4-1106-preview", "claude-v1", "tiny"}))}
+    text = ("name: auto\npolicy: rules\nmulti_model: {candidates: [tiny, small, big], "
+            "quality_models: {big: gpt-4-1106-previw}}\n")
+    found = problems(text, signal_specs=specs)
+    assert found == [
+        "routes.auto.multi_model.candidates.1: 'small' is not a model of the quality signal; "
+        "map it with multi_model.quality_models: {small: <label>}; known: ['claude-v1', 'gpt-4-1106-preview', 'tiny']",
+        "routes.auto.multi_model.quality_models.big: 'gpt-4-1106-previw' is not a model of the quality signal "
+        "(did you mean 'gpt-4-1106-preview'?); known: ['claude-v1', 'gpt-4-1106-preview', 'tiny']",
+    ]
+    fixed = text.replace("previw}", "preview, small: claude-v1}")
+    assert problems(fixed, signal_specs=specs) == []
+    # Without declared labels (config-time validation, before any head is loaded) nothing is assumed.
+    assert problems(text) == []
