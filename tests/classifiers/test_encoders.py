@@ -289,6 +289,8 @@ def test_onnx_minilm_parallel_workers_are_exact_and_order_independent(minilm: En
         # Bit-for-bit: every text runs alone, so neither batch-mates nor thread scheduling move a vector.
         np.testing.assert_array_equal(four.encode(texts), one_worker)
         np.testing.assert_array_equal(four.encode(texts[::-1])[::-1], one_worker)
+        # A lone text runs on the session that splits one pass over the workers: still the same bits.
+        np.testing.assert_array_equal(np.vstack([four.encode([text]) for text in texts]), one_worker)
     finally:
         four.close()
 
