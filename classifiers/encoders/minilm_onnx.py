@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -65,6 +66,7 @@ def onnx_path_for(model_dir: Path, cache_dir: Path | None = None) -> Path:
 
 
 _export_lock = threading.Lock()
+log = logging.getLogger("pointsman.encoders")
 
 
 def ensure_onnx(model_dir: Path, cache_dir: Path | None = None) -> Path:
@@ -72,6 +74,8 @@ def ensure_onnx(model_dir: Path, cache_dir: Path | None = None) -> Path:
 
     The file is written to a temporary name and renamed into place, so a crash or a concurrent start
     never leaves a half-written model behind (two processes exporting at once both write whole files).
+    When the cache directory cannot be written (a read-only home in a container), the export goes to
+    ``<tmp>/pointsman-<uid>`` instead, with a warning naming ``POINTSMAN_CACHE_DIR``.
     """
     target = onnx_path_for(model_dir, cache_dir)
     if target.is_file():
@@ -79,16 +83,31 @@ def ensure_onnx(model_dir: Path, cache_dir: Path | None = None) -> Path:
     with _export_lock:
         if target.is_file():
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=target.stem, suffix=".onnx.tmp", dir=target.parent)
-        os.close(fd)
         try:
-            _export(model_dir, Path(tmp_name))
-            os.chmod(tmp_name, 0o644)  # mkstemp makes it private; the cache may be shared
-            os.replace(tmp_name, target)
-        finally:
-            if os.path.exists(tmp_name):
-                os.unlink(tmp_name)
+            return _export_into(model_dir, target)
+        except OSError as exc:
+            fallback = onnx_path_for(model_dir, Path(tempfile.gettempdir()) / f"pointsman-{os.getuid()}")
+            if fallback.is_file():
+                return fallback
+            log.warning(
+                "cannot write the MiniLM ONNX export to %s (%s); using %s: set %s to a writable directory "
+                "to keep it across restarts",
+                target.parent, exc.strerror or exc, fallback.parent, CACHE_ENV,
+            )
+            return _export_into(model_dir, fallback)
+
+
+def _export_into(model_dir: Path, target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=target.stem, suffix=".onnx.tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        _export(model_dir, Path(tmp_name))
+        os.chmod(tmp_name, 0o644)  # mkstemp makes it private; the cache may be shared
+        os.replace(tmp_name, target)
+    finally:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
     return target
 
 

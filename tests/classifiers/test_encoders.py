@@ -315,3 +315,25 @@ def test_minilm_runtime_and_dtype_errors_are_clear() -> None:
         load_encoder("minilm", runtime="tensorrt")
     with pytest.raises(ValueError, match="needs runtime 'torch'"):
         load_encoder("minilm", dtype="bfloat16")
+
+
+def test_onnx_export_falls_back_to_tmp_when_the_cache_is_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    if os.getuid() == 0:
+        # root ignores directory permissions; a file where the cache directory should be fails for anyone.
+        blocked = tmp_path / "cache"
+        blocked.write_text("not a directory")
+    else:
+        blocked = tmp_path / "cache"
+        blocked.mkdir()
+        blocked.chmod(0o555)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    from classifiers.encoders.minilm_onnx import OnnxMiniLMEncoder
+
+    with caplog.at_level("WARNING", logger="pointsman.encoders"):
+        encoder = OnnxMiniLMEncoder(cache_dir=blocked)
+    assert encoder.onnx_path.is_relative_to(tmp_path / "tmp")
+    assert "POINTSMAN_CACHE_DIR" in caplog.text
+    assert encoder.encode(["still works"]).shape == (1, 384)
