@@ -200,6 +200,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(explanation, indent=2, default=str))
         return 0 if not explanation.get("blocked") else 3
     if args.command == "check-config":
+        from gateway.routing import RoutingBrain
+
+        try:
+            # The same pre-flight as serve: every route's signals computable from the trained heads
+            # it would load (missing head, wrong encoder, a multi_model candidate the quality head
+            # cannot score). Builds no encoder and starts nothing.
+            RoutingBrain(config)
+        except ConfigError as exc:
+            print(f"pointsman: {exc}", file=sys.stderr)
+            return 2
         print(f"{args.config}: ok ({len(config.backends)} backends, {len(config.routes)} routes)")
         return 0
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}

@@ -113,6 +113,16 @@ def test_serve_refuses_a_multi_model_route_without_a_quality_head(tmp_path: Path
     assert "pointsman train --quality routerbench" in result.stderr
 
 
+def test_check_config_runs_the_same_preflight_as_serve(tmp_path: Path) -> None:
+    # A config that parses but cannot serve must not pass check-config (used in CI before a deploy).
+    path = _multi_model_config(tmp_path, tmp_path / "no-artifacts", {"candidates": ["small", "big"]})
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout
+    assert "routes.auto.multi_model.quality_signal: signal 'quality' cannot be computed" in result.stderr
+    assert "ok" not in result.stdout
+
+
 def test_serve_refuses_candidates_the_quality_head_cannot_score(tmp_path: Path, quality_routers_dir: Path) -> None:
     # 'small' is not a RouterBench model and has no mapping; 'big' maps to a label with a typo.
     path = _multi_model_config(tmp_path, quality_routers_dir, {
