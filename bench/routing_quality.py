@@ -12,7 +12,8 @@ setting of the reference "MiniLM + logistic regression, 5-fold: 0.63") and a cro
 (trained on MMLU + GSM8K, tested on all of MT-bench).
 
 Part 2 — RouterBench-train (11 models with per-call costs; bench only, never shipped): a held-out
-split; per-model quality heads (logistic regression on embeddings) and the policy "maximise predicted
+split; the quality head the gateway serves (``evals.quality.train_quality``: per-model calibrated logistic
+regressions on embedding + cheap features, what ``pointsman train --quality`` writes) and the policy "maximise predicted
 quality - λ · normalised cost" (policies/utility.py's rule, cost predicted as the model's mean train
 cost) swept over λ, against every single model and the oracle: plot + table of quality at equal cost
 and cost at equal quality.
@@ -169,21 +170,14 @@ def baselines(data: PairData) -> dict[str, dict[str, PairMetrics]]:
 
 
 def multi_part(md: MultiData, seed: int) -> dict[str, Any]:
-    """Per-model quality heads on train; λ sweep on test rows without missing cells."""
-    from sklearn.linear_model import LogisticRegression
+    """The served quality head (evals.quality: fitted on train, C and calibration on validation); λ sweep on
+    test rows without missing cells."""
+    from evals.quality import train_quality
 
-    train = md.split != "test"
-    test = (md.split == "test") & ~np.isnan(md.quality).any(axis=1)
-    x = md.embeddings
-    pred = np.zeros((int(test.sum()), len(md.models)))
-    for j in range(len(md.models)):
-        ok = train & ~np.isnan(md.quality[:, j])
-        y = md.quality[ok, j] > 0.5
-        if y.all() or not y.any():
-            pred[:, j] = float(y.mean())
-            continue
-        clf = LogisticRegression(C=1.0, max_iter=2000, random_state=seed).fit(x[ok], y)
-        pred[:, j] = clf.predict_proba(x[test])[:, 1]
+    head = train_quality(md, seed, progress=False, log=lambda _line: None)
+    train = md.mask("train")
+    test = md.mask("test") & ~np.isnan(md.quality).any(axis=1)
+    pred = head.predict_proba(md.features[test])
     mean_cost = np.nanmean(md.cost[train], axis=0)
     norm = mean_cost / mean_cost.max()
     q_true, c_true = md.quality[test], md.cost[test]
@@ -360,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for res in multis:
         md += [
             f"### RouterBench-train held-out: multi-model policy [{res['encoder']}] "
-            f"(train {res['n_train']} / test {res['n_test']} prompts without missing cells)",
+            f"(train {res['n_train']} / test {res['n_test']} prompts without missing cells; the served quality head)",
             "",
             "| model | cost/prompt | quality | policy quality at that cost | policy cost at that quality | "
             "oracle quality at that cost | oracle cost at that quality |",

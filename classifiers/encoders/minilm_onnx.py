@@ -99,6 +99,7 @@ def ensure_onnx(model_dir: Path, cache_dir: Path | None = None) -> Path:
 
 def _export_into(model_dir: Path, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("exporting all-MiniLM-L6-v2 to ONNX once (a few seconds): %s", target)
     fd, tmp_name = tempfile.mkstemp(prefix=target.stem, suffix=".onnx.tmp", dir=target.parent)
     os.close(fd)
     try:
