@@ -402,7 +402,7 @@ async def breakdown(brain: RoutingBrain, prompts: Sequence[Prompt]) -> dict[str,
     for name in (
         "conversation_text",
         "encoder (direct)",
-        "batching front (hop to thread)",
+        "batching front (cache, thread hop unless inline)",
         "head (features + proba)",
         "policy (rules, knob, sticky, plan)",
         "whole decide()",
@@ -426,7 +426,7 @@ async def breakdown(brain: RoutingBrain, prompts: Sequence[Prompt]) -> dict[str,
         stages["encoder (direct)"].append(direct)
         t = pc()
         await batching.encode(text)
-        stages["batching front (hop to thread)"].append(max(0.0, pc() - t - direct))
+        stages["batching front (cache, thread hop unless inline)"].append(max(0.0, pc() - t - direct))
         t = pc()
         features = build_features(vector[None, :], [text] if cheap else None)
         p_strong = float(head.predict_proba(features)[0][-1])

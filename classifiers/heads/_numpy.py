@@ -35,12 +35,12 @@ def _to_proba(logits: np.ndarray) -> np.ndarray:
 
 def logreg_proba(x: np.ndarray, p: Mapping[str, np.ndarray]) -> np.ndarray:
     """Linear model: ``coef`` (n_out, n_features), ``intercept`` (n_out,)."""
-    return _to_proba(x @ p["coef"].T.astype(np.float64) + p["intercept"])
+    return _to_proba(x @ np.asarray(p["coef"], dtype=np.float64).T + p["intercept"])
 
 
 def multilabel_proba(x: np.ndarray, p: Mapping[str, np.ndarray]) -> np.ndarray:
     """One independent sigmoid per label: ``coef`` (n_labels, n_features), ``intercept`` (n_labels,)."""
-    return sigmoid(x @ p["coef"].T.astype(np.float64) + p["intercept"])
+    return sigmoid(x @ np.asarray(p["coef"], dtype=np.float64).T + p["intercept"])
 
 
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -57,7 +57,7 @@ def mlp_proba(x: np.ndarray, p: Mapping[str, np.ndarray], config: Mapping[str, A
     n_layers = int(config["n_layers"])
     h = x
     for i in range(n_layers):
-        h = h @ p[f"W{i}"].astype(np.float64) + p[f"b{i}"]
+        h = h @ np.asarray(p[f"W{i}"], dtype=np.float64) + p[f"b{i}"]
         if i < n_layers - 1:
             h = act(h)
     return _to_proba(h)
@@ -92,11 +92,11 @@ def grouped_score(
     dim = int(config["embedding_dim"])
     e = x_raw[:, :dim]
     e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
-    logits = e @ p["centroids"].T.astype(np.float64) / float(config["tau"]) + p["log_prior"]
+    logits = e @ np.asarray(p["centroids"], dtype=np.float64).T / float(config["tau"]) + p["log_prior"]
     gate = softmax(logits)
     score = gate @ p["rates"]
-    fam = p["family"].astype(np.int64)
-    experts = z @ p["expert_coef"].T.astype(np.float64) + p["expert_intercept"]
+    fam = np.asarray(p["family"], dtype=np.int64)
+    experts = z @ np.asarray(p["expert_coef"], dtype=np.float64).T + p["expert_intercept"]
     for f in range(experts.shape[1]):
         score = score + gate[:, fam == f].sum(axis=1) * experts[:, f]
     return score

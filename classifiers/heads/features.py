@@ -27,6 +27,15 @@ CHEAP_FEATURE_NAMES: tuple[str, ...] = tuple(CHEAP_FEATURES)
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _MATH = set("+-*/=^<>%$")
+# str.translate deletes in C what a per-character generator would count in Python (~4x faster here).
+_DROP_MATH = str.maketrans("", "", "".join(sorted(_MATH)))
+_DROP_ASCII_DIGITS = str.maketrans("", "", "0123456789")
+
+
+def _digit_count(text: str) -> int:
+    if text.isascii():  # for ASCII, isdigit() is exactly 0-9
+        return len(text) - len(text.translate(_DROP_ASCII_DIGITS))
+    return sum(c.isdigit() for c in text)  # superscripts, other scripts' digits: the definition itself
 
 
 def cheap_features(text: str) -> list[float]:
@@ -36,10 +45,10 @@ def cheap_features(text: str) -> list[float]:
         math.log1p(len(text)),
         math.log1p(len(text.split())),
         math.log1p(text.count("\n")),
-        math.log1p(sum(c.isdigit() for c in text)),
+        math.log1p(_digit_count(text)),
         math.log1p(len(_NUMBER.findall(text))),
-        sum(c in _MATH for c in text) / n,
-        sum(ord(c) > 127 for c in text) / n,
+        (len(text) - len(text.translate(_DROP_MATH))) / n,
+        (len(text) - len(text.encode("ascii", "ignore"))) / n,  # characters above U+007F
         math.log1p(text.count("?")),
     ]
 

@@ -57,9 +57,30 @@ class Head:
     calibration: dict[str, Any] = field(default_factory=lambda: {"method": "none"})
     manifest: dict[str, Any] = field(default_factory=dict)
 
+    _scoring: tuple[tuple[tuple[str, int], ...], dict[str, np.ndarray]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown head kind {self.kind!r}; expected one of {', '.join(KINDS)}")
+
+    def _scoring_params(self) -> dict[str, np.ndarray]:
+        """``params`` with float arrays as float64, converted once instead of on every call.
+
+        The numbers are those the per-call conversion gave (numpy upcasts float32 operands of a
+        float64 product the same way); rebuilt whenever an array in ``params`` is replaced.
+        """
+        if self.kind == "knn":  # scores against float32 reference vectors: nothing to convert
+            return self.params
+        ids = tuple((name, id(array)) for name, array in self.params.items())
+        if self._scoring is None or self._scoring[0] != ids:
+            converted = {
+                name: array.astype(np.float64) if array.dtype.kind == "f" else array
+                for name, array in self.params.items()
+            }
+            self._scoring = (ids, converted)
+        return self._scoring[1]
 
     @property
     def n_features(self) -> int:
@@ -71,18 +92,19 @@ class Head:
         x = np.atleast_2d(np.asarray(x, dtype=np.float64))
         if x.shape[1] != self.n_features:
             raise ValueError(f"expected {self.n_features} features, got {x.shape[1]}")
-        z = (x - self.params["mean"]) / self.params["scale"]
+        params = self._scoring_params()
+        z = (x - params["mean"]) / params["scale"]
         if self.kind == "logreg":
-            return logreg_proba(z, self.params)
+            return logreg_proba(z, params)
         if self.kind == "mlp":
-            return mlp_proba(z, self.params, self.config)
+            return mlp_proba(z, params, self.config)
         if self.kind == "multilabel":
-            return multilabel_proba(z, self.params)
+            return multilabel_proba(z, params)
         if self.kind == "grouped":
             # A score, not a probability: squashed here, made a probability by Platt calibration.
-            q = sigmoid(grouped_score(x, z, self.params, self.config))
+            q = sigmoid(grouped_score(x, z, params, self.config))
             return np.column_stack([1.0 - q, q])
-        return knn_proba(z, self.params, self.config)
+        return knn_proba(z, params, self.config)
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
         """Calibrated probabilities, shape ``(n, len(labels))``; rows sum to 1 except for ``multilabel``."""

@@ -337,3 +337,29 @@ def test_onnx_export_falls_back_to_tmp_when_the_cache_is_read_only(
     assert encoder.onnx_path.is_relative_to(tmp_path / "tmp")
     assert "POINTSMAN_CACHE_DIR" in caplog.text
     assert encoder.encode(["still works"]).shape == (1, 384)
+
+
+async def test_cheap_encoders_run_inline_on_the_event_loop_thread(static: Encoder) -> None:
+    import threading
+
+    class Recording:
+        """The static encoder, recording which thread calls it."""
+
+        id, dim, cheap = static.id, static.dim, True
+
+        def __init__(self) -> None:
+            self.threads: set[int] = set()
+
+        def encode(self, texts: Sequence[str]) -> np.ndarray:
+            self.threads.add(threading.get_ident())
+            return static.encode(texts)
+
+    recording = Recording()
+    async with BatchingEncoder(recording) as batcher:
+        assert batcher.inline
+        vectors = await asyncio.gather(*(batcher.encode(f"text {i}") for i in range(8)))
+        np.testing.assert_array_equal(np.vstack(vectors), static.encode([f"text {i}" for i in range(8)]))
+        assert recording.threads == {threading.get_ident()}  # no hop to a worker thread
+        assert (await batcher.encode("text 0")) is vectors[0]  # still cached
+        assert batcher.stats().as_dict()["encoded"] == 8
+    assert BatchingEncoder(static).inline and not BatchingEncoder(static, inline=False).inline
