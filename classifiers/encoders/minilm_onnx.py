@@ -17,6 +17,7 @@ seconds) into a cache directory and reused by every later start; nothing is down
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -52,8 +53,16 @@ def cache_root() -> Path:
 
 
 def _weights_digest(model_dir: Path) -> str:
+    weights = model_dir / "model.safetensors"
+    stat = weights.stat()
+    return _digest_of(str(weights), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest_of(path: str, size: int, mtime_ns: int) -> str:
+    # Hashing the 90 MB of weights takes ~0.3 s: once per process per file version (size, mtime).
     h = hashlib.sha256(EXPORT_FORMAT.encode())
-    with (model_dir / "model.safetensors").open("rb") as f:
+    with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()[:16]
