@@ -147,8 +147,15 @@ class ClassifierSignalProvider:
             raise
         if embedding_task is not None:
             embedding = await embedding_task
+            # One feature vector per schema (with or without the cheap text statistics), shared by
+            # every head that reads it: difficulty, domain and quality all want the same one.
+            features: dict[bool, np.ndarray] = {}
             for name in head_names:
-                out[name] = _head_signal(name, self._heads[name], embedding, text)
+                head = self._heads[name]
+                cheap = bool(head.manifest.get("feature_schema", {}).get("cheap"))
+                if cheap not in features:
+                    features[cheap] = build_features(embedding[None, :], [text] if cheap else None)
+                out[name] = _head_signal(name, head, features[cheap])
         return out
 
 
@@ -160,9 +167,7 @@ def build_extractors(keyword_lists: Mapping[str, Mapping[str, Any]] | None = Non
     return extractors
 
 
-def _head_signal(name: str, head: Head, embedding: np.ndarray, text: str) -> Signal:
-    cheap = bool(head.manifest.get("feature_schema", {}).get("cheap"))
-    features = build_features(embedding[None, :], [text] if cheap else None)
+def _head_signal(name: str, head: Head, features: np.ndarray) -> Signal:
     proba = head.predict_proba(features)[0]
     if head.kind == "multilabel":
         return _quality_signal(name, head, proba)

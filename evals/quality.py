@@ -27,7 +27,7 @@ from classifiers.heads.head import Head
 from classifiers.provider import DEFAULT_ROUTERS_DIR, QUALITY_ARTIFACT
 from evals.data.split import DEFAULT_FRACTIONS, DEFAULT_SEED
 from evals.dataset import MultiData, load_multi_data, records_hash
-from evals.train import _created_at, _feature_schema
+from evals.train import created_at, feature_schema
 
 LICENSE = "none declared upstream: do not redistribute"
 SOURCES: dict[str, dict[str, Any]] = {
@@ -207,7 +207,7 @@ def train_quality(
         "license": LICENSE,
         "redistributable": False,
         "encoder": data.encoder_id,
-        "feature_schema": _feature_schema(data.encoder_id, int(data.embeddings.shape[1]), cheap=True),
+        "feature_schema": feature_schema(data.encoder_id, int(data.embeddings.shape[1]), cheap=True),
         "data": {
             "sources": [SOURCES["routerbench"]],
             "license": LICENSE,
@@ -227,7 +227,7 @@ def train_quality(
             "values": {m: float(f"{c:.4g}") for m, c in zip(models, price, strict=True)},
         },
         "metrics": metrics,
-        "created_at": _created_at(),
+        "created_at": created_at(),
     }
     return head
 

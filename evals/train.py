@@ -57,14 +57,16 @@ SOURCES = [
 ]
 
 
-def _created_at() -> str:
+def created_at() -> str:
+    """UTC timestamp for an artifact manifest (``$SOURCE_DATE_EPOCH`` when set)."""
     # SOURCE_DATE_EPOCH pins the timestamp for byte-identical rebuilds.
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     when = datetime.fromtimestamp(int(epoch), UTC) if epoch else datetime.now(UTC)
     return when.replace(microsecond=0).isoformat()
 
 
-def _feature_schema(encoder_id: str, dim: int, cheap: bool) -> dict[str, Any]:
+def feature_schema(encoder_id: str, dim: int, cheap: bool) -> dict[str, Any]:
+    """The manifest's description of the feature vector a head scores (serving rebuilds it from this)."""
     return {
         "text": "classifiers.conversation.conversation_text(body, max_chars=2000)",
         "embedding": {"encoder": encoder_id, "dim": dim, "normalised": True},
@@ -135,10 +137,10 @@ def train_difficulty(
             f"one by >= {MT_BENCH_MARGIN} (ridge candidates regress the gain strong - weak instead)"
         ),
         "encoder": data.encoder_id,
-        "feature_schema": _feature_schema(data.encoder_id, dim, chosen.features == "emb+cheap"),
+        "feature_schema": feature_schema(data.encoder_id, dim, chosen.features == "emb+cheap"),
         "data": _data_block(data, train, chosen),
         "metrics": metrics,
-        "created_at": _created_at(),
+        "created_at": created_at(),
     }
     return head, metrics
 
@@ -208,7 +210,7 @@ def train_domain(data: PairData, encoder: Any, seed: int, log: Any = print) -> t
         "description": "task/domain of the conversation",
         "label_definition": "evals/data/domains.py: MMLU subjects, GSM8K -> math, MT-bench categories",
         "encoder": data.encoder_id,
-        "feature_schema": _feature_schema(data.encoder_id, emb.shape[1], True),
+        "feature_schema": feature_schema(data.encoder_id, emb.shape[1], True),
         "data": {
             "sources": SOURCES,
             "datasets": ["mmlu", "gsm8k", "mt_bench"],
@@ -217,7 +219,7 @@ def train_domain(data: PairData, encoder: Any, seed: int, log: Any = print) -> t
             "train_sha256": records_hash([t for t, m in zip(texts, train, strict=True) if m], list(y[train])),
         },
         "metrics": metrics,
-        "created_at": _created_at(),
+        "created_at": created_at(),
     }
     return head, metrics
 
