@@ -195,8 +195,42 @@ def _user(text: str) -> dict[str, Any]:
 # the routing brain -------------------------------------------------------------------------------
 
 
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """``"minilm@onnx"`` -> ``("minilm", "onnx")``; a plain encoder name has no runtime override."""
+    name, _, runtime = spec.partition("@")
+    return name, runtime or None
+
+
+def default_specs() -> list[str]:
+    """Both encoders; plus MiniLM on ``onnx`` side by side when the default runtime resolves to another one."""
+    from classifiers.encoders import resolve_runtime
+
+    specs = list(ENCODERS)
+    if resolve_runtime(os.environ.get("POINTSMAN_MINILM_RUNTIME") or "auto") != "onnx":
+        specs.append("minilm@onnx")
+    return specs
+
+
+def _minilm_variant(runtime: str | None = None) -> str:
+    """The MiniLM runtime and dtype the gateway resolves on this machine, e.g. ``auto -> torchscript bfloat16``."""
+    from classifiers.encoders import resolve_runtime
+    from classifiers.encoders.minilm import resolve_dtype
+
+    asked = runtime or os.environ.get("POINTSMAN_MINILM_RUNTIME") or "auto"
+    runtime = resolve_runtime(asked)
+    dtype = os.environ.get("POINTSMAN_MINILM_DTYPE") or "auto"
+    if dtype == "auto":
+        dtype = resolve_dtype("auto") if runtime == "torchscript" else "float32"
+    return f"{asked} -> {runtime} {dtype}" if asked != runtime else f"{runtime} {dtype}"
+
+
 def bench_config(
-    encoder: str, cache_size: int, routers_dir: Path | None, max_batch: int, threads: int | None
+    encoder: str,
+    cache_size: int,
+    routers_dir: Path | None,
+    max_batch: int,
+    threads: int | None,
+    runtime: str | None = None,
 ) -> Config:
     """The black-box routing test's ``auto`` route, with the encoder and cache under test.
 
@@ -209,6 +243,10 @@ def bench_config(
     for key, env in (("minilm_runtime", "POINTSMAN_MINILM_RUNTIME"), ("minilm_dtype", "POINTSMAN_MINILM_DTYPE")):
         if os.environ.get(env):
             classifiers[key] = os.environ[env]
+    if runtime is not None:
+        classifiers["minilm_runtime"] = runtime
+        if runtime == "onnx":
+            classifiers.pop("minilm_dtype", None)  # ONNX Runtime runs float32 only
     if routers_dir is not None:
         classifiers["routers_dir"] = str(routers_dir)
     return parse_config(
@@ -482,12 +520,13 @@ async def bench_encoder(
     """Measure one encoder: warm-up, rounds at each concurrency, the breakdown, the cache-on line."""
     stream.reset()
     t0 = time.perf_counter()
-    config = bench_config(encoder, 0, args.routers_dir, args.max_batch, args.encoder_threads)
+    spec, (encoder, runtime) = encoder, split_spec(encoder)
+    config = bench_config(encoder, 0, args.routers_dir, args.max_batch, args.encoder_threads, runtime)
     brain = await start_brain(config)
     head = brain.heads.difficulty
     assert brain.encoder is not None and head is not None
     artifact = Path(brain.heads.sources.get("difficulty", "?")).name
-    result = EncoderResult(encoder, brain.encoder.id, f"{head.kind} ({artifact})", time.perf_counter() - t0)
+    result = EncoderResult(spec, brain.encoder.id, f"{head.kind} ({artifact})", time.perf_counter() - t0)
     try:
         for c in args.concurrency:
             await run_cell(brain, stream.take(WARMUP.get(c, 4 * c)), c)
@@ -504,7 +543,9 @@ async def bench_encoder(
     result.recycled = stream.recycled
 
     # The default cache on repeated prompts: one pass fills it, the measured pass hits it every time.
-    brain = await start_brain(bench_config(encoder, 10_000, args.routers_dir, args.max_batch, args.encoder_threads))
+    brain = await start_brain(
+        bench_config(encoder, 10_000, args.routers_dir, args.max_batch, args.encoder_threads, runtime)
+    )
     try:
         stream.reset()
         repeated = stream.take(CACHE_PROMPTS)
@@ -591,7 +632,9 @@ def render_markdown(results: Mapping[str, EncoderResult], checks: list[dict[str,
         f"{meta['date']} - {meta['cpu']} ({meta['cores']} cores), Python {meta['python']}, {meta['loop']}, "
         f"{meta['pinning']}. {meta['rounds']} rounds per cell, medians over rounds; cache off unless stated "
         f"(the cache-on line is one round over {CACHE_PROMPTS} repeated prompts). Encoder threads "
-        f"{meta['encoder_threads']}, MiniLM runtime {meta['minilm_runtime']}, max batch {meta['max_batch']}. "
+        f"{meta['encoder_threads']}, MiniLM runtime "
+        + (", ".join(f"{spec}: {v}" for spec, v in meta["minilm_variants"].items()) or meta["minilm_runtime"])
+        + f", max batch {meta['max_batch']}. "
         f"{meta['elapsed_s']:.0f} s in all.",
         "",
         "| " + " | ".join(ROW_COLUMNS) + " |",
@@ -656,7 +699,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     started = time.monotonic()
-    _check_heads(args.encoders, args.routers_dir)
+    _check_heads(sorted({split_spec(spec)[0] for spec in args.encoders}), args.routers_dir)
     if args.cpus:
         os.sched_setaffinity(0, args.cpus)
     pinning = f"pinned to cores {sorted(args.cpus)}" if args.cpus else "not pinned"
@@ -697,7 +740,10 @@ def _run(args: argparse.Namespace) -> int:
         "rounds": args.rounds,
         "max_batch": args.max_batch,
         "encoder_threads": args.encoder_threads if args.encoder_threads is not None else "default",
-        "minilm_runtime": os.environ.get("POINTSMAN_MINILM_RUNTIME") or "onnx (default)",
+        "minilm_runtime": _minilm_variant(),
+        "minilm_variants": {
+            spec: _minilm_variant(split_spec(spec)[1]) for spec in args.encoders if split_spec(spec)[0] == "minilm"
+        },
         "prompt_mix": {
             "mmlu": PATTERN.count("mmlu") / len(PATTERN),
             "gsm8k": PATTERN.count("gsm8k") / len(PATTERN),
@@ -736,7 +782,12 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, measure, print and write the results."""
     parser = argparse.ArgumentParser(description="routing decision latency (signals + policy, no backend)")
-    parser.add_argument("--encoders", default=",".join(ENCODERS), help="comma-separated: static,minilm")
+    parser.add_argument(
+        "--encoders",
+        default=None,
+        help="comma-separated: static, minilm, or minilm@RUNTIME (onnx, torchscript, torch) for a side-by-side "
+        "run (default: static,minilm, plus minilm@onnx where the default MiniLM runtime is another one)",
+    )
     parser.add_argument("--concurrency", default="1,32", help="comma-separated concurrencies")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds per cell (medians are reported)")
     parser.add_argument(
@@ -754,10 +805,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", default="", help="pin this process to these cores, e.g. 0,1 (default: not pinned)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
-    args.encoders = [e for e in args.encoders.split(",") if e]
-    unknown = set(args.encoders) - set(ENCODERS)
-    if unknown:
-        parser.error(f"unknown encoder(s): {', '.join(sorted(unknown))}")
+    from classifiers.encoders import MINILM_RUNTIMES
+
+    args.encoders = [e for e in args.encoders.split(",") if e] if args.encoders else default_specs()
+    unknown = {spec for spec in args.encoders if split_spec(spec)[0] not in ENCODERS}
+    bad_runtime = {
+        spec
+        for spec in args.encoders
+        if split_spec(spec)[1] not in (None, *MINILM_RUNTIMES) or spec.startswith("static@")
+    }
+    if unknown or bad_runtime:
+        parser.error(
+            f"unknown encoder(s): {', '.join(sorted(unknown | bad_runtime))} "
+            f"(static, minilm, minilm@{{{','.join(MINILM_RUNTIMES)}}})"
+        )
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     args.cpus = {int(c) for c in args.cpus.split(",") if c}
     return _run(args)

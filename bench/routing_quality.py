@@ -37,6 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from classifiers.encoders import MINILM_RUNTIMES  # noqa: E402
 from classifiers.heads import load_head  # noqa: E402
 from evals.data import resolve_data_dir  # noqa: E402
 from evals.data.split import DEFAULT_SEED, fold_of  # noqa: E402
@@ -313,6 +314,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--encoders", default="minilm,static")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--minilm-runtime",
+        default="auto",
+        choices=MINILM_RUNTIMES,
+        help="MiniLM runtime for embedding the data (default: auto, what the gateway serves with on this CPU)",
+    )
+    parser.add_argument(
+        "--minilm-dtype", default="auto", choices=("auto", "float32", "bfloat16"), help="MiniLM dtype (default: auto)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -326,9 +336,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     mtcross: dict[str, dict[str, PairMetrics]] = {}
     multis = []
     first: PairData | None = None
+    minilm_variant = "n/a (not run)"
     for name in [e.strip() for e in args.encoders.split(",") if e.strip()]:
         log(f"[{name}] embeddings")
-        enc = get_encoder(name)
+        enc = get_encoder(name, runtime=args.minilm_runtime, dtype=args.minilm_dtype)
+        if name == "minilm":
+            minilm_variant = f"{type(enc).__name__} ({getattr(enc, 'dtype', 'float32')})"
         data = load_pair_data(data_dir, enc, SPLIT_SEED, progress=True)
         if first is None:
             first = data
@@ -343,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "# Routing quality (held-out)",
         "",
         f"GPT-4-1106 vs Mixtral-8x7B, RouteLLM data, contaminated prompts dropped. Test split sizes: {n} "
-        "(MT-bench's test split is tiny: read its columns as anecdotes). CPT = strong-call share needed.",
+        "(MT-bench's test split is tiny: read its columns as anecdotes). CPT = strong-call share needed. "
+        f"MiniLM embedded with {minilm_variant}.",
         "",
         *pair_table("Test split (train on train, calibrate on validation)", held, DATASETS),
         *pair_table(

@@ -38,13 +38,18 @@ def prompt_text(prompt: str) -> str:
     return conversation_text(body, max_chars=_MAX_CHARS)
 
 
-def get_encoder(name: str) -> _Encoder:
-    """The contract encoder ``name`` ("minilm" | "static")."""
+def get_encoder(name: str, *, runtime: str = "onnx", dtype: str = "float32") -> _Encoder:
+    """The contract encoder ``name`` ("minilm" | "static").
+
+    Training uses the defaults, MiniLM in float32 on ONNX Runtime (the same vectors as
+    sentence-transformers on any CPU), so ``pointsman train`` is reproducible across machines; a
+    benchmark may ask for the runtime the gateway serves with (``runtime="auto"``, ``dtype="auto"``).
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from classifiers.encoders import load_encoder
 
-    return load_encoder(name)
+    return load_encoder(name, runtime=runtime, dtype=dtype)
 
 
 _PROBE = "Pointsman encoder fingerprint: how many r's are in strawberry? 12 + 30 = 42."

@@ -123,27 +123,30 @@ class ClassifiersConfig(_Strict):
     routers_dir: str | None = None
     cache_size: int = Field(default=10_000, ge=0)
     max_batch: int = Field(default=32, ge=1)
-    minilm_runtime: Literal["onnx", "torch"] = Field(
-        default="onnx",
-        description="onnx: ONNX Runtime, one pass per text, passes in parallel on every core (same vectors); "
-        "torch: sentence-transformers itself",
+    minilm_runtime: Literal["auto", "onnx", "torchscript", "torch"] = Field(
+        default="auto",
+        description="auto: torchscript on CPUs with AMX-BF16, else onnx; onnx: ONNX Runtime in float32, one pass "
+        "per text, passes in parallel on every core; torchscript: a traced module, per text, on every core, "
+        "bfloat16 where the CPU has it; torch: sentence-transformers itself (the reference)",
     )
     encoder_threads: int | None = Field(
         default=None,
         ge=1,
-        description="MiniLM on onnx: passes run at once (default one per core, at most 4); "
+        description="MiniLM on onnx/torchscript: passes run at once (default one per core, at most 4); "
         "on torch: intra-op threads (default 1)",
     )
-    minilm_dtype: Literal["float32", "bfloat16", "auto"] = Field(
-        default="float32",
-        description="torch runtime only: bfloat16 is ~35% faster on CPUs with native bf16, slightly less replayable",
+    minilm_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="auto: bfloat16 on the torchscript runtime where the CPU computes it natively, float32 "
+        "elsewhere; bfloat16 needs torchscript or torch (on torch a text's vector then moves with its batch)",
     )
 
     @model_validator(mode="after")
-    def _dtype_needs_torch(self) -> ClassifiersConfig:
-        if self.minilm_dtype != "float32" and self.minilm_runtime != "torch":
+    def _bf16_needs_torch(self) -> ClassifiersConfig:
+        if self.minilm_dtype == "bfloat16" and self.minilm_runtime == "onnx":
             raise ValueError(
-                f"minilm_dtype {self.minilm_dtype!r} needs minilm_runtime: torch (ONNX Runtime runs float32)"
+                "minilm_dtype 'bfloat16' needs minilm_runtime: torchscript, torch or auto "
+                "(ONNX Runtime runs float32)"
             )
         return self
 

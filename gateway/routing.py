@@ -111,7 +111,12 @@ class RoutingBrain:
         await self.encoder.encode("warm-up")
         for provider in self._providers.values():
             provider.attach_encoder(self.encoder)
-        log.info("routing encoder %s loaded (heads: %s)", encoder.id, ", ".join(self.heads.sources) or "none")
+        log.info(
+            "routing encoder %s loaded (%s; heads: %s)",
+            encoder.id,
+            getattr(encoder, "runtime", "in-process"),
+            ", ".join(self.heads.sources) or "none",
+        )
 
     async def close(self) -> None:
         if self.encoder is not None:

@@ -62,12 +62,17 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    try:
+        return frozenset(Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace").split())
+    except OSError:
+        return frozenset()
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 natively (AMX-BF16 or AVX512-BF16), read from /proc/cpuinfo."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace").split()
-    except OSError:
-        return False
+    flags = cpu_flags()
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
@@ -130,6 +135,7 @@ class MiniLMEncoder:
             self._model: Any = SentenceTransformer(str(path), device="cpu", local_files_only=True)
         self._model.eval()
         self.dtype = resolve_dtype(dtype)
+        self.runtime = f"torch {self.dtype}, {threads} intra-op thread(s)"
         if self.dtype == "bfloat16":
             self._model.to(torch.bfloat16)
         dim = self._model.get_embedding_dimension()

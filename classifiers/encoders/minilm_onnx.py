@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import os
 import tempfile
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from classifiers.encoders.base import l2_normalise
-from classifiers.encoders.minilm import MINILM_ID, bundled_model_dir, quiet_transformers
+from classifiers.encoders.minilm import MINILM_ID, quiet_transformers
+from classifiers.encoders.per_text import PerTextEncoder
 
 #: Bump when the exported graph changes (inputs, outputs, opset, pooling), so stale caches are not reused.
 EXPORT_FORMAT = "bert-meanpool-v1"
@@ -161,15 +159,8 @@ def _export(model_dir: Path, out: Path) -> None:
         )
 
 
-def _max_seq_length(model_dir: Path) -> int:
-    try:
-        return int(json.loads((model_dir / "sentence_bert_config.json").read_text())["max_seq_length"])
-    except (OSError, KeyError, ValueError):
-        return 256
-
-
-class OnnxMiniLMEncoder:
-    """The default encoder: all-MiniLM-L6-v2 on ONNX Runtime, one text per run, ``workers`` runs at once.
+class OnnxMiniLMEncoder(PerTextEncoder):
+    """all-MiniLM-L6-v2 on ONNX Runtime in float32, one text per run, ``workers`` runs at once.
 
     Args:
         workers: Texts encoded in parallel (threads, each running one single-threaded forward pass).
@@ -193,18 +184,11 @@ class OnnxMiniLMEncoder:
         cache_dir: Path | None = None,
         max_tokens: int | None = None,
     ) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        super().__init__(workers, model_dir, max_tokens)
         import onnxruntime as ort
-        from tokenizers import Tokenizer
 
-        path = model_dir if model_dir is not None else bundled_model_dir()
-        self.workers = workers
-        self.max_seq_length = max_tokens if max_tokens is not None else _max_seq_length(path)
-        self.onnx_path = ensure_onnx(path, cache_dir)
-        self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-        self._tokenizer.enable_truncation(max_length=self.max_seq_length)
-        self._tokenizer.no_padding()
+        self.onnx_path = ensure_onnx(self.model_dir, cache_dir)
+        self.runtime = f"onnx float32, {workers} worker(s)"
         # One thread per run: parallelism comes from running several texts at once, which scales
         # without the spin-waiting that intra-op thread pools do when the other core is busy.
         # InferenceSession.run is documented thread-safe: one session serves every worker.
@@ -213,8 +197,7 @@ class OnnxMiniLMEncoder:
         # second session whose pass is split over ``workers`` threads, spinning off (measured on 2
         # cores: p50 32 vs 55 ms per RouteLLM prompt). MLAS splits the work without reordering any
         # sum, so its vectors are bit-identical to the single-threaded session's (tested).
-        self._solo = self._new_session(ort, threads=workers) if workers > 1 else None
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minilm-onnx") if workers > 1 else None
+        self._solo = self._new_session(ort, threads=workers) if workers > 1 else self._session
 
     def _new_session(self, ort: Any, threads: int) -> Any:
         options = ort.SessionOptions()
@@ -227,30 +210,8 @@ class OnnxMiniLMEncoder:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(str(self.onnx_path), options, providers=["CPUExecutionProvider"])
 
-    def _run(self, ids: Sequence[int], session: Any = None) -> np.ndarray:
+    def _pass(self, ids: Sequence[int], solo: bool) -> np.ndarray:
         input_ids = np.asarray([ids], dtype=np.int64)
-        out = (session or self._session).run(None, {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids)})
+        session = self._solo if solo else self._session
+        out = session.run(None, {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids)})
         return np.asarray(out[0][0], dtype=np.float32)
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """Encode ``texts`` into ``(len(texts), 384)`` float32 unit vectors."""
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        encodings = self._tokenizer.encode_batch(list(texts))
-        token_ids = [enc.ids for enc in encodings]
-        if len(texts) == 1:
-            rows = [self._run(token_ids[0], self._solo)]
-        elif self._pool is None:
-            rows = [self._run(ids) for ids in token_ids]
-        else:
-            # Longest first, so the last text to finish is a short one and both workers end together.
-            order = sorted(range(len(token_ids)), key=lambda i: -len(token_ids[i]))
-            results = dict(zip(order, self._pool.map(self._run, [token_ids[i] for i in order]), strict=True))
-            rows = [results[i] for i in range(len(token_ids))]
-        return l2_normalise(np.stack(rows))
-
-    def close(self) -> None:
-        """Stop the worker threads (idempotent)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None

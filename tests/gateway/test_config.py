@@ -119,13 +119,21 @@ def test_wrong_type_is_named() -> None:
     assert "backends.0.timeouts.connect" in message
 
 
-def test_minilm_dtype_without_the_torch_runtime_is_named() -> None:
-    message = _error({"backends": [_backend()], "classifiers": {"encoder": "minilm", "minilm_dtype": "bfloat16"}})
-    assert "classifiers" in message and "minilm_runtime: torch" in message
-    ok = parse_config(
-        {"backends": [_backend()], "classifiers": {"minilm_runtime": "torch", "minilm_dtype": "bfloat16"}}, env={}
+def test_minilm_bf16_on_the_onnx_runtime_is_named() -> None:
+    message = _error(
+        {
+            "backends": [_backend()],
+            "classifiers": {"encoder": "minilm", "minilm_runtime": "onnx", "minilm_dtype": "bfloat16"},
+        }
     )
-    assert ok.classifiers.minilm_dtype == "bfloat16"
+    assert "classifiers" in message and "minilm_runtime: torchscript" in message
+    for runtime in ("torchscript", "torch", "auto"):
+        ok = parse_config(
+            {"backends": [_backend()], "classifiers": {"minilm_runtime": runtime, "minilm_dtype": "bfloat16"}}, env={}
+        )
+        assert ok.classifiers.minilm_dtype == "bfloat16"
+    defaults = parse_config({"backends": [_backend()]}, env={}).classifiers
+    assert (defaults.minilm_runtime, defaults.minilm_dtype) == ("auto", "auto")
 
 
 def test_route_to_unknown_model_is_named() -> None:
