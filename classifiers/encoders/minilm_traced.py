@@ -138,7 +138,7 @@ class TracedMiniLMEncoder(PerTextEncoder):
                 return hidden.mean(1)
 
         module = MeanPooled(bert).to(self._torch_dtype).eval()
-        with warnings.catch_warnings(), torch.inference_mode():
+        with quiet_transformers(), warnings.catch_warnings(), torch.inference_mode():
             # TracerWarnings about Python booleans in transformers' mask helpers: with no padding
             # those branches are constant, which the shape checks in the tests confirm. torch 2.13
             # also marks TorchScript deprecated; it is pinned, and `onnx` is the fallback runtime.
