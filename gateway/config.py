@@ -126,8 +126,8 @@ class ClassifiersConfig(_Strict):
     minilm_runtime: Literal["auto", "onnx", "torchscript", "torch"] = Field(
         default="auto",
         description="auto: torchscript on CPUs with AMX-BF16, else onnx; onnx: ONNX Runtime in float32, one pass "
-        "per text, passes in parallel on every core; torchscript: a traced module, per text, on every core, "
-        "bfloat16 where the CPU has it; torch: sentence-transformers itself (the reference)",
+        "per text, passes in parallel on every core; torchscript: BERT as a TorchScript module, per text, on "
+        "every core, bfloat16 where the CPU has it; torch: sentence-transformers itself (the reference)",
     )
     encoder_threads: int | None = Field(
         default=None,

@@ -60,9 +60,9 @@ def load_encoder(
             ``"auto"``: bfloat16 on torchscript where the CPU computes it natively, float32 otherwise
             (on torch too: its batched bf16 vectors move with their batch-mates). Ignored by ``"static"``.
         runtime: ``"onnx"`` (default: float32, GIL-free, every core, per-text exact), ``"torchscript"``
-            (a traced module: per-text, GIL-free, bfloat16 on AMX), ``"torch"`` (sentence-transformers
-            itself: the reference the others are checked against) or ``"auto"`` (torchscript where the
-            CPU has AMX-BF16, else onnx: :func:`resolve_runtime`).
+            (BERT written out as a TorchScript module: per-text, GIL-free, bfloat16 on AMX), ``"torch"``
+            (sentence-transformers itself: the reference the others are checked against) or ``"auto"``
+            (torchscript where the CPU has AMX-BF16, else onnx: :func:`resolve_runtime`).
 
     Raises:
         ValueError: unknown name (the message lists the known ones).
@@ -83,9 +83,9 @@ def load_encoder(
 
             return OnnxMiniLMEncoder(workers=workers)
         if runtime == "torchscript":
-            from classifiers.encoders.minilm_traced import TracedMiniLMEncoder
+            from classifiers.encoders.minilm_script import ScriptedMiniLMEncoder
 
-            return TracedMiniLMEncoder(workers=workers, dtype=dtype)
+            return ScriptedMiniLMEncoder(workers=workers, dtype=dtype)
         from classifiers.encoders.minilm import DEFAULT_THREADS, MiniLMEncoder
 
         return MiniLMEncoder(

@@ -60,10 +60,10 @@ def static(_offline: None) -> Encoder:
 
 
 @pytest.fixture(scope="module")
-def traced_bf16(_offline: None) -> Iterator[Encoder]:
-    from classifiers.encoders.minilm_traced import TracedMiniLMEncoder
+def scripted_bf16(_offline: None) -> Iterator[Encoder]:
+    from classifiers.encoders.minilm_script import ScriptedMiniLMEncoder
 
-    encoder = TracedMiniLMEncoder(workers=2, dtype="bfloat16")
+    encoder = ScriptedMiniLMEncoder(workers=2, dtype="bfloat16")
     yield encoder
     encoder.close()
 
@@ -199,7 +199,7 @@ async def test_cache_size_zero_disables_caching(static: Encoder) -> None:
         assert (batcher.stats().hits, batcher.stats().encoded) == (0, 2)
 
 
-@pytest.mark.parametrize("runtime", ["minilm", "traced_bf16"])
+@pytest.mark.parametrize("runtime", ["minilm", "scripted_bf16"])
 async def test_event_loop_keeps_running_during_forward_passes(runtime: str, request: pytest.FixtureRequest) -> None:
     # The ONNX and TorchScript runtimes both claim to release the GIL for a whole pass.
     minilm: Encoder = request.getfixturevalue(runtime)
@@ -309,53 +309,62 @@ def test_onnx_minilm_parallel_workers_are_exact_and_order_independent(minilm: En
 
 def test_torchscript_minilm_gives_the_sentence_transformers_vectors() -> None:
     from classifiers.encoders.minilm import MiniLMEncoder
-    from classifiers.encoders.minilm_traced import TracedMiniLMEncoder
+    from classifiers.encoders.minilm_script import ScriptedMiniLMEncoder
 
-    # Lengths on both sides of the traced example (11 word pieces) up to the 256-piece truncation:
-    # the trace must not have frozen any shape.
+    # Lengths from 2 word pieces to the 256-piece truncation (the position table is sliced per text).
     texts = [*PAIRS, "", "x", "ünïcødé ✓ 😀", "A much longer text about consensus protocols. " * 80]
-    traced = TracedMiniLMEncoder(workers=1, dtype="float32")
-    np.testing.assert_allclose(traced.encode(texts), MiniLMEncoder().encode(texts), atol=2e-5)
+    scripted = ScriptedMiniLMEncoder(workers=1, dtype="float32")
+    np.testing.assert_allclose(scripted.encode(texts), MiniLMEncoder().encode(texts), atol=2e-5)
 
 
-def test_torchscript_bf16_stays_close_to_fp32_and_is_exact_per_text(traced_bf16: Encoder, minilm: Encoder) -> None:
-    from classifiers.encoders.minilm_traced import TracedMiniLMEncoder
+def test_torchscript_minilm_serves_without_importing_transformers() -> None:
+    # transformers costs ~5 s of start-up; the scripted module reads the safetensors itself.
+    code = (
+        "import sys; from classifiers.encoders import load_encoder; "
+        "load_encoder('minilm', runtime='torchscript').encode(['x']); print('transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_torchscript_bf16_stays_close_to_fp32_and_is_exact_per_text(scripted_bf16: Encoder, minilm: Encoder) -> None:
+    from classifiers.encoders.minilm_script import ScriptedMiniLMEncoder
 
     texts = [f"{text} (variant {i})" for i, text in enumerate(PAIRS * 3)] + ["Explain consensus. " * 60]
-    vectors = traced_bf16.encode(texts)
+    vectors = scripted_bf16.encode(texts)
     assert vectors.dtype == np.float32 and vectors.shape == (len(texts), 384)
     # Close enough that heads trained on float32 vectors stay valid (bench/routing_quality.py checks APGR).
     assert float((vectors * minilm.encode(texts)).sum(axis=1).min()) > 0.999
     # Every text runs alone: batch-mates, order, worker count and a lone call give the same bits.
-    np.testing.assert_array_equal(traced_bf16.encode(texts[::-1])[::-1], vectors)
-    np.testing.assert_array_equal(np.vstack([traced_bf16.encode([text]) for text in texts]), vectors)
-    one_worker = TracedMiniLMEncoder(workers=1, dtype="bfloat16")
+    np.testing.assert_array_equal(scripted_bf16.encode(texts[::-1])[::-1], vectors)
+    np.testing.assert_array_equal(np.vstack([scripted_bf16.encode([text]) for text in texts]), vectors)
+    one_worker = ScriptedMiniLMEncoder(workers=1, dtype="bfloat16")
     np.testing.assert_array_equal(one_worker.encode(texts), vectors)
 
 
-def test_torchscript_bf16_packed_weights_compute_what_plain_linear_layers_do(traced_bf16: Encoder) -> None:
+def test_torchscript_bf16_packed_weights_compute_what_plain_linear_layers_do(scripted_bf16: Encoder) -> None:
     from classifiers.encoders.minilm import cpu_has_native_bf16
-    from classifiers.encoders.minilm_traced import TracedMiniLMEncoder
+    from classifiers.encoders.minilm_script import ScriptedMiniLMEncoder
 
-    assert isinstance(traced_bf16, TracedMiniLMEncoder)
-    # 6 layers x (query, key, value, attention output, intermediate, output), and BERT's pooler.
-    assert traced_bf16.packed_linears == (37 if cpu_has_native_bf16() else 0)
-    plain = TracedMiniLMEncoder(workers=1, dtype="bfloat16", pack_weights=False)
+    assert isinstance(scripted_bf16, ScriptedMiniLMEncoder)
+    # 6 layers x (query, key, value, attention output, intermediate, output).
+    assert scripted_bf16.packed_linears == (36 if cpu_has_native_bf16() else 0)
+    plain = ScriptedMiniLMEncoder(workers=1, dtype="bfloat16", pack_weights=False)
     assert plain.packed_linears == 0
     texts = [*PAIRS, "Explain consensus. " * 60]
     # Bit-identical on the AMX Xeon it was measured on; bf16 rounding is the only allowed difference.
-    np.testing.assert_allclose(traced_bf16.encode(texts), plain.encode(texts), atol=2e-3)
+    np.testing.assert_allclose(scripted_bf16.encode(texts), plain.encode(texts), atol=2e-3)
 
 
 def test_auto_runtime_picks_torchscript_bf16_only_on_cpus_with_amx() -> None:
     from classifiers.encoders import cpu_has_amx_bf16, resolve_runtime
     from classifiers.encoders.minilm_onnx import OnnxMiniLMEncoder
-    from classifiers.encoders.minilm_traced import TracedMiniLMEncoder
+    from classifiers.encoders.minilm_script import ScriptedMiniLMEncoder
 
     assert resolve_runtime("onnx") == "onnx" and resolve_runtime("torchscript") == "torchscript"
     encoder = load_encoder("minilm", runtime="auto", dtype="auto", threads=1)
     if cpu_has_amx_bf16():
-        assert isinstance(encoder, TracedMiniLMEncoder) and encoder.dtype == "bfloat16"
+        assert isinstance(encoder, ScriptedMiniLMEncoder) and encoder.dtype == "bfloat16"
     else:
         assert isinstance(encoder, OnnxMiniLMEncoder)
     # "auto" never turns on the batched torch path's bf16 (its vectors move with their batch-mates).
