@@ -22,6 +22,7 @@ equals sentence-transformers' to 2e-7 (tested on texts of 3 to 256 word pieces).
 
 # No `from __future__ import annotations`: TorchScript reads these classes' annotations as live objects.
 import json
+import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,8 @@ from torch.nn import functional as F
 
 from classifiers.encoders.minilm import MINILM_ID, cpu_has_native_bf16, resolve_dtype
 from classifiers.encoders.per_text import PerTextEncoder
+
+log = logging.getLogger("pointsman.encoders")
 
 
 def can_pack_bf16() -> bool:
@@ -220,7 +223,14 @@ class ScriptedMiniLMEncoder(PerTextEncoder):
         # oneDNN's packed bf16 kernels need native bf16 (AMX or AVX512-BF16); elsewhere F.linear emulates it.
         pack = pack_weights and bf16 and cpu_has_native_bf16() and can_pack_bf16()
         weights_dtype = torch.bfloat16 if bf16 else torch.float32
-        self._module, self.packed_linears = build_module(self.model_dir, weights_dtype, pack)
+        try:
+            self._module, self.packed_linears = build_module(self.model_dir, weights_dtype, pack)
+        except RuntimeError as exc:
+            if not pack:
+                raise
+            # A oneDNN build or CPU variant without the packed bf16 kernels: slower, same model.
+            log.warning("packed bf16 linear layers unavailable (%s); MiniLM runs on unpacked weights", exc)
+            self._module, self.packed_linears = build_module(self.model_dir, weights_dtype, False)
         self.runtime = f"torchscript {self.dtype}, {workers} worker(s)"
         # TorchScript's profiling executor specialises the graph on its first runs; let that happen
         # here, once, rather than inside the first client requests.

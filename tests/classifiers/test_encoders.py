@@ -356,6 +356,24 @@ def test_torchscript_bf16_packed_weights_compute_what_plain_linear_layers_do(scr
     np.testing.assert_allclose(scripted_bf16.encode(texts), plain.encode(texts), atol=2e-3)
 
 
+def test_torchscript_falls_back_to_unpacked_weights_when_packing_fails(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from classifiers.encoders import minilm_script
+    from classifiers.encoders.minilm import cpu_has_native_bf16
+
+    def no_packed_kernels(self: object, weight: object, bias: object) -> None:
+        raise RuntimeError("could not create a primitive descriptor")  # what oneDNN says without the kernels
+
+    monkeypatch.setattr(minilm_script.PackedLinear, "__init__", no_packed_kernels)
+    encoder = minilm_script.ScriptedMiniLMEncoder(workers=1, dtype="bfloat16")
+    assert encoder.packed_linears == 0
+    if cpu_has_native_bf16():
+        assert "unpacked weights" in caplog.text
+    reference = minilm_script.ScriptedMiniLMEncoder(workers=1, dtype="bfloat16", pack_weights=False)
+    np.testing.assert_array_equal(encoder.encode(PAIRS), reference.encode(PAIRS))
+
+
 def test_auto_runtime_picks_torchscript_bf16_only_on_cpus_with_amx() -> None:
     from classifiers.encoders import cpu_has_amx_bf16, resolve_runtime
     from classifiers.encoders.minilm_onnx import OnnxMiniLMEncoder
