@@ -211,19 +211,6 @@ def default_specs() -> list[str]:
     return specs
 
 
-def _minilm_variant(runtime: str | None = None) -> str:
-    """The MiniLM runtime and dtype the gateway resolves on this machine, e.g. ``auto -> torchscript bfloat16``."""
-    from classifiers.encoders import resolve_runtime
-    from classifiers.encoders.minilm import resolve_dtype
-
-    asked = runtime or os.environ.get("POINTSMAN_MINILM_RUNTIME") or "auto"
-    runtime = resolve_runtime(asked)
-    dtype = os.environ.get("POINTSMAN_MINILM_DTYPE") or "auto"
-    if dtype == "auto":
-        dtype = resolve_dtype("auto") if runtime == "torchscript" else "float32"
-    return f"{asked} -> {runtime} {dtype}" if asked != runtime else f"{runtime} {dtype}"
-
-
 def bench_config(
     encoder: str,
     cache_size: int,
@@ -508,6 +495,7 @@ class EncoderResult:
     encoder_id: str
     head: str
     load_s: float
+    runtime: str = "-"  # what the built encoder reports, e.g. "torchscript bfloat16, 2 worker(s)"
     cells: dict[int, dict[str, Any]] = field(default_factory=dict)
     cached: dict[int, dict[str, Any]] = field(default_factory=dict)
     breakdown: dict[str, Any] = field(default_factory=dict)
@@ -527,6 +515,7 @@ async def bench_encoder(
     assert brain.encoder is not None and head is not None
     artifact = Path(brain.heads.sources.get("difficulty", "?")).name
     result = EncoderResult(spec, brain.encoder.id, f"{head.kind} ({artifact})", time.perf_counter() - t0)
+    result.runtime = getattr(brain.encoder.encoder, "runtime", "in-process")
     try:
         for c in args.concurrency:
             await run_cell(brain, stream.take(WARMUP.get(c, 4 * c)), c)
@@ -633,7 +622,7 @@ def render_markdown(results: Mapping[str, EncoderResult], checks: list[dict[str,
         f"{meta['pinning']}. {meta['rounds']} rounds per cell, medians over rounds; cache off unless stated "
         f"(the cache-on line is one round over {CACHE_PROMPTS} repeated prompts). Encoder threads "
         f"{meta['encoder_threads']}, MiniLM runtime "
-        + (", ".join(f"{spec}: {v}" for spec, v in meta["minilm_variants"].items()) or meta["minilm_runtime"])
+        + (", ".join(f"{spec}: {v}" for spec, v in meta["minilm_variants"].items()) or "not measured")
         + f", max batch {meta['max_batch']}. "
         f"{meta['elapsed_s']:.0f} s in all.",
         "",
@@ -740,10 +729,7 @@ def _run(args: argparse.Namespace) -> int:
         "rounds": args.rounds,
         "max_batch": args.max_batch,
         "encoder_threads": args.encoder_threads if args.encoder_threads is not None else "default",
-        "minilm_runtime": _minilm_variant(),
-        "minilm_variants": {
-            spec: _minilm_variant(split_spec(spec)[1]) for spec in args.encoders if split_spec(spec)[0] == "minilm"
-        },
+        "minilm_variants": {spec: res.runtime for spec, res in results.items() if split_spec(spec)[0] == "minilm"},
         "prompt_mix": {
             "mmlu": PATTERN.count("mmlu") / len(PATTERN),
             "gsm8k": PATTERN.count("gsm8k") / len(PATTERN),

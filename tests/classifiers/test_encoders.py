@@ -375,7 +375,8 @@ def test_torchscript_falls_back_to_unpacked_weights_when_packing_fails(
 
 
 def test_auto_runtime_picks_torchscript_bf16_only_on_cpus_with_amx() -> None:
-    from classifiers.encoders import cpu_has_amx_bf16, resolve_runtime
+    from classifiers.encoders import resolve_runtime
+    from classifiers.encoders.minilm import cpu_has_amx_bf16
     from classifiers.encoders.minilm_onnx import OnnxMiniLMEncoder
     from classifiers.encoders.minilm_script import ScriptedMiniLMEncoder
 
