@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import os
@@ -215,13 +216,22 @@ async def test_event_loop_keeps_running_during_forward_passes(runtime: str, requ
             gaps.append(now - last)
             last = now
 
-    async with BatchingEncoder(minilm, max_batch=32) as batcher:
-        tick = asyncio.create_task(ticker())
-        started = time.perf_counter()
-        await asyncio.gather(*(batcher.encode(t) for t in texts))
-        elapsed = time.perf_counter() - started
-        stop.set()
-        await tick
+    # The gateway freezes its start-up heap (gateway/app.py), so a full collection there walks only
+    # what requests allocated. This test process has torch, transformers and every earlier test's
+    # objects on its heap: an unfrozen gen-2 collection took ~250 ms here and stalled the loop
+    # whichever encoder ran. Freeze the same way so only the encoder is under test.
+    gc.collect()
+    gc.freeze()
+    try:
+        async with BatchingEncoder(minilm, max_batch=32) as batcher:
+            tick = asyncio.create_task(ticker())
+            started = time.perf_counter()
+            await asyncio.gather(*(batcher.encode(t) for t in texts))
+            elapsed = time.perf_counter() - started
+            stop.set()
+            await tick
+    finally:
+        gc.unfreeze()
     batches = batcher.stats().batches
     # Each forward pass takes elapsed/batches seconds; had it run on the loop, the ticker would have
     # stalled that long. It keeps ticking far more often than that.
