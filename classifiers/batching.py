@@ -5,19 +5,26 @@ up, and the next batch takes all of them (up to ``max_batch``) in one ``encode``
 fixed wait window, so a lone request is encoded at once (no added latency at concurrency 1) and
 batches grow exactly as fast as load does. The event loop only hashes, looks up and awaits; all model
 work happens on the worker thread.
+
+Encoders that encode every text alone (:class:`~classifiers.encoders.base.ConcurrentEncoder`: the
+per-text MiniLM runtimes) gain nothing from a batch, only a barrier: every caller of a batch waited
+for its slowest text, and the encoder sat idle while the event loop finished those requests and
+started the next ones. For them the front streams instead: each miss goes straight to one of the
+encoder's ``workers`` threads, and its caller resumes as soon as its own pass ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from classifiers.encoders.base import Encoder
+from classifiers.encoders.base import ConcurrentEncoder, Encoder
 
 DEFAULT_CACHE_SIZE = 10_000
 DEFAULT_MAX_BATCH = 32
@@ -59,6 +66,10 @@ class BatchingEncoder:
         inline: Encode misses right away on the calling (event-loop) thread, one text per call, with no
             worker thread: for encoders so cheap that the thread hop costs as much as the work. Default:
             the encoder's ``cheap`` attribute (True for the static encoder).
+        stream: Hand each miss to its own worker thread (``encoder.workers`` of them) as it arrives and
+            resolve it when its pass ends, with no batches. Default: whether the encoder is a
+            :class:`~classifiers.encoders.base.ConcurrentEncoder` (the per-text MiniLM runtimes);
+            ``max_batch`` does not apply then.
 
     Use ``start()`` before the first ``encode`` (``encode`` also starts it lazily) and ``await close()``
     at shutdown; or ``async with BatchingEncoder(enc) as batcher``. Returned vectors are read-only views
@@ -71,6 +82,7 @@ class BatchingEncoder:
         cache_size: int = DEFAULT_CACHE_SIZE,
         max_batch: int = DEFAULT_MAX_BATCH,
         inline: bool | None = None,
+        stream: bool | None = None,
     ) -> None:
         if cache_size < 0:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
@@ -80,6 +92,11 @@ class BatchingEncoder:
         # Encoders cheaper than the hop to a worker thread and back (the static one: ~0.2 ms a text vs
         # ~0.1-0.4 ms for the hop, which also adds jitter) run on the caller's thread instead.
         self.inline = bool(getattr(encoder, "cheap", False)) if inline is None else inline
+        self.stream = (not self.inline and isinstance(encoder, ConcurrentEncoder)) if stream is None else stream
+        if self.stream and not isinstance(encoder, ConcurrentEncoder):
+            raise ValueError(f"encoder {encoder.id} cannot stream: it has no encode_one/workers")
+        if self.stream and self.inline:
+            raise ValueError("inline and stream exclude each other")
         self.cache_size = cache_size
         self.max_batch = max_batch
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
@@ -109,13 +126,16 @@ class BatchingEncoder:
         if self._closed:
             raise RuntimeError("BatchingEncoder is closed")
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"encoder-{self.encoder.id}")
+            workers = max(1, int(getattr(self.encoder, "workers", 1))) if self.stream else 1
+            self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"encoder-{self.encoder.id}")
 
     async def close(self) -> None:
         """Finish queued and running batches, then stop the worker thread. Idempotent."""
         self._closed = True
         if self._drainer is not None and not self._drainer.done():
             await asyncio.shield(self._drainer)
+        if self._pending:  # streamed passes still running: let them finish and answer their callers
+            await asyncio.gather(*(asyncio.shield(f) for f in list(self._pending.values())), return_exceptions=True)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -164,12 +184,47 @@ class BatchingEncoder:
             if self._closed:
                 raise RuntimeError("BatchingEncoder is closed")
             self.start()
-            future = asyncio.get_running_loop().create_future()
-            self._pending[key] = future
-            self._queue[key] = text
-            if self._drainer is None or self._drainer.done():
-                self._drainer = asyncio.create_task(self._drain(), name=f"encoder-{self.encoder.id}-drain")
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
+            if self.stream:
+                self._submit_one(loop, key, text, solo=not self._pending)
+                self._pending[key] = future
+            else:
+                self._pending[key] = future
+                self._queue[key] = text
+                if self._drainer is None or self._drainer.done():
+                    self._drainer = asyncio.create_task(self._drain(), name=f"encoder-{self.encoder.id}-drain")
         return await asyncio.shield(future)
+
+    def _submit_one(self, loop: asyncio.AbstractEventLoop, key: bytes, text: str, solo: bool) -> None:
+        """Start one streamed pass on a worker thread; its result comes back through ``_finish_one``."""
+        assert self._executor is not None
+        encoder: ConcurrentEncoder = self.encoder  # type: ignore[assignment]  # checked in __init__
+
+        def deliver(done: Future[np.ndarray]) -> None:  # runs on the worker thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to answer
+                loop.call_soon_threadsafe(self._finish_one, key, done)
+
+        self._executor.submit(encoder.encode_one, text, solo).add_done_callback(deliver)
+
+    def _finish_one(self, key: bytes, done: Future[np.ndarray]) -> None:
+        future = self._pending.pop(key, None)
+        exc = done.exception()
+        if exc is None:
+            vector = np.asarray(done.result(), dtype=np.float32)
+            if vector.shape != (self.encoder.dim,):
+                exc = ValueError(f"encoder {self.encoder.id} returned shape {vector.shape} for 1 text")
+        if exc is not None:
+            if future is not None and not future.done():
+                future.set_exception(exc)
+            return
+        vector = vector.copy()
+        vector.flags.writeable = False
+        self._batches += 1
+        self._encoded += 1
+        self._remember(key, vector)
+        if future is not None and not future.done():
+            future.set_result(vector)
 
     async def _drain(self) -> None:
         """Run batches on the worker thread until the queue is empty."""

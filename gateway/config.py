@@ -125,9 +125,10 @@ class ClassifiersConfig(_Strict):
     max_batch: int = Field(default=32, ge=1)
     minilm_runtime: Literal["auto", "onnx", "torchscript", "torch"] = Field(
         default="auto",
-        description="auto: torchscript on CPUs with AMX-BF16, else onnx; onnx: ONNX Runtime in float32, one pass "
-        "per text, passes in parallel on every core; torchscript: BERT as a TorchScript module, per text, on "
-        "every core, bfloat16 where the CPU has it; torch: sentence-transformers itself (the reference)",
+        description="auto: torchscript on CPUs with AMX-BF16 or AVX512-BF16, else onnx; onnx: ONNX Runtime in "
+        "float32, one pass per text, passes in parallel on every core; torchscript: BERT as a TorchScript "
+        "module, per text, on every core, bfloat16 where the CPU has it; torch: sentence-transformers itself "
+        "(the reference)",
     )
     encoder_threads: int | None = Field(
         default=None,

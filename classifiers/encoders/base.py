@@ -31,6 +31,27 @@ class Encoder(Protocol):
         ...
 
 
+@runtime_checkable
+class ConcurrentEncoder(Encoder, Protocol):
+    """An encoder that encodes each text alone and can run ``workers`` texts at once, from any thread.
+
+    The MiniLM runtimes that run one forward pass per text (ONNX Runtime, TorchScript) implement it, so
+    :class:`classifiers.batching.BatchingEncoder` can hand each text to a worker the moment one is free
+    and answer its caller the moment its own pass ends, instead of waiting for a whole batch.
+
+    Attributes:
+        workers: How many ``encode_one`` calls may usefully run at once (one per worker thread).
+    """
+
+    workers: int
+
+    def encode_one(self, text: str, solo: bool = False) -> np.ndarray:
+        """Encode one text into a float32 unit vector of shape ``(dim,)``, equal bit for bit to its row of
+        ``encode``. Safe to call from several threads at once. ``solo``: no other text is being encoded
+        now, so the pass may spread over every core."""
+        ...
+
+
 def l2_normalise(vectors: np.ndarray) -> np.ndarray:
     """Return ``vectors`` as C-contiguous float32 with unit-norm rows; all-zero rows stay zero.
 

@@ -70,11 +70,6 @@ def cpu_flags() -> frozenset[str]:
         return frozenset()
 
 
-def cpu_has_amx_bf16() -> bool:
-    """Whether this CPU has AMX bfloat16 tiles (Intel Sapphire Rapids and later), read from /proc/cpuinfo."""
-    return "amx_bf16" in cpu_flags()
-
-
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 natively (AMX-BF16 or AVX512-BF16), read from /proc/cpuinfo."""
     flags = cpu_flags()

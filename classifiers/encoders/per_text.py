@@ -77,6 +77,16 @@ class PerTextEncoder:
             rows = [results[i] for i in range(len(token_ids))]
         return l2_normalise(np.stack(rows))
 
+    def encode_one(self, text: str, solo: bool = False) -> np.ndarray:
+        """Encode one text into a ``(384,)`` float32 unit vector: the same bits as its row of :meth:`encode`.
+
+        Thread-safe; several calls run at once on the caller's threads (each pass releases the GIL).
+        ``solo``: no other text is being encoded now, so a runtime that can split one pass over the
+        cores may (the ONNX runtime's second session; the bits do not change).
+        """
+        ids = self._tokenizer.encode(text).ids
+        return l2_normalise(self._pass(ids, solo)[None, :])[0]
+
     def close(self) -> None:
         """Stop the worker threads (idempotent)."""
         if self._pool is not None:

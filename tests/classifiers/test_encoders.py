@@ -160,7 +160,8 @@ def test_missing_static_artifact_fails_clearly_instead_of_downloading(tmp_path: 
 async def test_concurrent_encodes_share_batches_and_match_direct_encoding(minilm: Encoder) -> None:
     texts = [f"Request number {i}: explain topic {i * 7 % 13} in simple words." for i in range(64)]
     direct = minilm.encode(texts)
-    async with BatchingEncoder(minilm, max_batch=32) as batcher:
+    # Batches are what the batched runtimes (sentence-transformers) get; per-text ones stream (below).
+    async with BatchingEncoder(minilm, max_batch=32, stream=False) as batcher:
         vectors = await asyncio.gather(*(batcher.encode(t) for t in texts))
         np.testing.assert_allclose(np.vstack(vectors), direct, atol=1e-5)
         stats = batcher.stats()
@@ -204,7 +205,7 @@ async def test_cache_size_zero_disables_caching(static: Encoder) -> None:
 async def test_event_loop_keeps_running_during_forward_passes(runtime: str, request: pytest.FixtureRequest) -> None:
     # The ONNX and TorchScript runtimes both claim to release the GIL for a whole pass.
     minilm: Encoder = request.getfixturevalue(runtime)
-    texts = [f"{i} " + "a fairly long request about databases, caching and replication. " * 6 for i in range(64)]
+    texts = [f"{i} " + "a fairly long request about databases, caching and replication. " * 20 for i in range(32)]
     gaps: list[float] = []
     stop = asyncio.Event()
 
@@ -223,7 +224,7 @@ async def test_event_loop_keeps_running_during_forward_passes(runtime: str, requ
     gc.collect()
     gc.freeze()
     try:
-        async with BatchingEncoder(minilm, max_batch=32) as batcher:
+        async with BatchingEncoder(minilm) as batcher:  # streamed: each text on a worker thread
             tick = asyncio.create_task(ticker())
             started = time.perf_counter()
             await asyncio.gather(*(batcher.encode(t) for t in texts))
@@ -232,11 +233,12 @@ async def test_event_loop_keeps_running_during_forward_passes(runtime: str, requ
             await tick
     finally:
         gc.unfreeze()
-    batches = batcher.stats().batches
-    # Each forward pass takes elapsed/batches seconds; had it run on the loop, the ticker would have
-    # stalled that long. It keeps ticking far more often than that.
-    assert elapsed / batches > 0.05, "forward passes too fast to tell anything"
-    assert max(gaps) < (elapsed / batches) / 2, f"loop stalled {max(gaps):.3f}s; a batch takes {elapsed / batches:.3f}s"
+    assert batcher.stream and batcher.stats().batches == len(texts)
+    # Each forward pass takes about elapsed * workers / texts seconds; had one run on the loop, the
+    # ticker would have stalled that long. It keeps ticking far more often than that.
+    per_pass = elapsed * getattr(minilm, "workers", 1) / len(texts)
+    assert per_pass > 0.01, "forward passes too fast to tell anything"
+    assert max(gaps) < per_pass / 2, f"loop stalled {max(gaps):.3f}s; a pass takes {per_pass:.3f}s"
 
 
 class _FailsOn:
@@ -384,15 +386,15 @@ def test_torchscript_falls_back_to_unpacked_weights_when_packing_fails(
     np.testing.assert_array_equal(encoder.encode(PAIRS), reference.encode(PAIRS))
 
 
-def test_auto_runtime_picks_torchscript_bf16_only_on_cpus_with_amx() -> None:
+def test_auto_runtime_picks_torchscript_bf16_only_on_cpus_with_native_bf16() -> None:
     from classifiers.encoders import resolve_runtime
-    from classifiers.encoders.minilm import cpu_has_amx_bf16
+    from classifiers.encoders.minilm import cpu_has_native_bf16
     from classifiers.encoders.minilm_onnx import OnnxMiniLMEncoder
     from classifiers.encoders.minilm_script import ScriptedMiniLMEncoder
 
     assert resolve_runtime("onnx") == "onnx" and resolve_runtime("torchscript") == "torchscript"
     encoder = load_encoder("minilm", runtime="auto", dtype="auto", threads=1)
-    if cpu_has_amx_bf16():
+    if cpu_has_native_bf16():
         assert isinstance(encoder, ScriptedMiniLMEncoder) and encoder.dtype == "bfloat16"
     else:
         assert isinstance(encoder, OnnxMiniLMEncoder)
@@ -401,6 +403,21 @@ def test_auto_runtime_picks_torchscript_bf16_only_on_cpus_with_amx() -> None:
 
     torch_auto = load_encoder("minilm", runtime="torch", dtype="auto")
     assert isinstance(torch_auto, MiniLMEncoder) and torch_auto.dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    ("flags", "runtime"),
+    [({"avx2", "amx_bf16", "avx512_bf16"}, "torchscript"), ({"avx512f", "avx512_bf16"}, "torchscript"),
+     ({"avx2", "avx512f"}, "onnx"), (set(), "onnx")],
+)
+def test_auto_runtime_follows_the_cpu_flags(
+    flags: set[str], runtime: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from classifiers.encoders import minilm, resolve_runtime
+
+    monkeypatch.setattr(minilm, "cpu_flags", lambda: frozenset(flags))
+    assert resolve_runtime("auto") == runtime
+    assert minilm.resolve_dtype("auto") == ("bfloat16" if runtime == "torchscript" else "float32")
 
 
 def test_onnx_export_is_cached_and_rebuilt_when_missing(tmp_path: Path) -> None:
@@ -471,3 +488,87 @@ async def test_cheap_encoders_run_inline_on_the_event_loop_thread(static: Encode
         assert (await batcher.encode("text 0")) is vectors[0]  # still cached
         assert batcher.stats().as_dict()["encoded"] == 8
     assert BatchingEncoder(static).inline and not BatchingEncoder(static, inline=False).inline
+
+
+# --- BatchingEncoder streaming per-text encoders ------------------------------------------------------
+
+
+class _Gated:
+    """A real per-text encoder whose passes over texts starting with "wait" block until released."""
+
+    def __init__(self, inner: Encoder) -> None:
+        self.inner = inner
+        self.id, self.dim, self.workers = inner.id, inner.dim, 2
+        self.release = __import__("threading").Event()
+        self.solo: list[tuple[str, bool]] = []
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return np.vstack([self.encode_one(t) for t in texts])
+
+    def encode_one(self, text: str, solo: bool = False) -> np.ndarray:
+        self.solo.append((text, solo))
+        if text.startswith("wait"):
+            assert self.release.wait(30), "never released"
+        if text.startswith("fail"):
+            raise RuntimeError("pass exploded")
+        return self.inner.encode_one(text, solo)  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.mark.parametrize("runtime", ["minilm", "scripted_bf16"])
+async def test_per_text_runtimes_stream_with_the_same_bits(runtime: str, request: pytest.FixtureRequest) -> None:
+    minilm: Encoder = request.getfixturevalue(runtime)
+    texts = [f"{text} (variant {i})" for i, text in enumerate(PAIRS * 3)] + ["Explain consensus. " * 60]
+    direct = minilm.encode(texts)
+    np.testing.assert_array_equal(np.vstack([minilm.encode_one(t) for t in texts]), direct)  # type: ignore[attr-defined]
+    async with BatchingEncoder(minilm) as batcher:
+        assert batcher.stream
+        vectors = await asyncio.gather(*(batcher.encode(t) for t in texts))
+        # Streaming changes when a caller resumes, never its vector: decisions replay exactly.
+        np.testing.assert_array_equal(np.vstack(vectors), direct)
+        stats = batcher.stats()
+        assert (stats.misses, stats.encoded, stats.batches) == (len(texts), len(texts), len(texts))
+        assert (await batcher.encode(texts[0])) is vectors[0]  # cached like any other
+        assert not vectors[0].flags.writeable
+
+
+async def test_streaming_answers_each_caller_when_its_own_pass_ends(minilm: Encoder) -> None:
+    gated = _Gated(minilm)
+    async with BatchingEncoder(gated) as batcher:
+        assert batcher.stream
+        slow = asyncio.create_task(batcher.encode("wait: a long request that is still being encoded"))
+        await asyncio.sleep(0)
+        # With batches this caller would wait for its batch-mate; streamed, it is answered on its own.
+        quick = await asyncio.wait_for(batcher.encode("a short one"), timeout=30)
+        np.testing.assert_array_equal(quick, minilm.encode(["a short one"])[0])
+        assert not slow.done()
+        gated.release.set()
+        await asyncio.wait_for(slow, timeout=30)
+    # The first text was alone in flight (its pass may use every core); the second was not.
+    assert gated.solo == [("wait: a long request that is still being encoded", True), ("a short one", False)]
+
+
+async def test_streaming_errors_reach_their_caller_only_and_close_waits_for_passes(minilm: Encoder) -> None:
+    gated = _Gated(minilm)
+    batcher = BatchingEncoder(gated)
+    batcher.start()
+    with pytest.raises(RuntimeError, match="pass exploded"):
+        await batcher.encode("fail: this one")
+    assert batcher.stats().encoded == 0  # nothing cached
+    fine = await batcher.encode("fine")
+    np.testing.assert_array_equal(fine, minilm.encode(["fine"])[0])
+    in_flight = asyncio.create_task(batcher.encode("wait: still running at close"))
+    await asyncio.sleep(0.05)
+    closing = asyncio.create_task(batcher.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # close() waits for the pass it accepted
+    gated.release.set()
+    await asyncio.wait_for(closing, timeout=30)
+    assert (await in_flight).shape == (minilm.dim,)  # accepted work is answered, not dropped
+    with pytest.raises(RuntimeError, match="closed"):
+        await batcher.encode("new text")
+
+
+def test_stream_needs_a_per_text_encoder(static: Encoder) -> None:
+    with pytest.raises(ValueError, match="cannot stream"):
+        BatchingEncoder(static, inline=False, stream=True)
+    assert not BatchingEncoder(static).stream
