@@ -134,7 +134,11 @@ def crossdata_part(data: PairData, seed: int) -> dict[str, PairMetrics]:
     train = data.mask(dataset=("mmlu", "gsm8k"))
     mt = data.mask(dataset="mt_bench")
     out = {}
-    for cand in (Candidate("ridge", {"alpha": 300.0}), Candidate("grouped", {"tau": 0.02, "alpha": 3000.0})):
+    for cand in (
+        Candidate("ridge", {"alpha": 300.0}),
+        Candidate("grouped", {"tau": 0.02, "alpha": 3000.0}),
+        Candidate("grouped", {"gate": "logreg", "C": 10.0, "alpha": 3000.0}),
+    ):
         s = fit_candidate(cand, data, train, seed).score(features_of(data, cand)[mt])
         out[f"{cand.name} [{data.encoder_id}]"] = evaluate_scores(s, data.strong[mt], data.weak[mt])
     out[f"kNN gain rate k=100 [{data.encoder_id}]"] = evaluate_scores(
