@@ -126,7 +126,7 @@ class BatchingEncoder:
         if self._closed:
             raise RuntimeError("BatchingEncoder is closed")
         if self._executor is None:
-            workers = max(1, int(getattr(self.encoder, "workers", 1))) if self.stream else 1
+            workers = max(1, self.encoder.workers) if isinstance(self.encoder, ConcurrentEncoder) and self.stream else 1
             self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"encoder-{self.encoder.id}")
 
     async def close(self) -> None:
@@ -186,11 +186,11 @@ class BatchingEncoder:
             self.start()
             loop = asyncio.get_running_loop()
             future = loop.create_future()
+            solo = not self._pending  # nothing else in flight
+            self._pending[key] = future
             if self.stream:
-                self._submit_one(loop, key, text, solo=not self._pending)
-                self._pending[key] = future
+                self._submit_one(loop, key, text, solo)
             else:
-                self._pending[key] = future
                 self._queue[key] = text
                 if self._drainer is None or self._drainer.done():
                     self._drainer = asyncio.create_task(self._drain(), name=f"encoder-{self.encoder.id}-drain")

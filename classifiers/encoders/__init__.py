@@ -27,7 +27,7 @@ MINILM_RUNTIMES: tuple[str, ...] = ("auto", "onnx", "torchscript", "torch")
 
 def resolve_runtime(runtime: str) -> str:
     """``"auto"`` -> ``"torchscript"`` on CPUs that compute bfloat16 natively (AMX-BF16 or AVX512-BF16;
-    bf16 there measured ~2x ONNX Runtime's float32 decisions/s on an AMX Xeon, 1.2x on an AVX512-BF16
+    bf16 there measured ~2x ONNX Runtime's float32 decisions/s on an AMX Xeon, 1.2-1.5x on an AVX512-BF16
     EPYC), else ``"onnx"``; other names pass through."""
     from classifiers.encoders.minilm import cpu_has_native_bf16
 

@@ -5,7 +5,7 @@ Why a third runtime for the same model (measured, see bench/README.md "Decision 
 - On a CPU with AMX (Intel Sapphire Rapids and later) torch's bfloat16 matrix products run ~3-5x
   faster than float32 ones, and with AVX512-BF16 (AMD Zen 4/5) about 2x; ONNX Runtime's CPU kernels
   have no bfloat16 path. Measured decisions/s at c=32 over onnx float32: ~1.9x on an AMX Xeon,
-  ~1.3-1.5x on an AVX512-BF16 EPYC.
+  ~1.2-1.5x on an AVX512-BF16 EPYC.
 - sentence-transformers holds the GIL between its ~200 torch ops per pass, so two copies on two
   threads ran no faster than one. A scripted module runs the whole pass in TorchScript's C++
   interpreter without the GIL, so worker threads really use every core (2 cores: ~2x one).
