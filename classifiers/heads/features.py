@@ -26,16 +26,25 @@ CHEAP_FEATURES: dict[str, str] = {
 CHEAP_FEATURE_NAMES: tuple[str, ...] = tuple(CHEAP_FEATURES)
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-_MATH = set("+-*/=^<>%$")
-# str.translate deletes in C what a per-character generator would count in Python (~4x faster here).
-_DROP_MATH = str.maketrans("", "", "".join(sorted(_MATH)))
-_DROP_ASCII_DIGITS = str.maketrans("", "", "0123456789")
+_MATH = "+-*/=^<>%$"
+_ASCII_DIGITS = "0123456789"
+_ASCII_RUNS = re.compile(r"[\x00-\x7f]+")
+
+
+def _count_each(text: str, chars: str) -> int:
+    # One str.count per character runs in C at memchr speed; str.translate with a deletion table
+    # falls back to a per-character Python-object loop as soon as the text holds one non-ASCII
+    # character (51 vs 4 us for a 400-character prompt with a curly quote).
+    return sum(text.count(c) for c in chars)
 
 
 def _digit_count(text: str) -> int:
-    if text.isascii():  # for ASCII, isdigit() is exactly 0-9
-        return len(text) - len(text.translate(_DROP_ASCII_DIGITS))
-    return sum(c.isdigit() for c in text)  # superscripts, other scripts' digits: the definition itself
+    """Characters for which ``str.isdigit()`` holds (0-9, plus superscripts and other scripts' digits)."""
+    count = _count_each(text, _ASCII_DIGITS)  # for ASCII, isdigit() is exactly 0-9
+    if not text.isascii():
+        # Only the non-ASCII characters need the Unicode definition: usually a handful of them.
+        count += sum(c.isdigit() for c in _ASCII_RUNS.sub("", text))
+    return count
 
 
 def cheap_features(text: str) -> list[float]:
@@ -47,7 +56,7 @@ def cheap_features(text: str) -> list[float]:
         math.log1p(text.count("\n")),
         math.log1p(_digit_count(text)),
         math.log1p(len(_NUMBER.findall(text))),
-        (len(text) - len(text.translate(_DROP_MATH))) / n,
+        _count_each(text, _MATH) / n,
         (len(text) - len(text.encode("ascii", "ignore"))) / n,  # characters above U+007F
         math.log1p(text.count("?")),
     ]

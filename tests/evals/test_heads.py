@@ -198,3 +198,57 @@ def test_router_heads_come_from_routers_dir_first_then_the_shipped_ones(tmp_path
     assert mixed.root == own
     # An empty or missing directory changes nothing.
     assert load_router_heads("static", tmp_path / "missing").sources == shipped.sources
+
+
+def test_cheap_statistics_count_unicode_digits_and_math_symbols_as_documented() -> None:
+    # "digits" is str.isdigit (superscripts and Arabic-Indic digits count), "math_symbols" the share
+    # of +-*/=^<>%$ characters; a curly quote makes the text non-ASCII, which the counts must not mind.
+    text = "x² + ٣ = 5% of 1,000? It’s 7 / 2"
+    stats = dict(
+        zip(
+            ["log_chars", "log_words", "log_lines", "log_digits", "log_numbers", "math", "non_ascii", "q"],
+            cheap_features(text),
+            strict=True,
+        )
+    )
+    digits = sum(c.isdigit() for c in text)
+    assert digits == 9  # ² ٣ 5 1 0 0 0 7 2
+    assert stats["log_digits"] == pytest.approx(np.log1p(digits))
+    assert stats["math"] == pytest.approx(4 / len(text))  # + = % / and nothing else
+    assert stats["non_ascii"] == pytest.approx(3 / len(text))  # ² ٣ ’
+    assert stats["q"] == pytest.approx(np.log1p(1))
+    assert cheap_features("") == [0.0] * 8
+
+
+def test_grouped_head_score_is_the_gate_weighted_rate_plus_family_experts() -> None:
+    # The documented formula, written out independently of the serving code, on a random grouped head.
+    from classifiers.heads.head import Head
+
+    rng = np.random.default_rng(11)
+    dim, n_groups, n_extra = 6, 5, 2
+    params = {
+        "mean": rng.normal(size=dim + n_extra),
+        "scale": rng.uniform(0.5, 2.0, size=dim + n_extra),
+        "centroids": rng.normal(size=(n_groups, dim)).astype(np.float32),
+        "log_prior": rng.normal(size=n_groups),
+        "rates": rng.normal(size=n_groups),
+        "family": np.array([0, 0, 1, 2, 1], dtype=np.int8),
+        "expert_coef": rng.normal(size=(3, dim + n_extra)).astype(np.float32),
+        "expert_intercept": rng.normal(size=3),
+    }
+    config = {"n_classes": 2, "embedding_dim": dim, "tau": 0.3}
+    head = Head(kind="grouped", labels=("weak_ok", "strong_needed"), params=params, config=config)
+    x = rng.normal(size=(7, dim + n_extra))
+    expected = []
+    for row in x:
+        e = row[:dim] / np.linalg.norm(row[:dim])
+        logits = params["centroids"].astype(float) @ e / 0.3 + params["log_prior"]
+        gate = np.exp(logits - logits.max())
+        gate /= gate.sum()
+        z = (row - params["mean"]) / params["scale"]
+        experts = params["expert_coef"].astype(float) @ z + params["expert_intercept"]
+        score = gate @ params["rates"] + sum(gate[params["family"] == f].sum() * experts[f] for f in range(3))
+        expected.append(1.0 / (1.0 + np.exp(-score)))
+    proba = head.predict_proba(x)
+    np.testing.assert_allclose(proba[:, 1], expected, rtol=1e-12)
+    np.testing.assert_allclose(proba[:, 0], 1.0 - np.array(expected), rtol=1e-12)
