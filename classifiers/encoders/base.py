@@ -61,7 +61,8 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
     out = np.array(vectors, dtype=np.float32, order="C")  # a copy: never normalise the caller's array in place
     if out.ndim != 2:
         raise ValueError(f"expected a 2-D array of vectors, got shape {out.shape}")
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    # np.linalg.norm's own arithmetic (sqrt of the pairwise sum of squares) without its Python wrapper.
+    norms = np.sqrt(np.add.reduce(out * out, axis=1, keepdims=True))
     # A text with no known tokens has no direction: keep it at zero instead of dividing by zero.
     np.divide(out, norms, out=out, where=norms > 0)
     return out

@@ -71,9 +71,10 @@ class StaticEncoder:
         for row, ids in enumerate(token_ids):
             if not ids:
                 continue  # no known token: no direction, stays zero
-            ids = ids[: self.max_tokens]
-            rows = self._embedding[self._mapping[ids] if self._mapping is not None else ids]
+            index = np.asarray(ids[: self.max_tokens], dtype=np.intp)  # converted once, used twice
+            rows = self._embedding[self._mapping[index] if self._mapping is not None else index]
             if self._weights is not None:
-                rows = rows * self._weights[ids][:, None]
-            out[row] = rows.mean(axis=0)
+                rows = rows * self._weights[index][:, None]
+            # np.mean's own arithmetic (pairwise sum, then one division) without its Python wrapper.
+            out[row] = np.add.reduce(rows, axis=0) / len(index)
         return l2_normalise(out)
