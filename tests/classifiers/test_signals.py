@@ -657,14 +657,23 @@ def test_every_signal_is_fast_on_a_2kb_conversation() -> None:
 
 
 def test_large_pii_dense_text_scales_linearly() -> None:
-    # 3,000 repetitions -> 12,000 findings in ~100 KB: a quadratic overlap check took ~1 s here.
-    body = user("+1 (415) 555-2671 jane@acme-corp.io DE89 " * 3000)
-    t0 = time.perf_counter()
-    out = PIISignal().extract(body)
-    elapsed = time.perf_counter() - t0
-    assert out.value == ["email", "phone"] and out.detail["counts"]["phone"] == 3000
-    assert len(out.detail["findings"]) == 20  # detail stays bounded
-    assert elapsed < 0.6, f"{elapsed:.2f} s"
+    # 16,000 findings in ~170 KB: a quadratic overlap check once took ~1 s for 12,000. Compared with a quarter
+    # of the text rather than against a wall-clock limit (machines differ ~3x): linear work grows ~4x,
+    # quadratic ~16x (measured here: 2.5-6.7x). The fastest of five runs of each keeps a busy neighbour
+    # core out of the ratio.
+    def fastest(repeats: int) -> float:
+        body = user("+1 (415) 555-2671 jane@acme-corp.io DE89 " * repeats)
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            out = PIISignal().extract(body)
+            best = min(best, time.perf_counter() - t0)
+        assert out.value == ["email", "phone"] and out.detail["counts"]["phone"] == repeats
+        assert len(out.detail["findings"]) == 20  # detail stays bounded
+        return best
+
+    ratio = fastest(4000) / fastest(1000)
+    assert ratio < 10, f"4x the text took {ratio:.1f}x the time"
 
 
 @pytest.mark.parametrize(
