@@ -31,6 +31,7 @@ target fails. Run from the repository root::
     .venv/bin/python bench/decision_latency.py                # both encoders, ~1-2 min
     .venv/bin/python bench/decision_latency.py --encoders static --rounds 5
     .venv/bin/python bench/decision_latency.py --max-batch 16 --encoder-threads 2   # tuning experiments
+    .venv/bin/python bench/decision_latency.py --encoders static --redis redis://127.0.0.1:6379/0  # shared sessions
 
 Trained difficulty heads must exist for each encoder (``python -m evals.train`` writes them into
 ``classifiers/artifacts/routers``; ``--routers-dir`` points elsewhere). The data directory is found as
@@ -218,8 +219,12 @@ def bench_config(
     max_batch: int,
     threads: int | None,
     runtime: str | None = None,
+    redis_url: str | None = None,
 ) -> Config:
     """The black-box routing test's ``auto`` route, with the encoder and cache under test.
+
+    ``redis_url``: keep the route's sticky sessions in that Redis (``shared_state.kind: redis``), as
+    replicas do; default in-process.
 
     ``POINTSMAN_MINILM_RUNTIME`` (onnx | torch) and ``POINTSMAN_MINILM_DTYPE`` (torch only) pick the
     MiniLM variant; unset means the gateway's defaults.
@@ -236,8 +241,10 @@ def bench_config(
             classifiers.pop("minilm_dtype", None)  # ONNX Runtime runs float32 only
     if routers_dir is not None:
         classifiers["routers_dir"] = str(routers_dir)
+    shared_state = {"kind": "redis", "url": redis_url, "key_prefix": f"pointsman-bench-{os.getpid()}:"}
     return parse_config(
         {
+            "shared_state": shared_state if redis_url else {"kind": "memory"},
             "backends": [
                 {
                     "name": "bench",
@@ -509,7 +516,7 @@ async def bench_encoder(
     stream.reset()
     t0 = time.perf_counter()
     spec, (encoder, runtime) = encoder, split_spec(encoder)
-    config = bench_config(encoder, 0, args.routers_dir, args.max_batch, args.encoder_threads, runtime)
+    config = bench_config(encoder, 0, args.routers_dir, args.max_batch, args.encoder_threads, runtime, args.redis)
     brain = await start_brain(config)
     head = brain.heads.difficulty
     assert brain.encoder is not None and head is not None
@@ -533,7 +540,7 @@ async def bench_encoder(
 
     # The default cache on repeated prompts: one pass fills it, the measured pass hits it every time.
     brain = await start_brain(
-        bench_config(encoder, 10_000, args.routers_dir, args.max_batch, args.encoder_threads, runtime)
+        bench_config(encoder, 10_000, args.routers_dir, args.max_batch, args.encoder_threads, runtime, args.redis)
     )
     try:
         stream.reset()
@@ -619,7 +626,8 @@ def render_markdown(results: Mapping[str, EncoderResult], checks: list[dict[str,
         "# Decision latency",
         "",
         f"{meta['date']} - {meta['cpu']} ({meta['cores']} cores), Python {meta['python']}, {meta['loop']}, "
-        f"{meta['pinning']}. {meta['rounds']} rounds per cell, medians over rounds; cache off unless stated "
+        f"{meta['pinning']}, sticky sessions {meta['sessions']}. "
+        f"{meta['rounds']} rounds per cell, medians over rounds; cache off unless stated "
         f"(the cache-on line is one round over {CACHE_PROMPTS} repeated prompts). Encoder threads "
         f"{meta['encoder_threads']}, MiniLM runtime "
         + (", ".join(f"{spec}: {v}" for spec, v in meta["minilm_variants"].items()) or "not measured")
@@ -650,7 +658,10 @@ def print_rich(results: Mapping[str, EncoderResult], checks: list[dict[str, Any]
 
     console = Console(width=max(120, Console().width))
     table = Table(
-        title=f"Decision latency (signals + policy, no backend; {meta['rounds']} rounds, medians; {meta['pinning']})"
+        title=(
+            f"Decision latency (signals + policy, no backend; {meta['rounds']} rounds, medians; "
+            f"{meta['pinning']}; sessions {meta['sessions']})"
+        )
     )
     for col in ROW_COLUMNS:
         table.add_column(col, justify="left" if col in ("encoder", "cache") else "right", no_wrap=True)
@@ -726,6 +737,9 @@ def _run(args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "loop": loop_name,
         "pinning": pinning,
+        # Sticky sessions in Redis (one GETEX per decision, a SET when a session is pinned) or in-process;
+        # bench keys expire with the route's 600 s TTL.
+        "sessions": "redis" if args.redis else "in-process",
         "rounds": args.rounds,
         "max_batch": args.max_batch,
         "encoder_threads": args.encoder_threads if args.encoder_threads is not None else "default",
@@ -787,6 +801,12 @@ def main(argv: list[str] | None = None) -> int:
         "--encoder-threads", type=int, default=None, help="classifiers.encoder_threads (default: the gateway's)"
     )
     parser.add_argument("--routers-dir", type=Path, default=None, help="trained router artifacts")
+    parser.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="keep sticky sessions in this Redis, as replicas do (default: in-process)",
+    )
     parser.add_argument("--data", default=None, help="data directory (holds routellm/)")
     parser.add_argument("--cpus", default="", help="pin this process to these cores, e.g. 0,1 (default: not pinned)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)

@@ -48,7 +48,10 @@ async def serve(config: Config) -> None:
 
     # Pre-flight: route policies whose signals cannot be computed (no trained head for the chosen
     # encoder) fail here with a clean message, before any child process or socket exists.
-    RoutingBrain(config)
+    brain = RoutingBrain(config)
+    if brain.shared_state is not None:  # Redis down or a wrong URL: say so now, not in a traceback
+        await brain.shared_state.start()
+        await brain.shared_state.close()
     local = None
     if config.local_model.enabled:
         from gateway.local_model import LocalModelServer

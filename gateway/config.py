@@ -198,6 +198,29 @@ class StoreConfig(_Strict):
         return self
 
 
+class SharedStateConfig(_Strict):
+    """Hot state that many gateway replicas must share. ``memory`` (default): each process keeps its own.
+
+    ``redis``: session stickiness lives in Redis at ``url``, so a conversation stays on its model
+    whichever replica serves its next turn. Sessions expire after their route's ``sticky.ttl``
+    (``max_sessions`` bounds only the in-memory store; Redis's own ``maxmemory`` bounds this one).
+    Keys are ``<key_prefix>sticky:<sha256 of route, tenant and session>``: no session id or prompt
+    text is stored. A Redis call that fails or takes longer than ``timeout`` seconds does not fail
+    the request: it is decided without stickiness and the decision record says so.
+    """
+
+    kind: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "pointsman:"
+    timeout: float = Field(default=0.25, gt=0, description="seconds per Redis call before deciding without it")
+
+    @model_validator(mode="after")
+    def _redis_url(self) -> SharedStateConfig:
+        if self.kind == "redis" and not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("shared_state.url must start with redis://, rediss:// or unix://")
+        return self
+
+
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -230,6 +253,7 @@ class Config(_Strict):
     breaker: BreakerConfig = BreakerConfig()
     auth: AuthConfig = AuthConfig()
     store: StoreConfig = StoreConfig()
+    shared_state: SharedStateConfig = SharedStateConfig()
     local_model: LocalModelConfig = LocalModelConfig()
     classifiers: ClassifiersConfig = ClassifiersConfig()
 

@@ -19,6 +19,7 @@ from classifiers.encoders import load_encoder
 from classifiers.provider import ClassifierSignalProvider, RouterHeads, build_extractors, load_router_heads
 from gateway.config import Config
 from gateway.errors import ConfigError
+from gateway.shared_state import SharedState
 from policies import Policy, StaticPolicy
 from policies.config import RouteConfig
 from policies.rules import RulePolicy
@@ -68,6 +69,14 @@ class RoutingBrain:
             self.policies[route.name] = policy
             self._providers[route.name] = provider
             self.needs_encoder |= bool(set(policy.needed_signals) & provider.head_signals)
+        # Sticky routes keep their sessions in Redis when replicas must share them.
+        self._sticky_routes = {
+            name: policy for name, policy in self.policies.items()
+            if isinstance(policy, RulePolicy) and policy.sessions is not None
+        }
+        self.shared_state: SharedState | None = None
+        if config.shared_state.kind == "redis" and self._sticky_routes:
+            self.shared_state = SharedState(config.shared_state)
 
     def _quality_problems(self, route: RouteConfig, missing: set[str]) -> list[str]:
         """A ``multi_model`` route's quality signal: computable, and scoring every candidate."""
@@ -93,7 +102,15 @@ class RoutingBrain:
         return [f"{root}.{key}: {message}" for key, message in quality_label_problems(mm, head.labels, source)]
 
     async def start(self) -> None:
-        """Load the encoder (in a thread: it may take seconds) if some policy needs head signals."""
+        """Connect the shared session store if configured; load the encoder (in a thread: it may take
+        seconds) if some policy needs head signals."""
+        if self.shared_state is not None:
+            await self.shared_state.start()
+            for policy in self._sticky_routes.values():
+                sticky = policy.config.sticky
+                assert sticky is not None  # a policy only has sessions when its route is sticky
+                policy.use_session_store(self.shared_state.session_store(sticky.ttl))
+            log.info("session stickiness shared through Redis for route(s) %s", ", ".join(self._sticky_routes))
         if not self.needs_encoder:
             return
         settings = self.config.classifiers
@@ -119,9 +136,12 @@ class RoutingBrain:
         )
 
     async def close(self) -> None:
+        """Release the encoder's workers and the Redis connection."""
         if self.encoder is not None:
             await self.encoder.close()
             self.encoder = None
+        if self.shared_state is not None:
+            await self.shared_state.close()
 
     @staticmethod
     def knob_windows_of(config: Config) -> dict[str, int]:

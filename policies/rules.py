@@ -30,7 +30,7 @@ from policies.context import RequestContext
 from policies.knob import CostQualityKnob, KnobDecision, threshold_override
 from policies.plan import Plan
 from policies.signals import SignalLike, SignalProvider, resolve, signal_name
-from policies.sticky import StickySessions, session_key
+from policies.sticky import SessionStore, SessionStoreUnavailable, StickySessions, session_key
 from policies.utility import Choice, ModelInfo, UtilityChooser
 
 POLICY_NAME = "rules"
@@ -102,10 +102,18 @@ class RulePolicy:
             )
         self.needed_signals = frozenset(needed)
         sticky = config.sticky
-        self.sessions: StickySessions | None = None
+        # In this process by default; the gateway swaps in a shared store (Redis) at start-up when
+        # ``shared_state`` says so (:meth:`use_session_store`).
+        self.sessions: SessionStore | None = None
         if sticky is not None and sticky.enabled:
             self.sessions = StickySessions(sticky.ttl, sticky.max_sessions, clock)
         self._strength = sticky.order if sticky and sticky.order else ((cq.weak, cq.strong) if cq else ())
+
+    def use_session_store(self, store: SessionStore) -> None:
+        """Keep this route's sessions in ``store`` instead of in this process (sticky routes only)."""
+        if self.sessions is None:
+            raise ValueError(f"route {self.route!r} has no session stickiness")
+        self.sessions = store
 
     async def decide(self, ctx: RequestContext) -> Plan:
         """The plan for this request; raises :class:`PolicyError` when blocked or unservable."""
@@ -186,7 +194,7 @@ class RulePolicy:
         else:
             self._default(outcome, ctx, override, commit)
             if outcome.model is not None and self.sessions is not None:
-                self._stick(outcome, ctx, commit)
+                await self._stick(outcome, ctx, commit)
         return outcome
 
     def _route_by_rule(self, outcome: _Outcome, rule: Rule) -> None:
@@ -248,12 +256,21 @@ class RulePolicy:
             outcome.model = cfg.model
             outcome.reason = f"{prefix}default model {cfg.model}"
 
-    def _stick(self, outcome: _Outcome, ctx: RequestContext, commit: bool) -> None:
+    async def _stick(self, outcome: _Outcome, ctx: RequestContext, commit: bool) -> None:
         sessions, sticky = self.sessions, self.config.sticky
         assert sessions is not None and sticky is not None and outcome.model is not None
         key, source = session_key(ctx)
         chosen = outcome.model
-        prior = sessions.get(key, touch=commit)
+        try:
+            # A live decision claims the session in one step (a first turn is pinned right away);
+            # an explanation only looks.
+            prior = await (sessions.claim(key, chosen) if commit else sessions.lookup(key, touch=False))
+        except SessionStoreUnavailable:
+            # Stickiness is best effort: the request is decided on its own rather than failed.
+            outcome.sticky = {"session": source, "previous": None, "decided": chosen, "state": "unavailable",
+                              "model": chosen}
+            outcome.reason += "; session store unavailable, decided without stickiness"
+            return
         eligible = outcome.choice.eligible if outcome.choice is not None else None
         if prior is None:
             state, model = "pinned", chosen
@@ -265,9 +282,16 @@ class RulePolicy:
             state, model = ("escalated", chosen) if sticky.escalate else ("kept", prior)
         else:
             state, model = "kept", prior
-        if commit and state != "kept":
-            sessions.put(key, model)
+        stored = True
+        if commit and state in ("escalated", "repinned"):  # "pinned" was stored by claim()
+            try:
+                await sessions.pin(key, model)
+            except SessionStoreUnavailable:
+                stored = False  # decided as usual; the next turn will not find this pin
         outcome.sticky = {"session": source, "previous": prior, "decided": chosen, "state": state, "model": model}
+        if not stored:
+            outcome.sticky["stored"] = False
+            outcome.reason += "; session store unavailable, pin not kept"
         if model != chosen:
             outcome.reason += f"; session stays on {model}"
         elif state == "escalated":

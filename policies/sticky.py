@@ -1,4 +1,9 @@
-"""Session stickiness: an in-memory TTL + LRU map from a conversation to the model serving it."""
+"""Session stickiness: where a conversation's model is kept, and how a request names its conversation.
+
+:class:`StickySessions` keeps sessions in this process (TTL + LRU); a :class:`SessionStore` kept
+elsewhere (``gateway/shared_state.py``: Redis) lets many gateway replicas keep one conversation on one
+model. Policies use only the two coroutines of :class:`SessionStore`.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,45 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from policies.context import RequestContext
 
 SESSION_HEADER = "x-pointsman-session-id"
+
+
+class SessionStoreUnavailable(Exception):
+    """A shared session store could not answer; the policy decides without stickiness this time."""
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """``session key -> model`` with a time-to-live renewed on use."""
+
+    async def lookup(self, key: str, *, touch: bool) -> str | None:
+        """The session's model, or ``None`` if unknown or expired; ``touch`` renews its TTL.
+
+        Raises:
+            SessionStoreUnavailable: the store could not be asked.
+        """
+        ...
+
+    async def claim(self, key: str, model: str) -> str | None:
+        """Renew the session's TTL and return its model; a session not yet known is pinned to
+        ``model`` in the same step (and ``None`` returned). One round trip for a shared store.
+
+        Raises:
+            SessionStoreUnavailable: the store could not be asked.
+        """
+        ...
+
+    async def pin(self, key: str, model: str) -> None:
+        """Keep the session on ``model`` (TTL restarts).
+
+        Raises:
+            SessionStoreUnavailable: the store could not be written.
+        """
+        ...
 
 
 class StickySessions:
@@ -53,6 +92,21 @@ class StickySessions:
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_sessions:
             self._entries.popitem(last=False)
+
+    async def lookup(self, key: str, *, touch: bool) -> str | None:
+        """:class:`SessionStore` form of :meth:`get` (never unavailable)."""
+        return self.get(key, touch=touch)
+
+    async def claim(self, key: str, model: str) -> str | None:
+        """:class:`SessionStore`: the session's model (TTL renewed), else pin ``model`` and return ``None``."""
+        prior = self.get(key, touch=True)
+        if prior is None:
+            self.put(key, model)
+        return prior
+
+    async def pin(self, key: str, model: str) -> None:
+        """:class:`SessionStore` form of :meth:`put`."""
+        self.put(key, model)
 
 
 def session_key(ctx: RequestContext) -> tuple[str, str]:

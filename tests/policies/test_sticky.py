@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from policies import RequestContext, StickySessions
-from policies.sticky import session_key
+from policies.sticky import SessionStoreUnavailable, session_key
 from tests.policies.helpers import build
 from tests.policies.signals import request
 
@@ -125,3 +127,28 @@ sticky: {escalate: false}
     assert (await policy.decide(request("hi [q tiny=0.5 small=0.6]", session_id=sid))).candidates == ("tiny",)
     plan = await policy.decide(request("hi [q tiny=0.5 small=0.6]", tools=True, session_id=sid))
     assert plan.candidates == ("small",) and plan.details["sticky"] == "repinned"
+
+
+class _MovesFail(StickySessions):
+    """A session store that pins new sessions but cannot move one (the write after a decision fails)."""
+
+    async def pin(self, key: str, model: str) -> None:
+        raise SessionStoreUnavailable("write refused")
+
+
+async def test_an_escalation_the_store_cannot_keep_is_decided_and_recorded_as_not_kept() -> None:
+    policy, _ = build(STICKY % "true")
+    policy.use_session_store(_MovesFail(ttl=60, max_sessions=10))
+    assert (await policy.decide(request("hi [d=0.1]", session_id="s-6"))).candidates == ("small",)
+    plan = await policy.decide(request("hard proof [d=0.9]", session_id="s-6"))
+    assert plan.candidates == ("big",) and plan.details["sticky"] == "escalated"
+    assert "pin not kept" in plan.reason
+    # The move was not stored: the next easy turn finds the session still on its first model.
+    easy = await policy.decide(request("ok [d=0.1]", session_id="s-6"))
+    assert easy.candidates == ("small",) and easy.details["sticky"] == "kept"
+
+
+def test_only_sticky_routes_take_a_session_store() -> None:
+    policy, _ = build(STICKY.replace("sticky: {ttl: 600, escalate: %s}", "sticky: {enabled: false}"))
+    with pytest.raises(ValueError, match="no session stickiness"):
+        policy.use_session_store(StickySessions(ttl=60, max_sessions=10))
