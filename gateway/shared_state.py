@@ -91,10 +91,15 @@ class SharedState:
         client = redis.Redis.from_url(cfg.url, socket_timeout=cfg.timeout, socket_connect_timeout=cfg.timeout)
         try:
             await asyncio.wait_for(client.ping(), max(cfg.timeout, 2.0))
+            server = await asyncio.wait_for(client.info("server"), max(cfg.timeout, 2.0))
         except (RedisError, OSError, TimeoutError) as exc:
             await client.aclose()
             # The URL may hold a password: name the key, not its value.
             raise ConfigError(f"shared_state.url: cannot reach Redis ({type(exc).__name__}: {exc})") from exc
+        version = str(server.get("redis_version", "0"))
+        if _version_tuple(version) < (7, 0):  # SET ... NX GET, which claim() sends, came in 7.0
+            await client.aclose()
+            raise ConfigError(f"shared_state.url: Redis 7.0 or newer is needed for session stickiness, found {version}")
         self.client = client
 
     def session_store(self, ttl: float) -> RedisSessionStore:
@@ -108,3 +113,11 @@ class SharedState:
         if self.client is not None:
             await self.client.aclose()
             self.client = None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
