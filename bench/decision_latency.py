@@ -241,10 +241,12 @@ def bench_config(
             classifiers.pop("minilm_dtype", None)  # ONNX Runtime runs float32 only
     if routers_dir is not None:
         classifiers["routers_dir"] = str(routers_dir)
-    shared_state = {"kind": "redis", "url": redis_url, "key_prefix": f"pointsman-bench-{os.getpid()}:"}
+    shared_state: dict[str, Any] = {"kind": "memory"}
+    if redis_url:
+        shared_state = {"kind": "redis", "url": redis_url, "key_prefix": f"pointsman-bench-{os.getpid()}:"}
     return parse_config(
         {
-            "shared_state": shared_state if redis_url else {"kind": "memory"},
+            "shared_state": shared_state,
             "backends": [
                 {
                     "name": "bench",
@@ -737,8 +739,8 @@ def _run(args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "loop": loop_name,
         "pinning": pinning,
-        # Sticky sessions in Redis (one GETEX per decision, a SET when a session is pinned) or in-process;
-        # bench keys expire with the route's 600 s TTL.
+        # Sticky sessions in Redis (one pipelined round trip per decision, a second when a session
+        # escalates) or in-process; bench keys expire with the route's 600 s TTL.
         "sessions": "redis" if args.redis else "in-process",
         "rounds": args.rounds,
         "max_batch": args.max_batch,

@@ -38,12 +38,10 @@ class RedisSessionStore:
         """The Redis key of a session key (a hash: session ids and tenants are not stored)."""
         return self._prefix + hashlib.sha256(key.encode()).hexdigest()
 
-    async def lookup(self, key: str, *, touch: bool) -> str | None:
-        """The session's model; ``touch`` renews its TTL in the same round trip."""
-        name = self.redis_key(key)
-        call = self._client.getex(name, px=self._ttl_ms) if touch else self._client.get(name)
-        value = await self._call(call, "read")
-        return None if value is None else value.decode() if isinstance(value, bytes) else str(value)
+    async def lookup(self, key: str) -> str | None:
+        """The session's model (``GET``: its TTL is left as it is)."""
+        model: str | None = await self._call(self._client.get(self.redis_key(key)), "read")
+        return model
 
     async def claim(self, key: str, model: str) -> str | None:
         """``SET key model NX GET PX ttl`` + ``PEXPIRE key ttl`` in one round trip (Redis >= 7.0):
@@ -52,8 +50,8 @@ class RedisSessionStore:
         pipe = self._client.pipeline(transaction=False)
         pipe.set(name, model, nx=True, get=True, px=self._ttl_ms)
         pipe.pexpire(name, self._ttl_ms)
-        prior, _ = await self._call(pipe.execute(), "claim")
-        return None if prior is None else prior.decode() if isinstance(prior, bytes) else str(prior)
+        prior: str | None = (await self._call(pipe.execute(), "claim"))[0]
+        return prior
 
     async def pin(self, key: str, model: str) -> None:
         """Keep the session on ``model`` for the route's TTL."""
@@ -88,7 +86,10 @@ class SharedState:
         from redis.exceptions import RedisError
 
         cfg = self.config
-        client = redis.Redis.from_url(cfg.url, socket_timeout=cfg.timeout, socket_connect_timeout=cfg.timeout)
+        # decode_responses: model names come back as str, as the policies compare them.
+        client = redis.Redis.from_url(
+            cfg.url, socket_timeout=cfg.timeout, socket_connect_timeout=cfg.timeout, decode_responses=True
+        )
         try:
             await asyncio.wait_for(client.ping(), max(cfg.timeout, 2.0))
             server = await asyncio.wait_for(client.info("server"), max(cfg.timeout, 2.0))

@@ -264,7 +264,7 @@ class RulePolicy:
         try:
             # A live decision claims the session in one step (a first turn is pinned right away);
             # an explanation only looks.
-            prior = await (sessions.claim(key, chosen) if commit else sessions.lookup(key, touch=False))
+            prior = await (sessions.claim(key, chosen) if commit else sessions.lookup(key))
         except SessionStoreUnavailable:
             # Stickiness is best effort: the request is decided on its own rather than failed.
             outcome.sticky = {"session": source, "previous": None, "decided": chosen, "state": "unavailable",

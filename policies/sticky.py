@@ -2,7 +2,7 @@
 
 :class:`StickySessions` keeps sessions in this process (TTL + LRU); a :class:`SessionStore` kept
 elsewhere (``gateway/shared_state.py``: Redis) lets many gateway replicas keep one conversation on one
-model. Policies use only the two coroutines of :class:`SessionStore`.
+model. Policies use only the coroutines of :class:`SessionStore`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ class SessionStoreUnavailable(Exception):
 class SessionStore(Protocol):
     """``session key -> model`` with a time-to-live renewed on use."""
 
-    async def lookup(self, key: str, *, touch: bool) -> str | None:
-        """The session's model, or ``None`` if unknown or expired; ``touch`` renews its TTL.
+    async def lookup(self, key: str) -> str | None:
+        """The session's model, or ``None`` if unknown or expired; its TTL is left as it is
+        (``POST /v1/route`` explains a decision without extending the session).
 
         Raises:
             SessionStoreUnavailable: the store could not be asked.
@@ -93,9 +94,9 @@ class StickySessions:
         while len(self._entries) > self.max_sessions:
             self._entries.popitem(last=False)
 
-    async def lookup(self, key: str, *, touch: bool) -> str | None:
-        """:class:`SessionStore` form of :meth:`get` (never unavailable)."""
-        return self.get(key, touch=touch)
+    async def lookup(self, key: str) -> str | None:
+        """:class:`SessionStore` form of :meth:`get` without renewal (never unavailable)."""
+        return self.get(key, touch=False)
 
     async def claim(self, key: str, model: str) -> str | None:
         """:class:`SessionStore`: the session's model (TTL renewed), else pin ``model`` and return ``None``."""
