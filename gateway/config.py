@@ -164,10 +164,36 @@ class RetryConfig(_Strict):
 
 
 class BreakerConfig(_Strict):
-    """Circuit breaker per replica: opens after consecutive failures, half-opens after cooldown."""
+    """Circuit breaker per replica, done as outlier detection (see ``gateway/breaker.py``).
 
-    failure_threshold: int = Field(default=5, ge=1)
-    cooldown: float = Field(default=15.0, gt=0)
+    Transport failures (connect errors, timeouts, resets, malformed bodies) eject a replica after
+    ``failure_threshold`` in a row. HTTP 5xx answers can be one request's fault, so they eject only
+    when they are at least ``failure_rate`` of the outcomes of the last ``window`` seconds and there
+    were at least ``min_requests`` of them (attempts, retries included), and never the last replica
+    of a backend that is still serving. An ejected replica returns when a health check passes, or
+    after ``cooldown`` through one probe request.
+
+    Defaults: ``failure_rate`` 0.9 is "nearly everything fails" (Envoy's failure-percentage default
+    is 0.85): a replica answering most requests is never ejected for the rest. ``min_requests`` 20
+    keeps 2 failures out of 2 from being a rate, yet catches a broken replica after 20 answers.
+    ``window`` 30 s suits LLM traffic, where a replica sees a few requests a second or fewer (Envoy
+    judges 50+ requests per 10 s, for faster traffic).
+    ``cooldown`` 15 s is the fallback for backends without health checks.
+    """
+
+    failure_threshold: int = Field(
+        default=5, ge=1, description="consecutive transport failures that eject a replica"
+    )
+    cooldown: float = Field(
+        default=15.0, gt=0, description="seconds an ejected replica gets no traffic before one probe"
+    )
+    window: float = Field(default=30.0, gt=0, description="seconds over which 5xx answers are judged")
+    min_requests: int = Field(
+        default=20, ge=1, description="outcomes the window must hold before 5xx answers are judged"
+    )
+    failure_rate: float = Field(
+        default=0.9, gt=0, le=1, description="share of failed outcomes in the window that ejects a replica"
+    )
 
 
 class ApiKey(_Strict):

@@ -71,8 +71,8 @@ class OpenedStream:
             self.replica.breaker.record_success()
         else:
             self.response.close()
-            if failure is not None and failure.counts_against_replica:
-                self.replica.breaker.record_failure()
+            if failure is not None:
+                self.replica.breaker.record(failure.outcome)
             else:
                 self.replica.breaker.release()
 
@@ -189,10 +189,7 @@ class Forwarder:
         except UpstreamFailure as failure:
             if response is not None:
                 response.close()
-            if failure.counts_against_replica:
-                replica.breaker.record_failure()
-            else:
-                replica.breaker.release()
+            replica.breaker.record(failure.outcome)
             raise
         except BaseException:
             # Cancellation (client went away) or a bug: drop the connection so the upstream stops.

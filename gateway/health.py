@@ -1,4 +1,10 @@
-"""Active health checks: each replica is probed on its own schedule while the gateway runs."""
+"""Active health checks: each replica is probed on its own schedule while the gateway runs.
+
+A replica is marked down after ``unhealthy_after`` failed probes and up after ``healthy_after``
+passing ones. A passing probe of a healthy replica also returns it to service if its breaker had
+ejected it (Envoy's ``successful_active_health_check_uneject_host``): traffic resumes as soon as
+the upstream answers again, not after the breaker's cooldown.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +54,8 @@ class HealthChecker:
             if not replica.healthy and replica.consecutive_health_successes >= settings.healthy_after:
                 replica.healthy = True
                 log.info("replica %s of backend %s is healthy again", replica.base_url, replica.backend.name)
+            if replica.healthy:
+                replica.breaker.return_to_service()
         else:
             replica.consecutive_health_successes = 0
             replica.consecutive_health_failures += 1

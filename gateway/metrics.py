@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.pool import BackendPool
@@ -54,7 +54,7 @@ class Metrics:
         self.in_flight = Gauge("pointsman_in_flight_requests", "Requests being served.", registry=self.registry)
 
     def watch_pool(self, pool: BackendPool) -> None:
-        """Export breaker state, health and outstanding requests per replica at scrape time."""
+        """Export breaker state and ejections, health and outstanding requests per replica at scrape time."""
         self.registry.register(_PoolCollector(pool))
 
     def watch(self, name: str, documentation: str, read: Callable[[], float]) -> None:
@@ -71,8 +71,13 @@ class _PoolCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         state = GaugeMetricFamily(
-            "pointsman_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.",
+            "pointsman_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open (replica ejected).",
             labels=("backend", "replica"),
+        )
+        ejections = CounterMetricFamily(
+            "pointsman_breaker_ejections",
+            "Replica ejections by reason: transport (consecutive failures) or error_rate (5xx share).",
+            labels=("backend", "replica", "reason"),
         )
         healthy = GaugeMetricFamily(
             "pointsman_replica_healthy", "1 when the replica passes health checks.", labels=("backend", "replica")
@@ -83,9 +88,11 @@ class _PoolCollector(Collector):
         for replica in self._pool.replicas():
             key = (replica.backend.name, replica.base_url)
             state.add_metric(key, int(replica.breaker.state))
+            for reason in ("transport", "error_rate"):
+                ejections.add_metric((*key, reason), replica.breaker.ejections[reason])
             healthy.add_metric(key, 1.0 if replica.healthy else 0.0)
             outstanding.add_metric(key, replica.outstanding)
-        yield from (state, healthy, outstanding)
+        yield from (state, ejections, healthy, outstanding)
 
 
 class _CallbackCollector(Collector):

@@ -3,15 +3,19 @@
 Replica choice is least-outstanding-requests among replicas that are healthy, whose breaker lets
 traffic through and that are under their concurrency limit; ties are broken round-robin so equal
 replicas share load evenly.
+
+Each replica's breaker (:mod:`gateway.breaker`) may eject it for a high 5xx rate only while another
+replica of the same backend is serving (healthy, breaker closed): the last one stays in.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gateway.breaker import CircuitBreaker
+from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.config import BackendConfig, BreakerConfig, ModelConfig
 
 
@@ -53,6 +57,12 @@ class Backend:
         tied = [r for r in fresh if r.outstanding == least]
         return tied[next(self._rr) % len(tied)] if len(tied) > 1 else tied[0]
 
+    def others_serving(self, replica: Replica) -> bool:
+        """Whether a replica other than ``replica`` is healthy with its breaker closed."""
+        return any(
+            r is not replica and r.healthy and r.breaker.state is BreakerState.CLOSED for r in self.replicas
+        )
+
     def saturated(self) -> bool:
         """True when healthy, breaker-closed replicas exist but all are at max concurrency."""
         limit = self.config.max_concurrency
@@ -82,14 +92,7 @@ class BackendPool:
             backend = Backend(
                 config=config, auth_header=f"Bearer {config.api_key}" if config.api_key else None
             )
-            backend.replicas = [
-                Replica(
-                    backend=backend,
-                    base_url=url,
-                    breaker=CircuitBreaker(breaker.failure_threshold, breaker.cooldown),
-                )
-                for url in config.replica_urls
-            ]
+            backend.replicas = [_replica(backend, url, breaker) for url in config.replica_urls]
             self.backends.append(backend)
             for model in config.models:
                 self.models[model.name] = ModelTarget(model=model, backend=backend)
@@ -100,3 +103,17 @@ class BackendPool:
     def replicas(self) -> Iterable[Replica]:
         for backend in self.backends:
             yield from backend.replicas
+
+
+def _replica(backend: Backend, url: str, config: BreakerConfig) -> Replica:
+    breaker = CircuitBreaker(
+        config.failure_threshold,
+        config.cooldown,
+        window=config.window,
+        min_requests=config.min_requests,
+        failure_rate=config.failure_rate,
+        name=f"{url} of backend {backend.name!r}",
+    )
+    replica = Replica(backend=backend, base_url=url, breaker=breaker)
+    breaker.may_eject_for_errors = functools.partial(backend.others_serving, replica)
+    return replica

@@ -20,6 +20,7 @@ from typing import Literal
 
 import aiohttp
 
+from gateway.breaker import Outcome
 from gateway.config import Timeouts
 
 FailureKind = Literal[
@@ -59,11 +60,15 @@ class UpstreamFailure(Exception):
         return True
 
     @property
-    def counts_against_replica(self) -> bool:
-        """Failures that say the replica is unwell (feed the breaker); 429 and 4xx do not."""
+    def outcome(self) -> Outcome:
+        """What this failure says about the replica, for its breaker (:mod:`gateway.breaker`).
+
+        A 5xx answer is an error answer (judged by rate: it may be the request's fault); 408 and
+        429 are answers (the replica works); everything else means no usable answer arrived.
+        """
         if self.kind == "status":
-            return self.status is not None and self.status >= 500
-        return True
+            return Outcome.ERROR_ANSWER if self.status is not None and self.status >= 500 else Outcome.ANSWER
+        return Outcome.TRANSPORT
 
 
 @dataclass(slots=True)

@@ -18,10 +18,15 @@ reset-midstream    streams two chunks, then drops the connection without finishi
 malformed          HTTP 200 with a body that is not JSON
 slow-drip          streams 6 chunks 0.25 s apart, then finishes normally
 bad-request        HTTP 400 in OpenAI's shape (must be passed through, never retried)
+truncated-stream   streams two chunks, then ends the body cleanly (chunked terminator sent) with no
+                   ``data: [DONE]``: a stream cut short that no transport error reveals
 =================  =============================================================================
 
 "Per key" is the ``user`` field of the request, so tests do not interfere with one another.
 ``GET /stats`` reports requests seen per model and key; ``/v1/models`` lists the behaviours.
+
+:class:`BrokenUpstream` is a replica that is up but broken whatever the model: every POST answers
+HTTP 500 while ``GET /v1/models`` answers 200 (a bad replica beside good ones).
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ from starlette.routing import Route
 FAILS = 2
 BEHAVIOURS = (
     "ok", "flaky-500", "always-500", "rate-limited", "hang", "hang-body", "stall-midstream",
-    "reset-midstream", "malformed", "slow-drip", "bad-request",
+    "reset-midstream", "malformed", "slow-drip", "bad-request", "truncated-stream",
 )
+MIDSTREAM_FAULTS = ("stall-midstream", "reset-midstream", "truncated-stream")  # stream even when not asked
 
 
 class UpstreamState:
@@ -147,7 +153,7 @@ def build_app(state: UpstreamState) -> Starlette:
             return Response(status_code=204)
         if model == "malformed":
             return Response(b'{"id": "chatcmpl-x", "choices": [', media_type="application/json")
-        if stream or model in ("hang-body", "stall-midstream", "reset-midstream"):
+        if stream or model == "hang-body" or model in MIDSTREAM_FAULTS:
             return StreamingResponse(_stream(request, body, model), media_type="text/event-stream")
         return JSONResponse(_completion(body, "".join(WORDS)))
 
@@ -157,9 +163,11 @@ def build_app(state: UpstreamState) -> Starlette:
             await _sleep_until_disconnect(request, model)
             return
         for index, event in enumerate(events):
-            if model in ("stall-midstream", "reset-midstream") and index == 2:
+            if model in MIDSTREAM_FAULTS and index == 2:
                 if model == "reset-midstream":
                     raise ConnectionResetError("fake upstream drops the connection")
+                if model == "truncated-stream":
+                    return  # the body ends normally (0-length chunk), just without [DONE]
                 await _sleep_until_disconnect(request, model)
                 return
             if model == "slow-drip" and index:
@@ -248,3 +256,29 @@ class FakeUpstream(LoopbackServer):
     def __init__(self, port: int | None = None) -> None:
         self.state = UpstreamState()
         super().__init__(build_app(self.state), port)
+
+
+class BrokenUpstream(LoopbackServer):
+    """A replica that answers HTTP 500 to every POST (``state.requests`` counts them) and 200 to GET /models."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.state = UpstreamState()
+
+        async def fail(request: Request) -> Response:
+            body = orjson.loads(await request.body())
+            self.state.requests[(body.get("model", ""), str(body.get("user", "")))] += 1
+            return JSONResponse({"error": {"message": "replica broken", "type": "server_error"}}, status_code=500)
+
+        async def models(request: Request) -> Response:
+            return JSONResponse({"object": "list", "data": []})
+
+        super().__init__(Starlette(routes=[
+            Route("/v1/chat/completions", fail, methods=["POST"]),
+            Route("/v1/completions", fail, methods=["POST"]),
+            Route("/v1/embeddings", fail, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+        ]), port)
+
+    @property
+    def seen(self) -> int:
+        return sum(self.state.requests.values())

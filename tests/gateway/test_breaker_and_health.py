@@ -8,11 +8,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.fakes.upstream import FAILS, FakeUpstream, free_port
+from tests.fakes.upstream import BrokenUpstream, FakeUpstream, free_port
 from tests.gatewayproc import GatewayProcess
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -176,77 +177,268 @@ def test_backend_with_no_healthy_replica_fails_fast_with_503(pool_gateway: Gatew
     assert ready.status_code == 200, "other backends are healthy: the gateway is still ready"
 
 
-# --- circuit breaker ---------------------------------------------------------------------------
+# --- circuit breaker: outlier detection -------------------------------------------------------
+# HTTP 5xx answers are judged by failure rate over a window with a minimum volume, and never eject
+# a backend's last serving replica; transport failures (an outage) eject after a consecutive count;
+# a passing health check returns an ejected replica at once. The gateways below keep the documented
+# window defaults (window 30 s, min_requests 20, failure_rate 0.9) and set a long cooldown so that
+# any recovery seen within a test came from a health check or a probe, not from the cooldown alone.
+
+LONG_COOLDOWN = 60.0
+MIN_REQUESTS = 20  # BreakerConfig's documented default
+
+
+@pytest.fixture(scope="module")
+def broken_upstream() -> Iterator[BrokenUpstream]:
+    fake = BrokenUpstream().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
+def client_fault_gateway(
+    upstream: FakeUpstream, backup_upstream: FakeUpstream, broken_upstream: BrokenUpstream,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[GatewayProcess]:
+    config = {
+        "backends": [
+            {   # one replica: requests whose content the upstream fails, and valid ones, on the same replica
+                "name": "solo", "base_url": upstream.base_url, "health": {"enabled": False},
+                "models": [{"name": "solo-bad", "upstream_name": "always-500"},
+                           {"name": "solo-ok", "upstream_name": "ok"}],
+            },
+            {   # the same on two replicas
+                "name": "duo", "replicas": [upstream.base_url, backup_upstream.base_url],
+                "health": {"enabled": False},
+                "models": [{"name": "duo-bad", "upstream_name": "always-500"},
+                           {"name": "duo-ok", "upstream_name": "ok"}],
+            },
+            {   # a good replica and one that answers 500 to everything
+                "name": "mixed", "replicas": [upstream.base_url, broken_upstream.base_url],
+                "health": {"enabled": False},
+                "models": [{"name": "mixed-ok", "upstream_name": "ok"}],
+            },
+        ],
+        "retry": {"attempts": 3, "backoff_base": 0.001, "backoff_max": 0.005},
+        "breaker": {"failure_threshold": 5, "cooldown": LONG_COOLDOWN},
+    }
+    proc = GatewayProcess(config, tmp_path_factory.mktemp("gw-client-fault")).start()
+    yield proc
+    proc.terminate()
+
+
+def _breaker(gateway: GatewayProcess, backend: str, replica_url: str) -> float:
+    return _metric(gateway, "pointsman_breaker_state", backend, replica_url)
+
+
+@pytest.mark.parametrize("backend", ["solo", "duo"])
+def test_requests_the_upstream_fails_do_not_cut_off_other_clients(
+    client_fault_gateway: GatewayProcess, upstream: FakeUpstream, backup_upstream: FakeUpstream, backend: str
+) -> None:
+    """30 requests answered 500 (each tried 3 times) leave valid requests on the same replicas served."""
+    gateway = client_fault_gateway
+    fakes = [upstream] if backend == "solo" else [upstream, backup_upstream]
+    bad_user, good_user = _key(), _key()
+    with ThreadPoolExecutor(4) as workers:
+        bad = list(workers.map(lambda _: _chat(gateway, f"{backend}-bad", bad_user), range(30)))
+    good = [_chat(gateway, f"{backend}-ok", good_user) for _ in range(20)]
+    assert [r.status_code for r in good] == [200] * 20, [r.text for r in good if r.status_code != 200]
+    assert sum(f.state.requests[("ok", good_user)] for f in fakes) == 20
+
+    assert [r.status_code for r in bad] == [502] * 30, "the failing requests see the upstream's failure, not 503"
+    assert sum(f.state.requests[("always-500", bad_user)] for f in fakes) == 90, "every attempt reached an upstream"
+    states = [_breaker(gateway, backend, f.base_url) for f in fakes]
+    assert states.count(0.0) >= 1, f"the backend's last replica was ejected for 5xx answers alone: {states}"
+
+
+def test_replica_failing_nearly_every_request_is_ejected_once_there_is_enough_volume(
+    client_fault_gateway: GatewayProcess, upstream: FakeUpstream, broken_upstream: BrokenUpstream
+) -> None:
+    gateway, broken = client_fault_gateway, broken_upstream
+    user = _key()
+    before = broken.seen
+    failed_here = lambda: broken.seen - before  # noqa: E731
+
+    responses: list[httpx.Response] = []
+    while failed_here() < MIN_REQUESTS // 2:
+        responses.append(_chat(gateway, "mixed-ok", user))
+        assert _breaker(gateway, "mixed", broken.base_url) == 0.0, f"ejected after {failed_here()} 5xx answers"
+        assert len(responses) < 100, "the broken replica got no traffic"
+
+    while _breaker(gateway, "mixed", broken.base_url) != 2.0:
+        responses.append(_chat(gateway, "mixed-ok", user))
+        assert len(responses) < 200, "a replica answering 500 to everything was never ejected"
+    assert failed_here() == MIN_REQUESTS, "ejected exactly when the window held min_requests answers, all failed"
+    assert _breaker(gateway, "mixed", upstream.base_url) == 0.0
+    assert all(r.status_code == 200 for r in responses), "retries on the good replica served every request"
+    ejections = _metric_with(gateway, "pointsman_breaker_ejections_total", backend="mixed",
+                             replica=broken.base_url, reason="error_rate")
+    assert ejections == 1.0
+
+    after = [_chat(gateway, "mixed-ok", user) for _ in range(10)]
+    assert all(r.status_code == 200 for r in after)
+    assert failed_here() == MIN_REQUESTS, "traffic reached the ejected replica"
+    for record in _records(gateway, after):
+        assert record["attempts"] == 1 and record["replica"] == upstream.base_url
+
+
+def _metric_with(gateway: GatewayProcess, name: str, **labels: str) -> float:
+    text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} {labels} not in /metrics")
+
+
+class _Restartable:
+    """A fake upstream on a fixed port that a test can stop (an outage) and start again (recovery)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.fake: FakeUpstream | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def up(self) -> None:
+        self.fake = FakeUpstream(self.port).start()
+
+    def down(self) -> None:
+        if self.fake is not None:
+            self.fake.stop()
+            self.fake = None
+
+
+@pytest.fixture(scope="module")
+def flapping() -> Iterator[_Restartable]:
+    server = _Restartable()
+    server.up()
+    yield server
+    server.down()
+
+
+@pytest.fixture(scope="module")
+def outage_gateway(
+    flapping: _Restartable, dead_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    fast = {"connect": 1.0, "first_byte": 2.0, "total": 10.0, "idle": 2.0}
+    config = {
+        "backends": [
+            {"name": "dead", "base_url": dead_url, "health": {"enabled": False}, "timeouts": fast,
+             "models": [{"name": "dead-ok", "upstream_name": "ok"}]},
+            # Health checks on, but a large unhealthy_after keeps them from marking the replica down
+            # during the outage, so the circuit is opened by the requests and closed by a passing check.
+            {"name": "checked", "base_url": flapping.base_url, "timeouts": fast,
+             "health": {"enabled": True, "interval": 0.2, "timeout": 0.5, "unhealthy_after": 1000},
+             "models": [{"name": "checked-ok", "upstream_name": "ok"}]},
+        ],
+        "retry": {"attempts": 3, "backoff_base": 0.001, "backoff_max": 0.005},
+        "breaker": {"failure_threshold": 2, "cooldown": LONG_COOLDOWN},
+    }
+    proc = GatewayProcess(config, tmp_path_factory.mktemp("gw-outage")).start()
+    yield proc
+    proc.terminate()
+
+
+def test_outage_opens_the_circuit_and_requests_fail_fast(outage_gateway: GatewayProcess, dead_url: str) -> None:
+    gateway = outage_gateway
+    assert _breaker(gateway, "dead", dead_url) == 0.0
+    first = _chat(gateway, "dead-ok", _key())
+    assert first.status_code == 502, first.text
+    assert gateway.decision(first.headers["x-pointsman-request-id"])["attempts"] == 2, "open at failure_threshold"
+    assert _breaker(gateway, "dead", dead_url) == 2.0
+    for _ in range(3):
+        started = time.monotonic()
+        response = _chat(gateway, "dead-ok", _key())
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "service_unavailable"
+        assert time.monotonic() - started < 1.0
+        assert gateway.decision(response.headers["x-pointsman-request-id"])["attempts"] == 0
+    assert _metric_with(gateway, "pointsman_breaker_ejections_total", backend="dead", reason="transport") == 1.0
+
+
+def test_recovery_follows_the_health_check_not_the_cooldown(
+    outage_gateway: GatewayProcess, flapping: _Restartable
+) -> None:
+    gateway, user = outage_gateway, _key()
+    assert _chat(gateway, "checked-ok", user).status_code == 200
+    flapping.down()
+    try:
+        outage = _chat(gateway, "checked-ok", user)
+        assert outage.status_code == 502, outage.text
+        assert _breaker(gateway, "checked", flapping.base_url) == 2.0
+        assert _chat(gateway, "checked-ok", user).status_code == 503
+        opened = time.monotonic()
+    finally:
+        flapping.up()
+    served = None
+    while served is None:
+        response = _chat(gateway, "checked-ok", user)
+        if response.status_code == 200:
+            served = time.monotonic()
+        else:
+            assert response.status_code == 503, response.text
+            assert time.monotonic() - opened < 10, "not served again 10 s after the upstream came back"
+            time.sleep(0.05)
+    assert served - opened < LONG_COOLDOWN / 4, "recovery waited for the cooldown"
+    assert _breaker(gateway, "checked", flapping.base_url) == 0.0
+    assert all(_chat(gateway, "checked-ok", user).status_code == 200 for _ in range(3))
+
+
+# Without health checks an ejected replica comes back through the cooldown and one half-open probe.
 
 COOLDOWN = 1.5  # long enough for the "open" checks below to run well inside it
 
 
 @pytest.fixture(scope="module")
-def breaker_gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def probe_flapping() -> Iterator[_Restartable]:
+    server = _Restartable()
+    server.up()
+    yield server
+    server.down()
+
+
+@pytest.fixture(scope="module")
+def probe_gateway(probe_flapping: _Restartable, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     config = {
         "backends": [
-            {"name": "broken", "base_url": upstream.base_url, "health": {"enabled": False},
-             "models": [{"name": "broken-500", "upstream_name": "always-500"}]},
-            {"name": "flaky", "base_url": upstream.base_url, "health": {"enabled": False},
-             "models": [{"name": "flaky-500", "upstream_name": "flaky-500"}]},
+            {"name": "unchecked", "base_url": probe_flapping.base_url, "health": {"enabled": False},
+             "timeouts": {"connect": 1.0, "first_byte": 2.0, "total": 10.0, "idle": 2.0},
+             "models": [{"name": "unchecked-ok", "upstream_name": "ok"}]},
         ],
-        "retry": {"attempts": 3, "backoff_base": 0.01, "backoff_max": 0.02},
+        "retry": {"attempts": 3, "backoff_base": 0.001, "backoff_max": 0.005},
         "breaker": {"failure_threshold": 2, "cooldown": COOLDOWN},
     }
-    proc = GatewayProcess(config, tmp_path_factory.mktemp("gw-breaker")).start()
+    proc = GatewayProcess(config, tmp_path_factory.mktemp("gw-probe")).start()
     yield proc
     proc.terminate()
 
 
-def _breaker(gateway: GatewayProcess, backend: str, upstream: FakeUpstream) -> float:
-    return _metric(gateway, "pointsman_breaker_state", backend, upstream.base_url)
-
-
-def test_breaker_opens_fails_fast_and_reopens_after_a_failed_probe(
-    breaker_gateway: GatewayProcess, upstream: FakeUpstream
+def test_without_health_checks_a_probe_after_the_cooldown_decides(
+    probe_gateway: GatewayProcess, probe_flapping: _Restartable
 ) -> None:
-    user = _key()
-    seen = lambda: upstream.state.requests[("always-500", user)]  # noqa: E731
+    gateway, user = probe_gateway, _key()
+    state = lambda: _breaker(gateway, "unchecked", probe_flapping.base_url)  # noqa: E731
+    assert _chat(gateway, "unchecked-ok", user).status_code == 200
+    probe_flapping.down()
+    try:
+        assert _chat(gateway, "unchecked-ok", user).status_code == 502
+        assert state() == 2.0
+        response = _chat(gateway, "unchecked-ok", user)
+        assert response.status_code == 503
+        assert gateway.decision(response.headers["x-pointsman-request-id"])["attempts"] == 0
 
-    assert _breaker(breaker_gateway, "broken", upstream) == 0.0
-    first = _chat(breaker_gateway, "broken-500", user)
-    assert first.status_code == 502, first.text
-    assert seen() == 2, "the breaker opens after failure_threshold (2) consecutive failures"
-    assert _breaker(breaker_gateway, "broken", upstream) == 2.0
-
-    for _ in range(3):  # open: refused at once, nothing reaches the upstream
-        response = _chat(breaker_gateway, "broken-500", user)
-        assert response.status_code == 503, response.text
-        assert response.json()["error"]["code"] == "service_unavailable"
-        assert breaker_gateway.decision(response.headers["x-pointsman-request-id"])["attempts"] == 0
-    assert seen() == 2, "requests reached the upstream while the breaker was open"
-
-    _eventually(lambda: _breaker(breaker_gateway, "broken", upstream) == 1.0, "half-open after the cooldown",
-                timeout=COOLDOWN + 5)
-    probe = _chat(breaker_gateway, "broken-500", user)
-    assert probe.status_code == 502
-    assert seen() == 3, "exactly one probe goes through when half-open"
-    assert breaker_gateway.decision(probe.headers["x-pointsman-request-id"])["attempts"] == 1
-    assert _breaker(breaker_gateway, "broken", upstream) == 2.0, "a failed probe re-opens the breaker"
-    assert _chat(breaker_gateway, "broken-500", user).status_code == 503
-    assert seen() == 3
-
-
-def test_breaker_closes_after_a_successful_probe(breaker_gateway: GatewayProcess, upstream: FakeUpstream) -> None:
-    user = _key()
-    seen = lambda: upstream.state.requests[("flaky-500", user)]  # noqa: E731
-
-    assert _chat(breaker_gateway, "flaky-500", user).status_code == 502  # FAILS (2) failures: open
-    assert seen() == FAILS
-    assert _breaker(breaker_gateway, "flaky", upstream) == 2.0
-    assert _chat(breaker_gateway, "flaky-500", user).status_code == 503
-    assert seen() == FAILS
-
-    _eventually(lambda: _breaker(breaker_gateway, "flaky", upstream) == 1.0, "half-open after the cooldown",
-                timeout=COOLDOWN + 5)
-    probe = _chat(breaker_gateway, "flaky-500", user)  # the upstream has recovered
+        _eventually(lambda: state() == 1.0, "half-open after the cooldown", timeout=COOLDOWN + 5)
+        probe = _chat(gateway, "unchecked-ok", user)
+        assert probe.status_code == 502, "the upstream is still down"
+        assert gateway.decision(probe.headers["x-pointsman-request-id"])["attempts"] == 1, "exactly one probe"
+        assert state() == 2.0, "a failed probe re-opens the circuit"
+        assert _chat(gateway, "unchecked-ok", user).status_code == 503
+    finally:
+        probe_flapping.up()
+    _eventually(lambda: state() == 1.0, "half-open after the cooldown", timeout=COOLDOWN + 5)
+    probe = _chat(gateway, "unchecked-ok", user)
     assert probe.status_code == 200, probe.text
-    assert _breaker(breaker_gateway, "flaky", upstream) == 0.0, "a successful probe closes the breaker"
-    for _ in range(3):
-        assert _chat(breaker_gateway, "flaky-500", user).status_code == 200
-    assert seen() == FAILS + 4
+    assert state() == 0.0, "a successful probe closes the circuit"
+    assert all(_chat(gateway, "unchecked-ok", user).status_code == 200 for _ in range(3))

@@ -4,6 +4,7 @@ replica choice. Real objects throughout; only the breaker's clock is injected so
 from __future__ import annotations
 
 import email.utils
+import re
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -11,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from gateway.breaker import BreakerState, CircuitBreaker
-from gateway.config import BackendConfig, BreakerConfig
+from gateway.breaker import BreakerState, CircuitBreaker, Outcome
+from gateway.config import BackendConfig, BreakerConfig, parse_config
+from gateway.errors import ConfigError
 from gateway.pool import Backend, BackendPool, Replica
 from gateway.upstream import parse_retry_after
 from gateway.usage import SSEUsageScanner
@@ -31,55 +33,130 @@ class FakeClock:
         self.now += seconds
 
 
-# --- CircuitBreaker ----------------------------------------------------------------------------
+# --- CircuitBreaker (outlier detection) -------------------------------------------------------
+
+ANSWER, ERROR, TRANSPORT = Outcome.ANSWER, Outcome.ERROR_ANSWER, Outcome.TRANSPORT
 
 
-def _breaker(threshold: int = 3, cooldown: float = 10.0) -> tuple[CircuitBreaker, FakeClock]:
+def _breaker(
+    threshold: int = 3, cooldown: float = 10.0, *, window: float = 30.0, min_requests: int = 10,
+    rate: float = 0.9, may_eject: bool = True,
+) -> tuple[CircuitBreaker, FakeClock]:
     clock = FakeClock()
-    return CircuitBreaker(threshold, cooldown, clock=clock), clock
+    breaker = CircuitBreaker(threshold, cooldown, window=window, min_requests=min_requests, failure_rate=rate,
+                             may_eject_for_errors=lambda: may_eject, clock=clock)
+    return breaker, clock
 
 
-def test_breaker_stays_closed_below_threshold_and_success_resets_the_count() -> None:
+def _outcomes(breaker: CircuitBreaker, *outcomes: Outcome) -> None:
+    for outcome in outcomes:
+        assert breaker.acquire()
+        breaker.record(outcome)
+
+
+def test_transport_failures_eject_at_the_threshold_and_any_answer_resets_the_count() -> None:
     breaker, _ = _breaker(threshold=3)
-    breaker.record_failure()
-    breaker.record_failure()
-    assert breaker.state is BreakerState.CLOSED and breaker.available() and breaker.acquire()
-    breaker.record_success()  # failures must be consecutive to trip
-    breaker.record_failure()
-    breaker.record_failure()
+    _outcomes(breaker, TRANSPORT, TRANSPORT, ANSWER, TRANSPORT, TRANSPORT, ERROR, TRANSPORT, TRANSPORT)
+    assert breaker.state is BreakerState.CLOSED, "failures must be consecutive; a 5xx answer is an answer"
+    _outcomes(breaker, TRANSPORT)
+    assert breaker.state is BreakerState.OPEN and breaker.ejections == {"transport": 1}
+
+
+def test_transport_failures_eject_even_the_last_replica() -> None:
+    breaker, _ = _breaker(threshold=2, may_eject=False)
+    _outcomes(breaker, TRANSPORT, TRANSPORT)
+    assert breaker.state is BreakerState.OPEN, "an outage is an outage"
+
+
+def test_5xx_answers_in_a_row_do_not_eject_below_the_volume() -> None:
+    breaker, _ = _breaker(threshold=1, min_requests=10)
+    _outcomes(breaker, *[ERROR] * 9)
+    assert breaker.state is BreakerState.CLOSED and breaker.window_counts() == (9, 9)
+    _outcomes(breaker, ERROR)
+    assert breaker.state is BreakerState.OPEN and breaker.ejections == {"error_rate": 1}
+    assert breaker.window_counts() == (0, 0), "an ejection starts a fresh window"
+
+
+def test_5xx_rate_below_the_threshold_never_ejects() -> None:
+    breaker, _ = _breaker(min_requests=20, rate=0.9)
+    for _ in range(40):  # 80% failing, 200 outcomes: a replica that answers some requests stays in
+        _outcomes(breaker, *[ERROR] * 4, ANSWER)
+    assert breaker.state is BreakerState.CLOSED
+    assert breaker.window_counts() == (200, 160)
+
+
+def test_5xx_rate_at_the_threshold_ejects() -> None:
+    breaker, _ = _breaker(min_requests=20, rate=0.9)
+    _outcomes(breaker, ANSWER, ANSWER, *[ERROR] * 17)
+    assert breaker.state is BreakerState.CLOSED, "19 outcomes: below min_requests"
+    _outcomes(breaker, ERROR)  # 18 of 20 = 0.9
+    assert breaker.state is BreakerState.OPEN
+
+
+def test_answers_only_never_eject_however_many() -> None:
+    breaker, _ = _breaker(min_requests=1, rate=0.01)
+    _outcomes(breaker, *[ANSWER] * 500)
     assert breaker.state is BreakerState.CLOSED
 
 
-def test_breaker_opens_at_threshold_and_refuses_traffic_during_cooldown() -> None:
-    breaker, clock = _breaker(threshold=3, cooldown=10)
-    for _ in range(3):
-        breaker.record_failure()
+def test_window_forgets_outcomes_older_than_window_seconds() -> None:
+    breaker, clock = _breaker(window=10, min_requests=10, rate=0.9)
+    _outcomes(breaker, *[ERROR] * 9)
+    clock.advance(10.5)  # those nine have left the window
+    assert breaker.window_counts() == (0, 0)
+    _outcomes(breaker, ERROR)
+    assert breaker.state is BreakerState.CLOSED, "1 outcome in the window, not 10"
+    _outcomes(breaker, *[ERROR] * 9)
+    assert breaker.state is BreakerState.OPEN
+
+
+def test_window_slides_rather_than_resetting_in_steps() -> None:
+    breaker, clock = _breaker(window=10, min_requests=10, rate=0.9)
+    _outcomes(breaker, *[ERROR] * 5)
+    clock.advance(5)
+    _outcomes(breaker, *[ERROR] * 4)
+    clock.advance(4)  # the first five are 9 s old: still inside
+    assert breaker.window_counts() == (9, 9)
+    _outcomes(breaker, ERROR)
+    assert breaker.state is BreakerState.OPEN
+
+
+def test_last_serving_replica_is_never_ejected_for_5xx_answers() -> None:
+    breaker, _ = _breaker(min_requests=5, may_eject=False)
+    _outcomes(breaker, *[ERROR] * 100)
+    assert breaker.state is BreakerState.CLOSED and breaker.available()
+    assert breaker.ejections == {}
+
+
+def test_open_refuses_traffic_during_cooldown_and_ignores_late_outcomes() -> None:
+    breaker, clock = _breaker(threshold=2, cooldown=10)
+    assert breaker.acquire()  # a long request sent before the ejection
+    _outcomes(breaker, TRANSPORT, TRANSPORT)
     assert breaker.state is BreakerState.OPEN
     assert not breaker.available() and not breaker.acquire()
+    breaker.record(ANSWER)  # it finishes well: no news about the replica now
+    assert breaker.state is BreakerState.OPEN
     clock.advance(9.9)
     assert breaker.state is BreakerState.OPEN and not breaker.acquire()
 
 
-def test_breaker_half_opens_after_cooldown_with_a_single_probe() -> None:
+def test_half_open_after_cooldown_with_a_single_probe_that_closes_on_an_answer() -> None:
     breaker, clock = _breaker(threshold=1, cooldown=10)
-    breaker.record_failure()
+    _outcomes(breaker, TRANSPORT)
     clock.advance(10)
-    assert breaker.state is BreakerState.HALF_OPEN
-    assert breaker.available()
+    assert breaker.state is BreakerState.HALF_OPEN and breaker.available()
     assert breaker.acquire(), "the first request after the cooldown is the probe"
     assert not breaker.available() and not breaker.acquire(), "only one probe at a time"
-    breaker.record_success()
+    breaker.record(ANSWER)
     assert breaker.state is BreakerState.CLOSED
     assert breaker.acquire() and breaker.acquire()  # closed: everything flows again
 
 
-def test_breaker_failed_probe_reopens_for_a_full_cooldown() -> None:
+def test_failed_probe_reopens_for_a_full_cooldown() -> None:
     breaker, clock = _breaker(threshold=2, cooldown=5)
-    breaker.record_failure()
-    breaker.record_failure()
+    _outcomes(breaker, TRANSPORT, TRANSPORT)
     clock.advance(5)
-    assert breaker.acquire()
-    breaker.record_failure()  # one failed probe re-opens, regardless of the threshold
+    _outcomes(breaker, TRANSPORT)  # one failed probe re-opens, regardless of the threshold
     assert breaker.state is BreakerState.OPEN and not breaker.acquire()
     clock.advance(4.9)
     assert breaker.state is BreakerState.OPEN
@@ -87,15 +164,52 @@ def test_breaker_failed_probe_reopens_for_a_full_cooldown() -> None:
     assert breaker.state is BreakerState.HALF_OPEN and breaker.acquire()
 
 
-def test_breaker_released_probe_lets_another_probe_through() -> None:
+@pytest.mark.parametrize(("others_serving", "after"), [(True, BreakerState.OPEN), (False, BreakerState.CLOSED)])
+def test_probe_answered_5xx_reopens_only_while_another_replica_serves(
+    others_serving: bool, after: BreakerState
+) -> None:
+    breaker, clock = _breaker(cooldown=5, min_requests=3)
+    _outcomes(breaker, ERROR, ERROR, ERROR)
+    assert breaker.state is BreakerState.OPEN
+    clock.advance(5)
+    breaker.may_eject_for_errors = lambda: others_serving
+    _outcomes(breaker, ERROR)
+    assert breaker.state is after
+
+
+def test_released_probe_lets_another_probe_through() -> None:
     # A probe whose client left proved nothing: the next request may probe instead.
     breaker, clock = _breaker(threshold=1, cooldown=1)
-    breaker.record_failure()
+    _outcomes(breaker, TRANSPORT)
     clock.advance(1)
     assert breaker.acquire()
     breaker.release()
     assert breaker.state is BreakerState.HALF_OPEN
     assert breaker.acquire()
+
+
+def test_return_to_service_closes_an_open_breaker_at_once() -> None:
+    breaker, _ = _breaker(threshold=1, cooldown=3600)
+    _outcomes(breaker, TRANSPORT)
+    breaker.return_to_service()
+    assert breaker.state is BreakerState.CLOSED and breaker.acquire()
+
+
+def test_return_to_service_keeps_the_window_of_a_closed_breaker() -> None:
+    # Health checks pass every few seconds; they must not wipe the evidence a window is gathering.
+    breaker, _ = _breaker(min_requests=10)
+    _outcomes(breaker, *[ERROR] * 9)
+    breaker.return_to_service()
+    _outcomes(breaker, ERROR)
+    assert breaker.state is BreakerState.OPEN
+
+
+def test_breaker_cooldown_follows_the_injected_clock_not_wall_time() -> None:
+    # Guard for the tests above: they rely on the injected clock being the only time source.
+    breaker, _clock = _breaker(threshold=1, cooldown=0.001, window=0.001)
+    _outcomes(breaker, TRANSPORT)
+    time.sleep(0.01)
+    assert breaker.state is BreakerState.OPEN
 
 
 # --- parse_retry_after -------------------------------------------------------------------------
@@ -253,7 +367,7 @@ def test_pick_skips_unhealthy_open_breaker_and_saturated_replicas() -> None:
     backend = _backend(max_concurrency=2)
     r0, r1, r2 = _loads(backend, 0, 0, 1)
     r0.healthy = False
-    r1.breaker.record_failure()  # threshold 1: open
+    r1.breaker.record(Outcome.TRANSPORT)  # threshold 1: open
     assert backend.pick() is r2
     assert backend.pick(exclude=[r2]) is r2, "exclusion never makes the only usable replica unusable"
     r2.outstanding = 2  # at max_concurrency
@@ -271,9 +385,49 @@ def test_pick_single_replica_backend() -> None:
     assert backend.pick(exclude=backend.replicas) is backend.replicas[0]
 
 
-def test_breaker_cooldown_follows_the_injected_clock_not_wall_time() -> None:
-    # Guard for the tests above: they rely on the injected clock being the only time source.
-    breaker, _clock = _breaker(threshold=1, cooldown=0.001)
-    breaker.record_failure()
-    time.sleep(0.01)
-    assert breaker.state is BreakerState.OPEN
+def test_pool_ejects_for_5xx_answers_only_while_another_replica_serves() -> None:
+    # Real pool wiring: every replica of a backend answers 5xx to everything; all but one are ejected.
+    config = BackendConfig(name="b", replicas=("http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"),
+                           models=({"name": "m"},))  # type: ignore[arg-type]
+    pool = BackendPool([config], BreakerConfig(min_requests=5, cooldown=60))
+    r0, r1 = pool.backends[0].replicas
+    for _ in range(50):
+        for replica in (r0, r1):
+            if replica.breaker.acquire():
+                replica.breaker.record(Outcome.ERROR_ANSWER)
+    assert sorted([r0.breaker.state, r1.breaker.state]) == [BreakerState.CLOSED, BreakerState.OPEN]
+    assert pool.backends[0].pick() is not None, "the backend still has a replica to serve from"
+
+
+def test_pool_does_not_count_an_unhealthy_replica_as_serving() -> None:
+    config = BackendConfig(name="b", replicas=("http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"),
+                           models=({"name": "m"},))  # type: ignore[arg-type]
+    pool = BackendPool([config], BreakerConfig(min_requests=5, cooldown=60))
+    r0, r1 = pool.backends[0].replicas
+    r1.healthy = False  # marked down by health checks: r0 is the last one serving
+    for _ in range(50):
+        r0.breaker.record(Outcome.ERROR_ANSWER)
+    assert r0.breaker.state is BreakerState.CLOSED
+    r1.healthy = True
+    r0.breaker.record(Outcome.ERROR_ANSWER)
+    assert r0.breaker.state is BreakerState.OPEN, "with r1 back, r0's failure rate ejects it"
+
+
+@pytest.mark.parametrize(("breaker", "key"), [
+    ({"failure_rate": 1.5}, "breaker.failure_rate"),
+    ({"failure_rate": 0}, "breaker.failure_rate"),
+    ({"min_requests": 0}, "breaker.min_requests"),
+    ({"window": 0}, "breaker.window"),
+    ({"error_threshold": 3}, "breaker.error_threshold"),  # unknown keys are errors
+])
+def test_breaker_config_is_validated(breaker: dict[str, object], key: str) -> None:
+    backend = {"name": "b", "base_url": "http://127.0.0.1:8000/v1", "models": [{"name": "m"}]}
+    assert parse_config({"backends": [backend]}).breaker == BreakerConfig()
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        parse_config({"backends": [backend], "breaker": breaker})
+
+
+def test_breaker_config_defaults() -> None:
+    config = BreakerConfig()
+    assert (config.failure_threshold, config.cooldown) == (5, 15.0)
+    assert (config.window, config.min_requests, config.failure_rate) == (30.0, 20, 0.9)
