@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import orjson
 
 from classifiers.batching import BatchingEncoder
 from classifiers.conversation import conversation_text
 from classifiers.heads import Head, build_features, load_head
+from classifiers.offload import ScanPool
 from classifiers.signals import Signal, SignalExtractor, build_signal
 
 #: Where the shipped router artifacts live (``pointsman train`` writes here by default).
@@ -109,6 +111,7 @@ class ClassifierSignalProvider:
         self._heads = heads.by_signal() if heads is not None else {}
         self._extractors = dict(extractors)
         self._max_chars = max_chars
+        self._scan_pool: ScanPool | None = None
 
     @property
     def available(self) -> frozenset[str]:
@@ -125,6 +128,15 @@ class ClassifierSignalProvider:
         """Give the provider the shared encoder (loaded only when some policy needs a head signal)."""
         self._encoder = encoder
 
+    @property
+    def rule_signals(self) -> frozenset[str]:
+        """The rule signals (text scans, which long requests make slow) this provider computes."""
+        return frozenset(self._extractors)
+
+    def attach_scan_pool(self, pool: ScanPool) -> None:
+        """Scan long requests' texts in ``pool``'s worker processes instead of on the event loop."""
+        self._scan_pool = pool
+
     async def compute(self, names: set[str], ctx: HasBody) -> dict[str, Signal]:
         """The requested signals that this provider knows; unknown names are left out."""
         body = ctx.body
@@ -136,11 +148,15 @@ class ClassifierSignalProvider:
             assert self._encoder is not None
             embedding_task = asyncio.ensure_future(self._encoder.encode(text))
         out: dict[str, Signal] = {}
+        extractors = [self._extractors[name] for name in names if name in self._extractors]
         try:
-            for name in names:
-                extractor = self._extractors.get(name)
-                if extractor is not None:
-                    out[name] = extractor.extract(body)
+            if extractors and self._scan_pool is not None and self._scan_pool.offloads(body):
+                # A long request: its rule scans would hold the event loop for everyone else.
+                raw = getattr(ctx, "raw_body", None) or orjson.dumps(body)
+                out.update(await self._scan_pool.extract(extractors, raw))
+            else:
+                for extractor in extractors:
+                    out[extractor.name] = extractor.extract(body)
         except BaseException:
             if embedding_task is not None:
                 embedding_task.cancel()

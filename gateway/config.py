@@ -142,6 +142,22 @@ class ClassifiersConfig(_Strict):
         "elsewhere; bfloat16 needs torchscript or torch (on torch a text's vector then moves with its batch)",
     )
 
+    scan_workers: int | None = Field(
+        default=None,
+        ge=0,
+        description="worker processes that scan long requests' text (rule signals, redaction) off the event "
+        "loop; default one on <= 2 cores, else cores - 1 up to 4; 0 scans everything on the event loop",
+    )
+    scan_inline_chars: int = Field(
+        default=4096, ge=0, description="requests with at most this many characters of text are scanned inline"
+    )
+    scan_queue_limit: int = Field(
+        default=64, ge=1, description="long-request scans waiting or running at once; more get a 503"
+    )
+    scan_timeout: float = Field(
+        default=60.0, gt=0, description="seconds one long-request scan may take before its worker is stopped (503)"
+    )
+
     @model_validator(mode="after")
     def _bf16_needs_torch(self) -> ClassifiersConfig:
         if self.minilm_dtype == "bfloat16" and self.minilm_runtime == "onnx":

@@ -16,6 +16,7 @@ from typing import Any
 
 from classifiers.batching import BatchingEncoder
 from classifiers.encoders import load_encoder
+from classifiers.offload import ScanPool
 from classifiers.provider import ClassifierSignalProvider, RouterHeads, build_extractors, load_router_heads
 from gateway.config import Config
 from gateway.errors import ConfigError
@@ -44,6 +45,7 @@ class RoutingBrain:
         models = _model_infos(config)
         self.policies: dict[str, Policy] = {}
         self._providers: dict[str, ClassifierSignalProvider] = {}
+        self._scanning: dict[str, ClassifierSignalProvider] = {}  # routes that run rule signals
         self.needs_encoder = False  # whether some policy uses a head signal (difficulty, domain)
         for route in config.routes:
             if route.policy == "static":
@@ -69,6 +71,8 @@ class RoutingBrain:
             self.policies[route.name] = policy
             self._providers[route.name] = provider
             self.needs_encoder |= bool(set(policy.needed_signals) & provider.head_signals)
+            if set(policy.needed_signals) & provider.rule_signals:
+                self._scanning[route.name] = provider
         # Sticky routes keep their sessions in Redis when replicas must share them.
         self._sticky_routes = {
             name: policy for name, policy in self.policies.items()
@@ -77,6 +81,15 @@ class RoutingBrain:
         self.shared_state: SharedState | None = None
         if config.shared_state.kind == "redis" and self._sticky_routes:
             self.shared_state = SharedState(config.shared_state)
+        # Long requests' rule scans and redactions run in worker processes, off the event loop.
+        self.scan_pool: ScanPool | None = None
+        if settings.scan_workers != 0 and (self._scanning or self._redacting(config)):
+            self.scan_pool = ScanPool(
+                settings.scan_workers,
+                inline_chars=settings.scan_inline_chars,
+                queue_limit=settings.scan_queue_limit,
+                timeout=settings.scan_timeout,
+            )
 
     def _quality_problems(self, route: RouteConfig, missing: set[str]) -> list[str]:
         """A ``multi_model`` route's quality signal: computable, and scoring every candidate."""
@@ -101,9 +114,18 @@ class RoutingBrain:
         source = f"the quality head {head.manifest.get('name', self.heads.sources.get('quality'))}"
         return [f"{root}.{key}: {message}" for key, message in quality_label_problems(mm, head.labels, source)]
 
+    @staticmethod
+    def _redacting(config: Config) -> bool:
+        return any(rule.action.kind == "redact" for route in config.routes for rule in route.rules)
+
     async def start(self) -> None:
-        """Connect the shared session store if configured; load the encoder (in a thread: it may take
-        seconds) if some policy needs head signals."""
+        """Start the text-scan workers if some route scans text; connect the shared session store if
+        configured; load the encoder (in a thread: it may take seconds) if some policy needs head
+        signals."""
+        if self.scan_pool is not None:
+            await self.scan_pool.start()
+            for provider in self._scanning.values():
+                provider.attach_scan_pool(self.scan_pool)
         if self.shared_state is not None:
             await self.shared_state.start()
             for policy in self._sticky_routes.values():
@@ -136,12 +158,14 @@ class RoutingBrain:
         )
 
     async def close(self) -> None:
-        """Release the encoder's workers and the Redis connection."""
+        """Release the encoder's workers, the Redis connection and the text-scan workers."""
         if self.encoder is not None:
             await self.encoder.close()
             self.encoder = None
         if self.shared_state is not None:
             await self.shared_state.close()
+        if self.scan_pool is not None:
+            await self.scan_pool.close()
 
     @staticmethod
     def knob_windows_of(config: Config) -> dict[str, int]:

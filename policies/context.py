@@ -22,3 +22,6 @@ class RequestContext:
     tenant: str | None = None
     session_id: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: The body's bytes as received, when there are any (they let a long request's text scans run
+    #: in another process without re-encoding the body here).
+    raw_body: bytes | None = None

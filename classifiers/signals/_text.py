@@ -104,3 +104,13 @@ def _prompt_pieces(body: Mapping[str, Any]) -> Iterator[TextPiece]:
         for item in prompt:
             if isinstance(item, str) and item:
                 yield TextPiece(-1, "user", "prompt", item)
+
+
+def text_chars(body: Mapping[str, Any], stop_after: int | None = None) -> int:
+    """Characters of text in the request (every scope), counting stopped once past ``stop_after``."""
+    total = 0
+    for piece in iter_texts(body, "all"):
+        total += len(piece.text)
+        if stop_after is not None and total > stop_after:
+            break
+    return total

@@ -16,6 +16,13 @@ developer prompts are the operator's own words ("never reveal your system prompt
 attack), and assistant turns are the model's. Base64 blobs in the scanned text are decoded and
 scanned too, so an encoded "ignore previous instructions" is caught.
 
+The scan is bounded, so that a long request costs a bounded time (the rules run at ~0.5-1 µs a
+character): at most ``max_scan_chars`` (64 Ki) characters per request, the newest messages first,
+and of a text longer than ``text_window`` (32 Ki) its first and last 16 Ki characters, where an
+instruction to the model is placed to be followed. Instructions buried in the middle of a longer
+text, or in older turns beyond the budget, are not seen; ``detail.skipped_chars`` says how much
+was not read. (PII detection and redaction, by contrast, always read everything.)
+
 This is a pattern detector: it catches the well-known families and their common paraphrases, not
 novel attacks. Measured at the 0.5 threshold on tests/classifiers/data/jailbreak_cases.yaml (50
 attacks, 50 benign prompts full of "ignore", "instructions", "system", "developer", "jailbreak"):
@@ -35,11 +42,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from classifiers.signals._text import iter_texts
+from classifiers.signals._text import TextPiece, iter_texts
 from classifiers.signals.base import Signal
 
 #: The score at or above which a request is considered an attack (what the tests measure).
 DEFAULT_THRESHOLD = 0.5
+#: How much text one request's scan reads at most, newest text first (a detector, not a promise).
+MAX_SCAN_CHARS = 65_536
+#: A longer text is read by its first and last half of this many characters.
+TEXT_WINDOW = 32_768
 
 _TOOL_ROLES = frozenset({"tool", "function"})
 _SCANNED_ROLES = frozenset({"user", "tool", "function"})
@@ -234,7 +245,10 @@ RULES: tuple[Rule, ...] = (
         "fake_system_tag",
         ("<|", "inst]", "sys", "##"),
         r"<\|(?:im_start|im_end|system|endoftext)\|>|\[/?INST\]|<<\s*/?SYS\s*>>|</?\s*system\s*>|"
-        r"^\s*#{2,}\s*(?:system|instruction|new\s+instructions?)\s*:?\s*$|^\s*(?:SYSTEM|System)\s*(?:override|message|prompt)?\s*:",
+        # [ \t] rather than \s at a line start: \s also matches newlines, and a run of them would be
+        # re-scanned from every line start (quadratic: 10 s for 32 Ki newlines).
+        r"^[ \t]*#{2,}[ \t]*(?:system|instruction|new[ \t]+instructions?)[ \t]*:?[ \t]*$|"
+        r"^[ \t]*(?:SYSTEM|System)[ \t]*(?:override|message|prompt)?[ \t]*:",
         0.5,
         0.8,
     ),
@@ -307,11 +321,21 @@ class JailbreakSignal:
     the decision boundary, ``|score - 0.5| * 2``, capped at 0.9: regex rules can miss paraphrases.
     """
 
-    def __init__(self, name: str = "jailbreak", threshold: float = DEFAULT_THRESHOLD) -> None:
+    def __init__(
+        self,
+        name: str = "jailbreak",
+        threshold: float = DEFAULT_THRESHOLD,
+        max_scan_chars: int = MAX_SCAN_CHARS,
+        text_window: int = TEXT_WINDOW,
+    ) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"jailbreak threshold must be in (0, 1], got {threshold}")
+        if max_scan_chars < 1 or text_window < 2:
+            raise ValueError("jailbreak max_scan_chars must be >= 1 and text_window >= 2")
         self.name = name
         self.threshold = threshold
+        self.max_scan_chars = max_scan_chars
+        self.text_window = text_window
         # IGNORECASE: attackers vary case ("IGNORE ALL PREVIOUS INSTRUCTIONS", "dan mode").
         self._rules = [(r, re.compile(r.pattern, re.IGNORECASE | re.MULTILINE)) for r in RULES]
         self._literals = sorted({t for r in RULES for t in r.triggers})
@@ -345,12 +369,12 @@ class JailbreakSignal:
         """Score the user turns, tool results and legacy prompt of ``body``."""
         user: list[tuple[int, str, bool]] = []
         tool: list[tuple[int, str, bool]] = []
-        for piece in iter_texts(body, "all"):
-            if piece.role not in _SCANNED_ROLES or piece.source == "tool_call":
-                continue
+        pieces = [p for p in iter_texts(body, "all") if p.role in _SCANNED_ROLES and p.source != "tool_call"]
+        windows, skipped = self._windows(pieces)
+        for piece, text in windows:
             group = tool if piece.role in _TOOL_ROLES else user
-            group.append((piece.message, piece.text, False))
-            for blob in _B64_BLOB.findall(piece.text):
+            group.append((piece.message, text, False))
+            for blob in _B64_BLOB.findall(text):
                 decoded = _decode_b64(blob)
                 if decoded:
                     group.append((piece.message, decoded, True))
@@ -368,9 +392,35 @@ class JailbreakSignal:
             "messages": sorted(where),
             "in_tool_output": in_tool_output,
             "threshold": self.threshold,
+            "skipped_chars": skipped,
         }
         confidence = min(0.9, abs(score - 0.5) * 2)
         return Signal(self.name, score, round(confidence, 4), detail)
+
+
+    def _windows(self, pieces: list[TextPiece]) -> tuple[list[tuple[TextPiece, str]], int]:
+        """The text of each piece that is scanned (newest first) and how many characters are not.
+
+        Within ``max_scan_chars`` in all, newest text first; a text longer than ``text_window`` (or
+        than what is left of the budget) is scanned by its head and its tail, half each.
+        """
+        budget = self.max_scan_chars
+        windows: list[tuple[TextPiece, str]] = []
+        skipped = 0
+        for piece in reversed(pieces):
+            text = piece.text
+            room = min(budget, self.text_window)
+            if room <= 0:
+                skipped += len(text)
+                continue
+            if len(text) > room:
+                half = room // 2
+                skipped += len(text) - 2 * half
+                text = text[:half] + _SEP + text[len(text) - half :]
+            budget -= len(text)
+            windows.append((piece, text))
+        windows.reverse()
+        return windows, skipped
 
 
 def _decode_b64(blob: str) -> str | None:

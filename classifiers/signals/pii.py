@@ -317,8 +317,10 @@ def _ninos(text: str) -> Iterable[Finding]:
         yield Finding("uk_nino", m.start(), m.end(), 0.85, f"{m.group(0)[:1]}…{m.group(0)[-1:]} (9 chars)")
 
 
+# The look-behind refuses a start inside a run of local-part characters: otherwise "@" followed by
+# a long run of "!" or "#" would be re-scanned from every position in it (quadratic: 100 s for 64 KB).
 _EMAIL_RE = re.compile(
-    r"(?<![\w.%+-])([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*)"
+    r"(?<![\w.%+!#$&'*/=?^`{|}~-])([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*)"
     r"@((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+([A-Za-z]{2,24}))(?![\w-]|\.\w)"
 )
 _RESERVED_DOMAINS = re.compile(r"(?:^|\.)(?:example\.(?:com|org|net)|example|test|invalid|localhost|local)$", re.I)
@@ -616,7 +618,8 @@ def redact_body(body: Mapping[str, Any], kinds: Iterable[str] | None = None) -> 
                         part["text"] = redact(part["text"], wanted)[0]
                     elif isinstance(part, str):  # tolerated by the signals, so redacted too
                         content[j] = redact(part, wanted)[0]
-            for call in m.get("tool_calls") or []:
+            calls = m.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():  # malformed tool_calls carry no text
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
                     fn["arguments"] = _redact_arguments(fn["arguments"], wanted)
@@ -638,7 +641,7 @@ def _redact_arguments(args: str, kinds: tuple[str, ...] | None) -> str:
         return args  # keep the client's exact bytes when there is nothing to hide
     try:
         parsed = json.loads(args)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested beyond what can be walked: plain text
         return redact(args, kinds)[0]
 
     def walk(obj: Any) -> Any:
@@ -652,7 +655,10 @@ def _redact_arguments(args: str, kinds: tuple[str, ...] | None) -> str:
             return placeholder(find_pii(str(obj), kinds)[0].kind)  # a card number sent as a JSON number
         return obj
 
-    return json.dumps(walk(parsed), ensure_ascii=False)
+    try:
+        return json.dumps(walk(parsed), ensure_ascii=False)
+    except RecursionError:  # arguments nested too deep to rebuild: redact them as text instead
+        return redact(args, kinds)[0]
 
 
 class PIISignal:
