@@ -1,7 +1,8 @@
-"""The FastAPI application: thin routes over :class:`gateway.service.ProxyService`.
+"""The Starlette application: thin module-level routes over :class:`gateway.service.ProxyService`.
 
 Proxy endpoints are plain Starlette routes (no dependency injection or response models) because
-they are the hot path; validation is what ``gateway.protocol`` needs and nothing more.
+they are the hot path; validation is what ``gateway.protocol`` needs and nothing more. Everything a
+route needs lives on ``app.state``, built in the lifespan (no network client exists at import).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import orjson
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from gateway.config import Config
+from gateway.contain import ContainUnexpectedErrors
 from gateway.errors import (
     MethodNotAllowedError,
     PointsmanError,
@@ -29,19 +32,21 @@ from gateway.health import HealthChecker
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
 from gateway.protocol import CHAT, COMPLETIONS, EMBEDDINGS
+from gateway.responses import error_response, gateway_headers, json_response
 from gateway.routing import RoutingBrain, historic_knob_scores
-from gateway.service import ProxyService, error_response, new_request_id
+from gateway.service import ProxyService
 from gateway.upstream import UpstreamClient
+from policies.echo import client_echo
 from store import DecisionRecorder, open_store
 
 log = logging.getLogger("pointsman.app")
 
 
-def create_app(config: Config) -> FastAPI:
+def create_app(config: Config) -> Starlette:
     """Build the gateway app for ``config``. Network clients and tasks start in the lifespan."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         client = UpstreamClient()
         await client.start()
         pool = BackendPool(config.backends, config.breaker)
@@ -65,7 +70,17 @@ def create_app(config: Config) -> FastAPI:
         history = await recorder.store.recent(limit=max(windows.values())) if windows else []
         brain = RoutingBrain(config, historic_knob_scores(reversed(history), windows))
         await brain.start()
-        service = ProxyService(config, pool, client, metrics, recorder, brain.policies)
+        scans = brain.scan_pool
+        if scans is not None:
+            metrics.watch("pointsman_scan_pending", "Long-request text scans waiting or running in worker processes.",
+                          lambda: float(scans.pending))
+            metrics.watch("pointsman_scan_completed", "Long-request text scans done in worker processes.",
+                          lambda: float(scans.completed))
+            metrics.watch("pointsman_scan_refused", "Long-request text scans refused (queue full: 503).",
+                          lambda: float(scans.refused))
+            metrics.watch("pointsman_scan_timeouts", "Long-request text scans stopped at classifiers.scan_timeout.",
+                          lambda: float(scans.timeouts))
+        service = ProxyService(config, pool, client, metrics, recorder, brain.policies, brain.scan_pool)
         health = HealthChecker(pool, client)
         health.start()
         app.state.service = service
@@ -84,81 +99,15 @@ def create_app(config: Config) -> FastAPI:
             await brain.close()
             await recorder.stop()  # flush everything already answered before the process exits
 
-    app = FastAPI(title="Pointsman", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
-
-    async def chat_completions(request: Request) -> Response:
-        return await _service(request).handle(request, CHAT)
-
-    async def completions(request: Request) -> Response:
-        return await _service(request).handle(request, COMPLETIONS)
-
-    async def embeddings(request: Request) -> Response:
-        return await _service(request).handle(request, EMBEDDINGS)
-
-    async def route(request: Request) -> Response:
-        return await _service(request).explain(request)
-
-    async def list_models(request: Request) -> Response:
-        service = _service(request)
-        try:
-            service.authenticate(request)
-        except PointsmanError as error:
-            return error_response(error, _gateway_headers())
-        created = int(request.app.state.started_at)
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": target.backend.name}
-            for name, target in service.pool.models.items()
-        ]
-        data += [
-            {"id": name, "object": "model", "created": created, "owned_by": "pointsman-route"}
-            for name in service.policies
-        ]
-        response = _json({"object": "list", "data": data})
-        response.raw_headers.extend(_gateway_headers())
-        return response
-
-    async def health(request: Request) -> Response:
-        return _json({"status": "ok"})
-
-    async def ready(request: Request) -> Response:
-        service = _service(request)
-        if service.draining:
-            return error_response(ServiceUnavailableError("draining"))
-        usable = [r for r in service.pool.replicas() if r.healthy and r.breaker.available()]
-        if not usable:
-            return error_response(ServiceUnavailableError("no healthy upstream replica"))
-        return _json({"status": "ready", "healthy_replicas": len(usable)})
-
-    async def metrics(request: Request) -> Response:
-        return Response(_service(request).metrics.render(), media_type="text/plain; version=0.0.4")
-
-    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.add_route("/v1/completions", completions, methods=["POST"])
-    app.add_route("/v1/embeddings", embeddings, methods=["POST"])
-    app.add_route("/v1/models", list_models, methods=["GET"])
-    app.add_route("/v1/route", route, methods=["POST"])
-    app.add_route("/health", health, methods=["GET"])
-    app.add_route("/ready", ready, methods=["GET"])
-    app.add_route("/metrics", metrics, methods=["GET"])
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
-            return error_response(MethodNotAllowedError(message), _gateway_headers())
-        if exc.status_code == 404:
-            message = f"no such endpoint: {request.method} {request.url.path}"
-            return error_response(RouteNotFoundError(message), _gateway_headers())
-        error = PointsmanError(str(exc.detail))
-        error.status = exc.status_code
-        return error_response(error, _gateway_headers())
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception) -> Response:
-        # A bug: log it with its traceback (never the request body) and answer in OpenAI's shape.
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(PointsmanError("internal gateway error", code="internal_error"), _gateway_headers())
-
+    app = Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        middleware=[Middleware(ContainUnexpectedErrors)],
+        exception_handlers={StarletteHTTPException: _http_error},
+    )
+    # "/v1/chat/completions/" is an unknown path (an OpenAI-shaped 404), not a redirect that a POST
+    # client would follow with a GET.
+    app.router.redirect_slashes = False
     return app
 
 
@@ -167,16 +116,84 @@ def _service(request: Request) -> ProxyService:
     return service
 
 
-def _gateway_headers() -> list[tuple[bytes, bytes]]:
-    """The x-pointsman-* headers for responses that involve no model (listing, unknown paths)."""
-    return [
-        (b"x-pointsman-request-id", new_request_id().encode()),
-        (b"x-pointsman-model", b""),
-        (b"x-pointsman-backend", b""),
-        (b"x-pointsman-route", b""),
-        (b"x-pointsman-overhead-ms", b"0.000"),
+async def chat_completions(request: Request) -> Response:
+    return await _service(request).handle(request, CHAT)
+
+
+async def completions(request: Request) -> Response:
+    return await _service(request).handle(request, COMPLETIONS)
+
+
+async def embeddings(request: Request) -> Response:
+    return await _service(request).handle(request, EMBEDDINGS)
+
+
+async def route(request: Request) -> Response:
+    """``POST /v1/route``: the routing decision for a chat request, no backend called."""
+    return await _service(request).explain(request)
+
+
+async def list_models(request: Request) -> Response:
+    """``GET /v1/models``: every configured model (owned by its backend) and every route."""
+    service = _service(request)
+    try:
+        service.authenticate(request)
+    except PointsmanError as error:
+        return error_response(error)
+    created = int(request.app.state.started_at)
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": target.backend.name}
+        for name, target in service.pool.models.items()
     ]
+    data += [
+        {"id": name, "object": "model", "created": created, "owned_by": "pointsman-route"}
+        for name in service.policies
+    ]
+    return json_response({"object": "list", "data": data})
 
 
-def _json(payload: object, status: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+async def health(request: Request) -> Response:
+    """``GET /health``: the process is up (liveness)."""
+    return json_response({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """``GET /ready``: 200 while some replica can take traffic and the gateway is not draining."""
+    service = _service(request)
+    if service.draining:
+        return error_response(ServiceUnavailableError("draining"))
+    usable = [r for r in service.pool.replicas() if r.healthy and r.breaker.available()]
+    if not usable:
+        return error_response(ServiceUnavailableError("no healthy upstream replica"))
+    return json_response({"status": "ready", "healthy_replicas": len(usable)})
+
+
+async def metrics(request: Request) -> Response:
+    """``GET /metrics``: Prometheus text format."""
+    response = Response(_service(request).metrics.render(), media_type="text/plain; version=0.0.4")
+    response.raw_headers.extend(gateway_headers())
+    return response
+
+
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/route", route, methods=["POST"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/ready", ready, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 (and other HTTP errors) in OpenAI's shape."""
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405:
+        message = f"method {client_echo(request.method)} is not allowed on {client_echo(request.url.path, 64)}"
+        return error_response(MethodNotAllowedError(message))
+    if exc.status_code == 404:
+        message = f"no such endpoint: {client_echo(request.method)} {client_echo(request.url.path, 64)}"
+        return error_response(RouteNotFoundError(message))
+    return error_response(PointsmanError(str(exc.detail), status=exc.status_code))

@@ -12,7 +12,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.applications import Starlette
 
 from gateway.app import create_app
 from gateway.auth import hash_key
@@ -26,7 +26,7 @@ log = logging.getLogger("pointsman")
 class _DrainingServer(uvicorn.Server):
     """uvicorn, plus: flip readiness to 503 the moment SIGTERM/SIGINT arrives, before draining."""
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
         self._app = app
 

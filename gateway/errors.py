@@ -26,12 +26,18 @@ class PointsmanError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        status: int | None = None,
+        error_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
+        if status is not None:  # otherwise the subclass's status
+            self.status = status
+        if error_type is not None:
+            self.error_type = error_type
         self.headers: dict[str, str] = dict(headers or {})
 
     def to_dict(self) -> dict[str, Any]:

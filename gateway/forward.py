@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from classifiers.offload import replace_model
 from gateway.config import RetryConfig
 from gateway.errors import (
     PointsmanError,
@@ -28,6 +29,7 @@ from gateway.metrics import Metrics
 from gateway.pool import BackendPool, ModelTarget, Replica
 from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
+from gateway.upstream_log import failure_log
 from gateway.usage import usage_from_body
 
 
@@ -96,6 +98,7 @@ class Forwarder:
         body: Mapping[str, Any],
         raw_body: bytes,
         candidates: Sequence[str],
+        model_first: bool = False,
         stream: bool,
         trace: RequestTrace,
     ) -> Completed | OpenedStream:
@@ -112,7 +115,7 @@ class Forwarder:
                 self._metrics.fallbacks.labels(record.route or "", previous, name).inc()
             previous = name
             record.model, record.backend = target.name, target.backend.name
-            payload = raw_body if body.get("model") == target.model.wire_name else _with_model(body, target)
+            payload = _payload(body, raw_body, model_first, target.model.wire_name)
             headers = _upstream_headers(target)
             tried: list[Replica] = []
             for attempt in range(self._retry.attempts):
@@ -139,6 +142,7 @@ class Forwarder:
                 except UpstreamFailure as failure:
                     last_failure = failure
                     self._metrics.upstream_errors.labels(target.backend.name, name, failure.kind).inc()
+                    failure_log.note(failure, backend=target.backend.name, replica=replica.base_url, model=name)
                     if not await self._backoff(attempt, failure, trace):
                         break
         if last_failure is not None:
@@ -165,6 +169,9 @@ class Forwarder:
         try:
             response = await self._client.post(replica.base_url + path, payload, headers, timeouts)
             if stream and response.status == 200:
+                if not response.content_type.lower().startswith("text/event-stream"):
+                    # Passing it on would hand the client a "stream" with no events and no error.
+                    raise UpstreamFailure("malformed", "the upstream answered a stream request without an event stream")
                 remaining = timeouts.first_byte - (time.perf_counter() - started)
                 first = await response.next_chunk(timeout=max(remaining, 0.0))
                 if not first:
@@ -218,8 +225,17 @@ class Forwarder:
         return True
 
 
-def _with_model(body: Mapping[str, Any], target: ModelTarget) -> bytes:
-    return orjson.dumps({**body, "model": target.model.wire_name})
+def _payload(body: Mapping[str, Any], raw: bytes, model_first: bool, wire_name: str) -> bytes:
+    """The bytes to send for ``wire_name``: ``raw`` itself when it names that model already, else
+    ``raw`` with the model swapped (cheap when ``raw`` has ``model`` first), else ``body`` re-encoded."""
+    model = body.get("model")
+    if model == wire_name:
+        return raw
+    if model_first and isinstance(model, str):
+        swapped = replace_model(raw, model, wire_name)
+        if swapped is not None:
+            return swapped
+    return orjson.dumps({**body, "model": wire_name})
 
 
 def _upstream_headers(target: ModelTarget) -> dict[str, str]:

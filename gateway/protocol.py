@@ -14,6 +14,9 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequestError, PayloadTooLargeError
+from gateway.json_shape import MAX_JSON_DEPTH, check_json_shape
+
+__all__ = ["MAX_JSON_DEPTH"]  # re-exported: the limit belongs to the protocol a client sees
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
@@ -68,7 +71,9 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; 400 when it is empty, not JSON, or not an object."""
+    """The request body as a JSON object; 400 when it is empty, not JSON (strict RFC 8259: no NaN,
+    no invalid UTF-8), not an object, nested deeper than :data:`MAX_JSON_DEPTH`, or when an object
+    repeats a key (the router would read one value while an upstream parser may read the other)."""
     if not raw:
         raise InvalidRequestError("request body is empty; expected a JSON object")
     try:
@@ -77,6 +82,7 @@ def decode_body(raw: bytes) -> dict[str, Any]:
         raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise InvalidRequestError("request body must be a JSON object")
+    check_json_shape(raw, body)
     return body
 
 

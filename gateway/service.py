@@ -12,16 +12,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from classifiers.signals import redact_body
+from classifiers.offload import ScanPool, ScanUnavailable, redact, with_model_first
 from gateway.auth import KeyChecker
 from gateway.config import Config
 from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailableError
@@ -38,11 +36,13 @@ from gateway.protocol import (
     read_body,
     validate_request,
 )
+from gateway.responses import error_response, gateway_headers, json_response, new_request_id
 from gateway.streaming import ProxyStream
 from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamClient
 from gateway.usage import SSEUsageScanner, cost_usd
 from policies import Plan, Policy, PolicyError, RequestContext
+from policies.echo import client_echo, masked_prefix
 from policies.knob import REQUEST_FIELD
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord
@@ -63,6 +63,7 @@ class ProxyService:
         metrics: Metrics,
         recorder: DecisionRecorder,
         policies: Mapping[str, Policy],
+        scan_pool: ScanPool | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -72,6 +73,7 @@ class ProxyService:
         self.forwarder = Forwarder(pool, client, config.retry, metrics)
         self.draining = False
         self.policies: dict[str, Policy] = dict(policies)
+        self.scan_pool = scan_pool
         # Plans for concrete model names never change: build them once.
         self._direct_plans = {
             name: Plan(
@@ -104,19 +106,18 @@ class ProxyService:
                 request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes
             )
             body = parse_request(raw, endpoint)
-            record.requested_model = body["model"]
             record.stream = bool(body.get("stream"))
-            plan = await self._plan(request, endpoint, body, trace)
-            forwarded = body
-            if REQUEST_FIELD in forwarded:
-                # The gateway's own namespace (e.g. a threshold override) never goes upstream.
-                forwarded = {k: v for k, v in forwarded.items() if k != REQUEST_FIELD}
+            plan = await self._plan(request, endpoint, body, trace, raw)
+            model_first = False
             if plan.redact:
-                # The policy asked to strip PII before the request leaves the gateway.
-                forwarded = redact_body(forwarded, plan.redact)
-            if forwarded is not body:
-                body, raw = forwarded, orjson.dumps(forwarded)
-            result = await self._forward_unless_disconnected(request, endpoint, body, raw, plan, trace)
+                # The policy asked to strip PII before the request leaves the gateway (and the
+                # gateway's own namespace, e.g. a threshold override, never goes upstream).
+                redacted, raw = await self._redact(body, raw, plan.redact)
+                body, model_first = redacted or body, True
+            elif REQUEST_FIELD in body:
+                body = {k: v for k, v in body.items() if k != REQUEST_FIELD}
+                raw, model_first = with_model_first(body), True
+            result = await self._forward_unless_disconnected(request, endpoint, body, raw, model_first, plan, trace)
             if result is None:
                 record.outcome, record.status = "client_disconnected", 499
                 return Response(status_code=499)
@@ -141,27 +142,30 @@ class ProxyService:
                 self._finish(trace)
 
     async def _plan(
-        self, request: Request, endpoint: Endpoint, body: Mapping[str, Any], trace: RequestTrace
+        self, request: Request, endpoint: Endpoint, body: Mapping[str, Any], trace: RequestTrace, raw: bytes
     ) -> Plan:
         record = trace.record
         model = body["model"]
         direct = self._direct_plans.get(model)
         if direct is not None:
+            record.requested_model = model
             plan = direct
         else:
             policy = self.policies.get(model)
             if policy is None:
-                raise ModelNotFoundError(
-                    f"The model '{model}' does not exist; GET /v1/models lists models and routes",
-                    param="model",
-                )
+                # Client text, not a configured name: keep (and echo) only a masked prefix of it.
+                record.requested_model = masked_prefix(model)
+                raise _unknown_model(model)
+            record.requested_model = model
             record.route = model
-            ctx = self.context(request, endpoint, body, record.request_id, record.tenant)
+            ctx = self.context(request, endpoint, body, record.request_id, record.tenant, raw)
             try:
                 plan = await policy.decide(ctx)
             except PolicyError as exc:
                 record.decision = {"policy": policy.name, "blocked": exc.code}
                 raise _policy_error(exc) from exc
+            except ScanUnavailable as exc:
+                raise _scan_unavailable(exc) from exc
             plan = self._with_model_fallbacks(plan)
         record.decision = plan.describe()
         record.reason = plan.reason
@@ -169,7 +173,13 @@ class ProxyService:
         return plan
 
     def context(
-        self, request: Request, endpoint: Endpoint, body: Mapping[str, Any], request_id: str, tenant: str | None
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        request_id: str,
+        tenant: str | None,
+        raw: bytes | None = None,
     ) -> RequestContext:
         """What a policy sees of this request."""
         return RequestContext(
@@ -180,6 +190,7 @@ class ProxyService:
             tenant=tenant,
             session_id=request.headers.get("x-pointsman-session-id"),
             headers=request.headers,
+            raw_body=raw,
         )
 
     async def explain(self, request: Request) -> Response:
@@ -200,8 +211,8 @@ class ProxyService:
             else:
                 policy = self.policies.get(model)
                 if policy is None:
-                    raise ModelNotFoundError(f"The model '{model}' does not exist", param="model")
-                ctx = self.context(request, CHAT, body, request_id, tenant)
+                    raise _unknown_model(model)
+                ctx = self.context(request, CHAT, body, request_id, tenant, raw)
                 explain = getattr(policy, "explain", None)
                 if explain is not None:
                     explanation = {"route": model, **await explain(ctx)}
@@ -210,13 +221,23 @@ class ProxyService:
                     explanation = {"route": model, "policy": plan.policy, "plan": plan.describe(),
                                    "model": plan.candidates[0], "reason": plan.reason}
         except PointsmanError as error:
-            return error_response(error)
+            return error_response(error, gateway_headers(request_id))
         except PolicyError as exc:
-            return error_response(_policy_error(exc))
+            return error_response(_policy_error(exc), gateway_headers(request_id))
+        except ScanUnavailable as exc:
+            return error_response(_scan_unavailable(exc), gateway_headers(request_id))
         except ClientDisconnected:
             return Response(status_code=499)
         explanation["request_id"] = request_id
-        return Response(orjson.dumps(explanation, default=str), media_type="application/json")
+        return json_response(explanation, gateway_headers(request_id))
+
+    async def _redact(
+        self, body: Mapping[str, Any], raw: bytes, kinds: tuple[str, ...]
+    ) -> tuple[dict[str, Any] | None, bytes]:
+        try:
+            return await redact(self.scan_pool, body, raw, kinds, drop=(REQUEST_FIELD,))
+        except ScanUnavailable as exc:
+            raise _scan_unavailable(exc) from exc
 
     def _with_model_fallbacks(self, plan: Plan) -> Plan:
         expanded: list[str] = []
@@ -234,6 +255,7 @@ class ProxyService:
         endpoint: Endpoint,
         body: Mapping[str, Any],
         raw: bytes,
+        model_first: bool,
         plan: Plan,
         trace: RequestTrace,
     ) -> Completed | OpenedStream | None:
@@ -252,7 +274,7 @@ class ProxyService:
         watcher = asyncio.ensure_future(watch())
         try:
             return await self.forwarder.forward(
-                path=endpoint.path, body=body, raw_body=raw, candidates=plan.candidates,
+                path=endpoint.path, body=body, raw_body=raw, model_first=model_first, candidates=plan.candidates,
                 stream=bool(body.get("stream")), trace=trace,
             )
         except asyncio.CancelledError:
@@ -337,29 +359,27 @@ class ProxyService:
         self.recorder.record(record)
 
 
-def new_request_id() -> str:
-    """A unique request id (128 random bits; cheaper than building a uuid.UUID per request)."""
-    return "psm-" + os.urandom(16).hex()
+def _scan_unavailable(exc: ScanUnavailable) -> ServiceUnavailableError:
+    """A long request whose text could not be scanned (queue full, scan timed out): 503."""
+    message = (
+        "the gateway is busy scanning other long requests; retry shortly"
+        if exc.retry_after is not None
+        else f"the gateway could not scan this request's text: {exc}"
+    )
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return ServiceUnavailableError(message, code=exc.code, headers=headers)
 
 
-def error_response(error: PointsmanError, headers: list[tuple[bytes, bytes]] | None = None) -> Response:
-    """An OpenAI-shaped JSON error response."""
-    body = error.to_json()
-    response = Response(content=body, status_code=error.status, media_type=None)
-    response.raw_headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *[(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()],
-        *(headers or []),
-    ]
-    return response
+def _unknown_model(model: str) -> ModelNotFoundError:
+    return ModelNotFoundError(
+        f"The model {client_echo(model)} does not exist; GET /v1/models lists models and routes",
+        param="model",
+    )
 
 
 def _policy_error(exc: PolicyError) -> PointsmanError:
-    error = PointsmanError(exc.message, code=exc.code)
-    error.status = exc.status
-    error.error_type = "invalid_request_error" if exc.status < 500 else "server_error"
-    return error
+    error_type = "invalid_request_error" if exc.status < 500 else "server_error"
+    return PointsmanError(exc.message, code=exc.code, status=exc.status, error_type=error_type)
 
 
 def _dedupe(names: Any) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.forward import OpenedStream
 from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamFailure
+from gateway.upstream_log import failure_log
 from gateway.usage import SSEUsageScanner
 
 _SETTLE_SECONDS = 0.1
@@ -118,6 +119,8 @@ class ProxyStream(Response):
                 await self._settle_upstream()
                 return
         except UpstreamFailure as failure:
+            failure_log.note(failure, backend=opened.target.backend.name, replica=opened.replica.base_url,
+                             model=opened.target.name, phase="stream")
             record.outcome = "stream_error"
             record.error_type = failure.kind
             record.error_message = failure.message

@@ -43,10 +43,12 @@ class UpstreamFailure(Exception):
         body: bytes | None = None,
         content_type: str | None = None,
         retry_after: float | None = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
-        self.message = message
+        self.message = message  # the gateway's own words: safe to show a client
+        self.detail = detail  # the library's description (addresses, internals): for the log only
         self.status = status
         self.body = body
         self.content_type = content_type
@@ -96,7 +98,9 @@ class UpstreamResponse:
         except TimeoutError as exc:
             raise UpstreamFailure("total_timeout", "upstream did not finish the response in time") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamFailure("reset", f"upstream connection failed while reading: {_describe(exc)}") from exc
+            raise UpstreamFailure(
+                "reset", "the upstream connection broke while the response was read", detail=_describe(exc)
+            ) from exc
 
     async def next_chunk(self, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 - a deadline, not a cancel scope
         """The next bytes of a streamed body (b"" at the end), within idle and total deadlines."""
@@ -112,7 +116,7 @@ class UpstreamResponse:
                 raise UpstreamFailure("first_byte_timeout", "upstream sent no data in time") from exc
             raise UpstreamFailure("idle_timeout", f"upstream stream stalled for over {self.idle:g}s") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamFailure("reset", f"upstream stream broke: {_describe(exc)}") from exc
+            raise UpstreamFailure("reset", "the upstream stream broke", detail=_describe(exc)) from exc
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while chunk := await self.next_chunk():
@@ -171,9 +175,11 @@ class UpstreamClient:
         except aiohttp.ConnectionTimeoutError as exc:
             raise UpstreamFailure("connect_timeout", "timed out connecting to upstream") from exc
         except aiohttp.ClientConnectorError as exc:
-            raise UpstreamFailure("connect", f"cannot connect to upstream: {_describe(exc)}") from exc
+            raise UpstreamFailure("connect", "could not connect to the upstream", detail=_describe(exc)) from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamFailure("reset", f"upstream connection failed: {_describe(exc)}") from exc
+            raise UpstreamFailure(
+                "reset", "the upstream connection failed before a response arrived", detail=_describe(exc)
+            ) from exc
         response = UpstreamResponse(raw=raw, started=started, deadline=deadline, idle=timeouts.idle)
         if raw.status in RETRYABLE_STATUSES:
             body_bytes = b""
@@ -200,7 +206,7 @@ class UpstreamClient:
         except TimeoutError as exc:
             raise UpstreamFailure("first_byte_timeout", "health check timed out") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamFailure("connect", f"health check failed: {_describe(exc)}") from exc
+            raise UpstreamFailure("connect", "health check failed", detail=_describe(exc)) from exc
 
 
 @functools.lru_cache(maxsize=256)
@@ -227,5 +233,6 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text[:300]
+    """The library's own account of a failure, for the log (never for a client)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.base import PolicyError
+from policies.echo import client_echo
 
 REQUEST_FIELD = "pointsman"  # the gateway's namespace in a request body
 THRESHOLD_HEADER = "x-pointsman-threshold"
@@ -134,7 +135,7 @@ def threshold_override(headers: Mapping[str, str], body: Mapping[str, Any] | Non
         value = math.nan
     if not (0.0 <= value <= 1.0):  # also rejects NaN
         raise PolicyError(
-            f"{where}: {raw!r} is not a number between 0 and 1",
+            f"{where}: {client_echo(raw)} is not a number between 0 and 1",
             status=400,
             code="invalid_threshold",
         )

@@ -135,12 +135,47 @@ def test_reset_mid_stream_ends_with_error_event(client: OpenAI, gateway: Gateway
     assert record["outcome"] == "stream_error" and record["error_type"] in ("reset", "truncated")
 
 
+def test_stream_ending_cleanly_without_done_ends_with_truncated_event(
+    client: OpenAI, gateway: GatewayProcess, upstream: FakeUpstream
+) -> None:
+    # The upstream ends its body properly (chunked terminator, no transport error) after two chunks
+    # but never sends [DONE]: only the missing [DONE] says the answer was cut short.
+    user = _key()
+    with client.chat.completions.with_streaming_response.create(
+        model="fake-truncated-stream", messages=MESSAGES, stream=True, user=user
+    ) as response:
+        request_id = response.headers["x-pointsman-request-id"]
+        received = []
+        with pytest.raises(openai.APIError) as info:
+            for chunk in response.parse():
+                received.append(chunk)
+    assert [c.choices[0].delta.content for c in received] == ["", WORDS[0]]  # delivered before the error
+    assert isinstance(info.value.body, dict) and info.value.body["code"] == "truncated", info.value.body
+    assert info.value.body["type"] == "upstream_error"
+    assert upstream.state.requests[("truncated-stream", user)] == 1  # bytes were sent: never retried
+    record = gateway.decision(request_id)
+    assert record["status"] == 200 and record["outcome"] == "stream_error"
+    assert record["error_type"] == "truncated" and record["attempts"] == 1
+
+
 def test_malformed_json_is_502(client: OpenAI, gateway: GatewayProcess) -> None:
     with pytest.raises(openai.APIStatusError) as info:
         client.chat.completions.create(model="fake-malformed", messages=MESSAGES)
     assert info.value.status_code == 502
     assert "not valid JSON" in info.value.body["message"]  # type: ignore[index]
     assert gateway.decision(_request_id(info.value))["error_type"] == "bad_gateway"
+
+
+def test_a_stream_request_answered_without_an_event_stream_is_502(
+    client: OpenAI, gateway: GatewayProcess
+) -> None:
+    """A 200 JSON body to ``stream: true`` used to pass as an empty "stream": no chunks, no error."""
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="fake-malformed", messages=MESSAGES, stream=True)
+    assert info.value.status_code == 502
+    assert "without an event stream" in info.value.body["message"]  # type: ignore[index]
+    record = gateway.decision(_request_id(info.value))
+    assert record["outcome"] == "error" and record["attempts"] == 3  # malformed answers are retried
 
 
 def test_slow_drip_stream_completes(client: OpenAI, gateway: GatewayProcess) -> None:

@@ -3,13 +3,22 @@ every decision record it answered, and exits 0 — what a Kubernetes rollout rel
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import os
 import signal
+import sqlite3
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
+import asyncpg
 import httpx
+import pytest
 
 from tests.fakes.upstream import WORDS, FakeUpstream, stream_events
 from tests.gatewayproc import GatewayProcess
@@ -177,3 +186,190 @@ def test_sigterm_when_idle_exits_zero(upstream: FakeUpstream, tmp_path: Path) ->
         f"an idle gateway exited with {code} on SIGTERM (expected 0; -15 means it was killed by the "
         f"re-raised signal)\n{gateway.log()[-1500:]}"
     )
+
+
+# --- SIGTERM under concurrent load, both stores ---------------------------------------------------
+
+PG_DSN = os.environ.get("POINTSMAN_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+LOAD_THREADS = 6  # on 2 shared cores: enough for overlapping requests, streams always in flight
+MIN_ANSWERED_BEFORE_SIGTERM = 60
+
+
+class _PgSchema:
+    """A fresh PostgreSQL schema for one test (selected through ``search_path`` in the DSN), dropped after."""
+
+    def __init__(self) -> None:
+        self.name = f"pointsman_shutdown_{uuid.uuid4().hex[:16]}"
+        sep = "&" if urlsplit(PG_DSN).query else "?"
+        self.dsn = f"{PG_DSN}{sep}{urlencode({'search_path': self.name})}"
+
+    def _run(self, sql: str) -> list[Any]:
+        async def go() -> list[Any]:
+            try:
+                conn = await asyncpg.connect(PG_DSN, timeout=5)
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                pytest.fail(f"PostgreSQL is required for this test but is not reachable at {PG_DSN} "
+                            f"({type(exc).__name__}: {exc})", pytrace=False)
+            try:
+                return list(await conn.fetch(sql))
+            finally:
+                await conn.close()
+
+        # A private loop: asyncio.run() would unset the current loop that pytest-asyncio's
+        # session-scoped loop relies on.
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(go())
+        finally:
+            loop.close()
+
+    def create(self) -> None:
+        self._run(f'CREATE SCHEMA "{self.name}"')
+
+    def drop(self) -> None:
+        self._run(f'DROP SCHEMA IF EXISTS "{self.name}" CASCADE')
+
+    def counts(self) -> dict[str, int]:
+        """Decision records per request id in this schema (empty before the table exists)."""
+        exists = self._run(f"SELECT to_regclass('\"{self.name}\".decisions') IS NOT NULL AS e")[0]["e"]
+        if not exists:
+            return {}
+        rows = self._run(f'SELECT request_id, count(*) AS n FROM "{self.name}".decisions GROUP BY request_id')
+        return {r["request_id"]: r["n"] for r in rows}
+
+
+def _sqlite_counts(path: Path) -> dict[str, int]:
+    if not path.exists():
+        return {}
+    con = sqlite3.connect(path)
+    try:
+        return dict(con.execute("SELECT request_id, count(*) FROM decisions GROUP BY request_id").fetchall())
+    except sqlite3.OperationalError:  # the table is created on open; before that there is nothing
+        return {}
+    finally:
+        con.close()
+
+
+class _Load(threading.Thread):
+    """One client sending chat requests back to back (plain, streamed, slow streams) until told to stop."""
+
+    def __init__(self, url: str, index: int, stop: threading.Event, in_flight: collections.Counter[str],
+                 lock: threading.Lock) -> None:
+        super().__init__(daemon=True)
+        self.url, self.index, self.stop, self.in_flight, self.lock = url, index, stop, in_flight, lock
+        self.answered: list[tuple[str, int]] = []  # (request id, status) of every response with headers
+        self.transport_errors = 0
+        self.broken_streams: list[str] = []  # request ids of 200 streams that did not end with [DONE]
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        kinds = ("plain", "stream", "slow") if self.index % 3 == 0 else ("plain", "stream")
+        turn = 0
+        try:
+            with httpx.Client(base_url=f"{self.url}/v1", timeout=30) as client:
+                while not self.stop.is_set():
+                    kind = kinds[turn % len(kinds)]
+                    turn += 1
+                    try:
+                        self._one(client, kind)
+                    except httpx.TransportError:
+                        # Refused / closed once the gateway stops listening: keep knocking until told
+                        # to stop, at a pace that leaves the CPU to the draining gateway.
+                        self.transport_errors += 1
+                        self.stop.wait(0.02)
+        except BaseException as exc:
+            self.error = exc
+
+    def _one(self, client: httpx.Client, kind: str) -> None:
+        model = "fake-slow-drip" if kind == "slow" else "fake-ok"
+        body = {"model": model, "messages": MESSAGES, "stream": kind != "plain"}
+        with client.stream("POST", "/chat/completions", json=body) as response:
+            request_id = response.headers.get("x-pointsman-request-id")
+            if request_id:
+                self.answered.append((request_id, response.status_code))
+            if kind == "plain" or response.status_code != 200:
+                response.read()
+                return
+            with self.lock:
+                self.in_flight[kind] += 1
+            data = b""
+            try:
+                data = b"".join(response.iter_raw())
+            finally:
+                with self.lock:
+                    self.in_flight[kind] -= 1
+                if not data.endswith(b"data: [DONE]\n\n"):  # also when the connection broke mid-stream
+                    self.broken_streams.append(str(request_id))
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_sigterm_under_concurrent_load_keeps_every_answered_record(
+    upstream: FakeUpstream, tmp_path: Path, store_kind: str
+) -> None:
+    """Clients keep sending (plain, streamed, slow streams) from several threads; SIGTERM lands mid-load.
+    After exit, every request answered 200 has exactly one decision record, all written by the
+    shutdown flush (the writer would not flush on its own), in SQLite and in PostgreSQL alike."""
+    config = _config(upstream, tmp_path)
+    if store_kind == "sqlite":
+        _load_then_sigterm(tmp_path, config, lambda: _sqlite_counts(tmp_path / "decisions.db"))
+        return
+    schema = _PgSchema()
+    schema.create()
+    try:
+        config["store"] = {"kind": "postgres", "dsn": schema.dsn, "flush_interval": 60, "batch_size": 100_000}
+        _load_then_sigterm(tmp_path, config, schema.counts)
+    finally:
+        schema.drop()
+
+
+def _load_then_sigterm(
+    tmp_path: Path, config: dict[str, Any], counts: Callable[[], dict[str, int]]
+) -> None:
+    gateway = GatewayProcess(config, tmp_path).start()
+    stop = threading.Event()
+    lock = threading.Lock()
+    in_flight: collections.Counter[str] = collections.Counter()
+    loads = [_Load(gateway.url, i, stop, in_flight, lock) for i in range(LOAD_THREADS)]
+    try:
+        for load in loads:
+            load.start()
+        deadline = time.monotonic() + 30
+        while True:  # mid-load: enough answered, and a slow stream in flight right now
+            answered = sum(len(load.answered) for load in loads)
+            with lock:
+                streaming = in_flight["slow"] > 0
+            if answered >= MIN_ANSWERED_BEFORE_SIGTERM and streaming:
+                break
+            errors = [load.error for load in loads if load.error is not None]
+            assert not errors, errors
+            assert time.monotonic() < deadline, f"load did not build up: {answered} answered, {dict(in_flight)}"
+            time.sleep(0.005)
+        assert counts() == {}, "the writer must not have flushed before SIGTERM (flush_interval 60)"
+        assert gateway.proc is not None
+        gateway.proc.send_signal(signal.SIGTERM)
+        exit_code = gateway.proc.wait(timeout=30)  # the clients keep sending all through the drain
+    finally:
+        stop.set()
+        for load in loads:
+            load.join(35)
+        if gateway.proc is not None and gateway.proc.poll() is None:
+            gateway.proc.kill()
+            gateway.proc.wait()
+    stored = counts()
+
+    assert not [load.error for load in loads if load.error is not None]
+    assert exit_code == 0, f"gateway exited with {exit_code} after SIGTERM under load\n{gateway.log()[-2000:]}"
+    answered_all = [pair for load in loads for pair in load.answered]
+    ok = [rid for rid, status in answered_all if status == 200]
+    assert len(ok) >= MIN_ANSWERED_BEFORE_SIGTERM
+    missing = [rid for rid in ok if rid not in stored]
+    assert not missing, f"{len(missing)} of {len(ok)} requests answered 200 have no decision record after exit"
+    duplicated = {rid: stored[rid] for rid in ok if stored[rid] != 1}
+    assert not duplicated, f"requests with more than one decision record: {duplicated}"
+    # Requests refused during the drain (503 in OpenAI's shape) were answered too: they are recorded.
+    refused = [rid for rid, status in answered_all if status != 200]
+    unrecorded = [rid for rid in refused if stored.get(rid) != 1]
+    assert not unrecorded, f"{len(unrecorded)} of {len(refused)} requests refused during the drain have no record"
+    # Streams in flight at SIGTERM were drained to the end, not cut.
+    broken = [rid for load in loads for rid in load.broken_streams]
+    assert not broken, f"{len(broken)} streams answered 200 were cut by the shutdown: {broken[:5]}"
