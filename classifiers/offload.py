@@ -252,9 +252,26 @@ def _spool_dir() -> str:
 
 
 def _spool(directory: str, raw: bytes) -> str:
+    """``raw`` in a new file of ``directory``, else of the temporary directory (a container's
+    ``/dev/shm`` is often only 64 MB: a full one must not fail the request)."""
+    try:
+        return _write_new(directory, raw)
+    except OSError:
+        fallback = tempfile.gettempdir()
+        if os.path.abspath(fallback) == os.path.abspath(directory):
+            raise
+        return _write_new(fallback, raw)
+
+
+def _write_new(directory: str, raw: bytes) -> str:
     fd, path = tempfile.mkstemp(prefix="pointsman-scan-", suffix=".json", dir=directory)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(raw)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
     return path
 
 

@@ -142,3 +142,19 @@ async def test_a_scan_over_the_timeout_is_stopped_and_the_pool_goes_on() -> None
         assert quick["pii"].detail["counts"]["email"] == 8
     finally:
         await scans.close()
+
+
+async def test_a_full_or_missing_memory_spool_falls_back_to_the_temp_directory(
+    pool: ScanPool, tmp_path: Path
+) -> None:
+    """A container's /dev/shm is often 64 MB: when it cannot take the bytes, the temp dir does."""
+    missing = tmp_path / "no-such-shm"
+    original, pool._spool = pool._spool, str(missing)  # the test's way to make the spool unusable
+    try:
+        body = _body(20)
+        signals = await pool.extract(list(build_extractors().values()), orjson.dumps(body))
+        assert signals["pii"].detail["counts"]["email"] == 23
+        parsed, raw = await redact(pool, body, orjson.dumps(body), ["email"])
+        assert parsed is None and b"@corp-mail.com" not in raw
+    finally:
+        pool._spool = original
