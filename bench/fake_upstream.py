@@ -13,6 +13,8 @@ The fake must never be the bottleneck of a proxy benchmark, so the faster one is
 (measured in ``bench/README.md``). uvloop is used when it is installed.
 
 Run: ``python bench/fake_upstream.py --port 9001 [--impl protocol|uvicorn] [--delay-ms 0]``.
+``--record-dir DIR`` (protocol only) saves every request body of at least ``--record-min-bytes`` to
+``DIR`` (``bench/event_loop.py`` checks what reached the upstream).
 It prints ``READY <port>`` on stdout once it accepts connections.
 """
 
@@ -20,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, cast
 
 MODEL = "fake-model"
@@ -128,9 +133,17 @@ RESP_400 = _plain(b"400 Bad Request", b'{"error":{"message":"bad request","type"
 class FakeUpstreamProtocol(asyncio.Protocol):
     """HTTP/1.1 with keep-alive, Content-Length or chunked request bodies, and pipelining-safe order."""
 
+    #: Where bodies of at least ``record_min_bytes`` are saved (None: nowhere).
+    record_dir: Path | None = None
+    record_min_bytes = 1 << 20
+    _recorded = itertools.count()
+
     def __init__(self, delay: float) -> None:
         self.delay = delay
         self.buf = b""
+        self.pending: list[bytes] = []
+        self.pending_size = 0
+        self.pending_need = 0
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -138,6 +151,12 @@ class FakeUpstreamProtocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if self.pending:  # the rest of a large body: append without re-copying what came before
+            self.pending.append(data)
+            self.pending_size += len(data)
+            if self.pending_size < self.pending_need:
+                return
+            data, self.pending = b"".join(self.pending), []
         self.buf = self.buf + data if self.buf else data
         out: list[bytes] = []
         while True:
@@ -153,9 +172,18 @@ class FakeUpstreamProtocol(asyncio.Protocol):
                 self.buf = b""
                 break
             if parsed is None:
+                need = self._declared_end(head, body_start)
+                if need is not None and need - len(self.buf) > 1 << 16:
+                    # A large body still arriving: collect its chunks in a list until it is complete.
+                    self.pending, self.pending_size, self.pending_need = [self.buf], len(self.buf), need
+                    self.buf = b""
                 break  # body not complete yet
             body, consumed = parsed
             self.buf = self.buf[consumed:]
+            if self.record_dir is not None and len(body) >= self.record_min_bytes:
+                # Written by a thread, so the fake keeps answering everyone else meanwhile.
+                path = self.record_dir / f"body-{os.getpid()}-{next(self._recorded)}.json"
+                asyncio.get_running_loop().run_in_executor(None, path.write_bytes, body)
             out.append(self._route(head, body))
         if out and self.transport is not None:
             payload = b"".join(out)
@@ -167,6 +195,15 @@ class FakeUpstreamProtocol(asyncio.Protocol):
     def _write(self, payload: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(payload)
+
+    @staticmethod
+    def _declared_end(head: bytes, body_start: int) -> int | None:
+        lower = head.lower()
+        idx = lower.find(b"\r\ncontent-length:")
+        if idx < 0:
+            return None
+        end = lower.find(b"\r\n", idx + 2)
+        return body_start + int(head[idx + 17 : end if end >= 0 else len(head)].strip())
 
     def _parse(self, head: bytes, body_start: int) -> tuple[bytes, int] | None:
         """Return (body, bytes consumed) or None when incomplete; ValueError when malformed."""
@@ -341,7 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=9001)
     parser.add_argument("--impl", choices=("protocol", "uvicorn"), default="protocol")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="fixed delay before every answer")
+    parser.add_argument("--record-dir", type=Path, default=None, help="save large request bodies here")
+    parser.add_argument("--record-min-bytes", type=int, default=1 << 20, help="what counts as large")
     args = parser.parse_args(argv)
+    if args.record_dir is not None:
+        args.record_dir.mkdir(parents=True, exist_ok=True)
+        FakeUpstreamProtocol.record_dir = args.record_dir
+        FakeUpstreamProtocol.record_min_bytes = args.record_min_bytes
     delay = args.delay_ms / 1000.0
     if args.impl == "uvicorn":
         serve_uvicorn(args.host, args.port, delay)
