@@ -92,6 +92,14 @@ class MethodNotAllowedError(PointsmanError):
     code = "method_not_allowed"
 
 
+class RequestTimeoutError(PointsmanError):
+    """The request body did not arrive within ``server.body_timeout`` (408)."""
+
+    status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLargeError(PointsmanError):
     """The request body exceeds ``server.max_body_bytes`` (413)."""
 

@@ -7,13 +7,14 @@ response_format, logprobs, seed, ...) are never inspected or dropped.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gateway.errors import InvalidRequestError, PayloadTooLargeError
+from gateway.errors import InvalidRequestError, PayloadTooLargeError, RequestTimeoutError
 from gateway.json_shape import MAX_JSON_DEPTH, check_json_shape
 
 __all__ = ["MAX_JSON_DEPTH"]  # re-exported: the limit belongs to the protocol a client sees
@@ -39,8 +40,18 @@ COMPLETIONS = Endpoint("completions", "/completions", streams=True)
 EMBEDDINGS = Endpoint("embeddings", "/embeddings", streams=False)
 
 
-async def read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` bytes (by header or while reading, for chunked)."""
+async def read_body(receive: Receive, content_length: str | None, limit: int, timeout: float = 60.0) -> bytes:  # noqa: ASYNC109
+    """The request body, refusing more than ``limit`` bytes (by header or while reading, for chunked)
+    and a body that has not fully arrived ``timeout`` seconds after its headers (408): a client
+    trickling a body must not hold a connection and a request slot for ever."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await _read_body(receive, content_length, limit)
+    except TimeoutError:
+        raise RequestTimeoutError(f"the request body did not arrive within {timeout:g} seconds") from None
+
+
+async def _read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
     if content_length is not None:
         try:
             declared = int(content_length)

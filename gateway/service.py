@@ -103,7 +103,8 @@ class ProxyService:
                 raise ServiceUnavailableError("the gateway is shutting down", headers={"Retry-After": "1"})
             record.tenant = self.authenticate(request)
             raw = await read_body(
-                request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes
+                request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes,
+                self.config.server.body_timeout,
             )
             body = parse_request(raw, endpoint)
             record.stream = bool(body.get("stream"))
@@ -199,7 +200,8 @@ class ProxyService:
         try:
             tenant = self.authenticate(request)
             raw = await read_body(
-                request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes
+                request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes,
+                self.config.server.body_timeout,
             )
             body = decode_body(raw)
             validate_request(body, CHAT if "messages" in body else COMPLETIONS)

@@ -19,13 +19,14 @@ from tests.fakes.upstream import WORDS, FakeUpstream
 from tests.gatewayproc import GatewayProcess
 
 MAX_BODY = 4096
+BODY_TIMEOUT = 1.5  # seconds a body may take to arrive
 PIECE = 1000  # bytes per chunk: each chunk is under the limit, only their sum can exceed it
 
 
 @pytest.fixture(scope="module")
 def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     config = {
-        "server": {"max_body_bytes": MAX_BODY},
+        "server": {"max_body_bytes": MAX_BODY, "body_timeout": BODY_TIMEOUT},
         "backends": [{
             "name": "fake",
             "base_url": upstream.base_url,
@@ -116,3 +117,22 @@ def test_chunked_body_under_limit_is_served(gateway: GatewayProcess, upstream: F
     forwarded = next(b for b in upstream.state.bodies if b.get("user") == user)
     assert forwarded["messages"] == orjson.loads(body)["messages"], "the reassembled body must reach the upstream"
     assert gateway.decision(headers["x-pointsman-request-id"])["status"] == 200
+
+
+@pytest.mark.parametrize("framing", ["chunked", "content-length"])
+def test_a_body_that_stops_arriving_is_a_408_not_a_held_connection(gateway: GatewayProcess, framing: str) -> None:
+    """A client that sends headers and part of a body, then nothing (slowloris), gets a 408 once
+    ``server.body_timeout`` has passed, and the decision record says so."""
+    body = _body(uuid.uuid4().hex, 2000)
+    length = "Transfer-Encoding: chunked\r\n" if framing == "chunked" else f"Content-Length: {len(body)}\r\n"
+    part = _chunked(body, finish=False)[:600] if framing == "chunked" else body[:600]
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{length}\r\n")
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=BODY_TIMEOUT * 10) as sock:
+        sock.sendall(head.encode() + part)
+        response = http.client.HTTPResponse(sock)
+        response.begin()  # arrives after the timeout, while the body is still incomplete
+        payload = orjson.loads(response.read())
+    assert response.status == 408, payload
+    assert payload["error"]["code"] == "request_timeout" and str(BODY_TIMEOUT) in payload["error"]["message"]
+    request_id = response.getheader("x-pointsman-request-id")
+    assert request_id and gateway.decision(request_id)["status"] == 408
