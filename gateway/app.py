@@ -60,26 +60,22 @@ def create_app(config: Config) -> Starlette:
             queue_limit=store_config.queue_limit,
         )
         await recorder.start()
-        metrics.watch("pointsman_decision_log_pending", "Decision records waiting to be written.",
-                      lambda: float(recorder.pending))
-        metrics.watch("pointsman_decision_log_written", "Decision records written since start.",
-                      lambda: float(recorder.written))
-        metrics.watch("pointsman_decision_log_dropped", "Decision records dropped (queue overflow).",
-                      lambda: float(recorder.dropped))
+        metrics.watch_attributes(recorder, {
+            "pointsman_decision_log_pending": ("pending", "Decision records waiting to be written."),
+            "pointsman_decision_log_written": ("written", "Decision records written since start."),
+            "pointsman_decision_log_dropped": ("dropped", "Decision records dropped (queue overflow)."),
+        })
         windows = RoutingBrain.knob_windows_of(config)
         history = await recorder.store.recent(limit=max(windows.values())) if windows else []
         brain = RoutingBrain(config, historic_knob_scores(reversed(history), windows))
         await brain.start()
-        scans = brain.scan_pool
-        if scans is not None:
-            metrics.watch("pointsman_scan_pending", "Long-request text scans waiting or running in worker processes.",
-                          lambda: float(scans.pending))
-            metrics.watch("pointsman_scan_completed", "Long-request text scans done in worker processes.",
-                          lambda: float(scans.completed))
-            metrics.watch("pointsman_scan_refused", "Long-request text scans refused (queue full: 503).",
-                          lambda: float(scans.refused))
-            metrics.watch("pointsman_scan_timeouts", "Long-request text scans stopped at classifiers.scan_timeout.",
-                          lambda: float(scans.timeouts))
+        if brain.scan_pool is not None:
+            metrics.watch_attributes(brain.scan_pool, {
+                "pointsman_scan_pending": ("pending", "Long-request text scans waiting or running in workers."),
+                "pointsman_scan_completed": ("completed", "Long-request text scans done in worker processes."),
+                "pointsman_scan_refused": ("refused", "Long-request text scans refused (queue full: 503)."),
+                "pointsman_scan_timeouts": ("timeouts", "Long-request text scans stopped at classifiers.scan_timeout."),
+            })
         service = ProxyService(config, pool, client, metrics, recorder, brain.policies, brain.scan_pool)
         health = HealthChecker(pool, client)
         health.start()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import functools
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -61,6 +62,11 @@ class Metrics:
         """Export a value read at scrape time (e.g. the decision log's queue depth)."""
         self.registry.register(_CallbackCollector(name, documentation, read))
 
+    def watch_attributes(self, source: object, exported: Mapping[str, tuple[str, str]]) -> None:
+        """Export numeric attributes of ``source``, read at scrape time: ``{metric: (attribute, help)}``."""
+        for name, (attribute, documentation) in exported.items():
+            self.watch(name, documentation, functools.partial(_read_number, source, attribute))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -103,3 +109,7 @@ class _CallbackCollector(Collector):
         family = GaugeMetricFamily(self._name, self._documentation)
         family.add_metric((), self._read())
         yield family
+
+
+def _read_number(source: object, attribute: str) -> float:
+    return float(getattr(source, attribute))
