@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -19,19 +18,12 @@ from evals.data import (
     split_of,
 )
 from evals.data.split import fold_of
+from tests.conftest import routing_data_dir
 
 
 @pytest.fixture(scope="module")
 def data_dir() -> Path:
-    path = resolve_data_dir()
-    if not (path / "routellm").is_dir():
-        # The data is not vendored (RouterBench may not be); CI always has it beside the clone,
-        # so there a missing data directory is a failure, not a skip.
-        message = f"routing data not found at {path} (set POINTSMAN_DATA_DIR)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return routing_data_dir("routellm")  # fails on CI, skips elsewhere, when the data is missing
 
 
 def test_data_dir_resolution_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from openai import OpenAI
 
 from tests.fakes.upstream import FAILS, WORDS, FakeUpstream
 from tests.gatewayproc import GatewayProcess
+from tests.polling import eventually
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -93,7 +94,7 @@ def test_hang_before_first_byte_is_504(client: OpenAI, gateway: GatewayProcess, 
     assert time.monotonic() - started < 8  # 3 attempts x 1 s first-byte timeout, plus back-off
     record = gateway.decision(_request_id(info.value))
     assert record["status"] == 504 and record["attempts"] == 3
-    _eventually(lambda: upstream.state.disconnects["hang"] >= before + 3)  # upstream requests were dropped
+    eventually(lambda: upstream.state.disconnects["hang"] >= before + 3, "the upstream requests were dropped")
 
 
 def test_hang_falls_back(client: OpenAI) -> None:
@@ -196,8 +197,8 @@ def test_client_disconnect_cancels_upstream(gateway: GatewayProcess, upstream: F
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=0.3)
     # The gateway notices at once and drops its upstream request (well before its 1 s first-byte timeout).
-    _eventually(lambda: upstream.state.disconnects["hang"] > before, timeout=0.9)
-    _eventually(lambda: any(r["outcome"] == "client_disconnected" for r in gateway.decisions()))
+    eventually(lambda: upstream.state.disconnects["hang"] > before, "the upstream request was dropped", timeout=0.9)
+    eventually(lambda: any(r["outcome"] == "client_disconnected" for r in gateway.decisions()), "recorded")
 
 
 def test_client_disconnect_mid_stream_cancels_upstream(gateway: GatewayProcess, upstream: FakeUpstream) -> None:
@@ -207,13 +208,6 @@ def test_client_disconnect_mid_stream_cancels_upstream(gateway: GatewayProcess, 
         request_id = response.headers["x-pointsman-request-id"]
         next(response.iter_raw())
     # Closing our side mid-stream must make the gateway drop the upstream before its 0.6 s idle timeout.
-    _eventually(lambda: upstream.state.disconnects["stall-midstream"] > before, timeout=0.5)
+    eventually(lambda: upstream.state.disconnects["stall-midstream"] > before, "upstream dropped", timeout=0.5)
     assert gateway.decision(request_id)["outcome"] == "client_disconnected"
 
-
-def _eventually(check: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)

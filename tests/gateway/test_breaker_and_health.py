@@ -7,7 +7,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -15,6 +15,7 @@ import pytest
 
 from tests.fakes.upstream import BrokenUpstream, FakeUpstream, free_port
 from tests.gatewayproc import GatewayProcess
+from tests.polling import eventually
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -31,19 +32,11 @@ def _metric(gateway: GatewayProcess, name: str, backend: str, replica: str) -> f
     return float(match.group(1))
 
 
-def _eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true after {timeout}s: {what}")
-        time.sleep(0.05)
-
-
 def _records(gateway: GatewayProcess, responses: list[httpx.Response]) -> list[dict[str, object]]:
     """Decision records of ``responses`` (one wait for the batch writer, then one query)."""
     ids = [r.headers["x-pointsman-request-id"] for r in responses]
     gateway.decision(ids[-1])
-    _eventually(lambda: {r["request_id"] for r in gateway.decisions()} >= set(ids), "all records written")
+    eventually(lambda: {r["request_id"] for r in gateway.decisions()} >= set(ids), "all records written")
     by_id = {r["request_id"]: r for r in gateway.decisions()}
     return [by_id[i] for i in ids]
 
@@ -150,7 +143,7 @@ def test_busy_replica_is_avoided(
 def test_dead_replica_is_marked_down_and_skipped(
     pool_gateway: GatewayProcess, upstream: FakeUpstream, dead_url: str
 ) -> None:
-    _eventually(lambda: _metric(pool_gateway, "pointsman_replica_healthy", "halfdead", dead_url) == 0.0,
+    eventually(lambda: _metric(pool_gateway, "pointsman_replica_healthy", "halfdead", dead_url) == 0.0,
                 "the dead replica is marked unhealthy")
     assert _metric(pool_gateway, "pointsman_replica_healthy", "halfdead", upstream.base_url) == 1.0
     user = _key()
@@ -167,7 +160,7 @@ def test_backend_with_no_healthy_replica_fails_fast_with_503(pool_gateway: Gatew
         text = httpx.get(f"{pool_gateway.url}/metrics", timeout=5).text
         return bool(re.search(r'^pointsman_replica_healthy\{backend="alldead",[^}]*\} 0\.0$', text, re.MULTILINE))
 
-    _eventually(marked_down, "the only replica of 'alldead' is marked unhealthy")
+    eventually(marked_down, "the only replica of 'alldead' is marked unhealthy")
     response = _chat(pool_gateway, "alldead-ok", _key())
     assert response.status_code == 503
     assert response.json()["error"]["type"] == "service_unavailable"
@@ -429,7 +422,7 @@ def test_without_health_checks_a_probe_after_the_cooldown_decides(
         assert response.status_code == 503
         assert gateway.decision(response.headers["x-pointsman-request-id"])["attempts"] == 0
 
-        _eventually(lambda: state() == 1.0, "half-open after the cooldown", timeout=COOLDOWN + 5)
+        eventually(lambda: state() == 1.0, "half-open after the cooldown", timeout=COOLDOWN + 5)
         probe = _chat(gateway, "unchecked-ok", user)
         assert probe.status_code == 502, "the upstream is still down"
         assert gateway.decision(probe.headers["x-pointsman-request-id"])["attempts"] == 1, "exactly one probe"
@@ -437,7 +430,7 @@ def test_without_health_checks_a_probe_after_the_cooldown_decides(
         assert _chat(gateway, "unchecked-ok", user).status_code == 503
     finally:
         probe_flapping.up()
-    _eventually(lambda: state() == 1.0, "half-open after the cooldown", timeout=COOLDOWN + 5)
+    eventually(lambda: state() == 1.0, "half-open after the cooldown", timeout=COOLDOWN + 5)
     probe = _chat(gateway, "unchecked-ok", user)
     assert probe.status_code == 200, probe.text
     assert state() == 0.0, "a successful probe closes the circuit"
