@@ -33,7 +33,7 @@ import multiprocessing
 import os
 import signal
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -92,8 +92,9 @@ def with_model_first(body: Mapping[str, Any]) -> bytes:
 
 
 def replace_model(raw: bytes, old: str, new: str) -> bytes | None:
-    """``raw`` (from :func:`with_model_first`) with ``model`` set to ``new``; None if ``raw`` does
-    not start with the ``old`` model field (then the caller must re-encode the body)."""
+    """``raw`` (a JSON object that starts with its ``model`` field, as :func:`with_model_first` writes
+    it) with ``model`` set to ``new``; None if ``raw`` does not start with the ``old`` model field
+    (then the caller must re-encode the body)."""
     prefix = b'{"model":' + orjson.dumps(old)
     if not raw.startswith(prefix):
         return None
@@ -162,7 +163,7 @@ class ScanPool:
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
 
     @contextlib.asynccontextmanager
-    async def _spooled(self, raw: bytes):  # type: ignore[no-untyped-def]
+    async def _spooled(self, raw: bytes) -> AsyncIterator[str]:
         """``raw`` in a file of the spool directory for as long as the block runs."""
         if self.pending >= self.queue_limit:
             self.refused += 1
@@ -189,7 +190,8 @@ class ScanPool:
             # A worker died (killed, out of memory, or stopped for another scan's timeout): replace
             # the pool if no other scan has yet, and try this scan once more.
             self._replace_broken(executor)
-            assert self._executor is not None
+            if self._executor is None:  # closed meanwhile: the gateway is shutting down
+                raise ScanUnavailable("the text-scan pool is closed") from None
             return await self._run_once(self._executor, fn, *args)
 
     async def _run_once(self, executor: ProcessPoolExecutor, fn: Callable[..., T], *args: Any) -> T:

@@ -98,7 +98,6 @@ class Forwarder:
         body: Mapping[str, Any],
         raw_body: bytes,
         candidates: Sequence[str],
-        model_first: bool = False,
         stream: bool,
         trace: RequestTrace,
     ) -> Completed | OpenedStream:
@@ -115,7 +114,7 @@ class Forwarder:
                 self._metrics.fallbacks.labels(record.route or "", previous, name).inc()
             previous = name
             record.model, record.backend = target.name, target.backend.name
-            payload = _payload(body, raw_body, model_first, target.model.wire_name)
+            payload = _payload(body, raw_body, target.model.wire_name)
             headers = _upstream_headers(target)
             tried: list[Replica] = []
             for attempt in range(self._retry.attempts):
@@ -225,13 +224,15 @@ class Forwarder:
         return True
 
 
-def _payload(body: Mapping[str, Any], raw: bytes, model_first: bool, wire_name: str) -> bytes:
+def _payload(body: Mapping[str, Any], raw: bytes, wire_name: str) -> bytes:
     """The bytes to send for ``wire_name``: ``raw`` itself when it names that model already, else
-    ``raw`` with the model swapped (cheap when ``raw`` has ``model`` first), else ``body`` re-encoded."""
+    ``raw`` with the model swapped when it starts with the model field (as the gateway's own
+    re-encodings do; parsing refused repeated keys, so that field is the one), else ``body``
+    re-encoded."""
     model = body.get("model")
     if model == wire_name:
         return raw
-    if model_first and isinstance(model, str):
+    if isinstance(model, str):
         swapped = replace_model(raw, model, wire_name)
         if swapped is not None:
             return swapped

@@ -45,7 +45,7 @@ class RoutingBrain:
         models = _model_infos(config)
         self.policies: dict[str, Policy] = {}
         self._providers: dict[str, ClassifierSignalProvider] = {}
-        self._scanning: dict[str, ClassifierSignalProvider] = {}  # routes that run rule signals
+        self._scanning: list[ClassifierSignalProvider] = []  # of the routes that run rule signals
         self.needs_encoder = False  # whether some policy uses a head signal (difficulty, domain)
         for route in config.routes:
             if route.policy == "static":
@@ -72,7 +72,7 @@ class RoutingBrain:
             self._providers[route.name] = provider
             self.needs_encoder |= bool(set(policy.needed_signals) & provider.head_signals)
             if set(policy.needed_signals) & provider.rule_signals:
-                self._scanning[route.name] = provider
+                self._scanning.append(provider)
         # Sticky routes keep their sessions in Redis when replicas must share them.
         self._sticky_routes = {
             name: policy for name, policy in self.policies.items()
@@ -124,7 +124,7 @@ class RoutingBrain:
         signals."""
         if self.scan_pool is not None:
             await self.scan_pool.start()
-            for provider in self._scanning.values():
+            for provider in self._scanning:
                 provider.attach_scan_pool(self.scan_pool)
         if self.shared_state is not None:
             await self.shared_state.start()

@@ -102,23 +102,19 @@ class ProxyService:
             if self.draining:
                 raise ServiceUnavailableError("the gateway is shutting down", headers={"Retry-After": "1"})
             record.tenant = self.authenticate(request)
-            raw = await read_body(
-                request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes,
-                self.config.server.body_timeout,
-            )
+            raw = await self._read_body(request)
             body = parse_request(raw, endpoint)
             record.stream = bool(body.get("stream"))
             plan = await self._plan(request, endpoint, body, trace, raw)
-            model_first = False
             if plan.redact:
                 # The policy asked to strip PII before the request leaves the gateway (and the
                 # gateway's own namespace, e.g. a threshold override, never goes upstream).
-                redacted, raw = await self._redact(body, raw, plan.redact)
-                body, model_first = redacted or body, True
+                redacted, raw = await redact(self.scan_pool, body, raw, plan.redact, drop=(REQUEST_FIELD,))
+                body = redacted or body
             elif REQUEST_FIELD in body:
                 body = {k: v for k, v in body.items() if k != REQUEST_FIELD}
-                raw, model_first = with_model_first(body), True
-            result = await self._forward_unless_disconnected(request, endpoint, body, raw, model_first, plan, trace)
+                raw = with_model_first(body)
+            result = await self._forward_unless_disconnected(request, endpoint, body, raw, plan, trace)
             if result is None:
                 record.outcome, record.status = "client_disconnected", 499
                 return Response(status_code=499)
@@ -130,6 +126,8 @@ class ProxyService:
             return self._completed(result, trace)
         except PointsmanError as error:
             return self._error(error, trace)
+        except ScanUnavailable as exc:
+            return self._error(_scan_unavailable(exc), trace)
         except ClientDisconnected:
             record.outcome, record.status = "client_disconnected", 499
             return Response(status_code=499)
@@ -165,8 +163,6 @@ class ProxyService:
             except PolicyError as exc:
                 record.decision = {"policy": policy.name, "blocked": exc.code}
                 raise _policy_error(exc) from exc
-            except ScanUnavailable as exc:
-                raise _scan_unavailable(exc) from exc
             plan = self._with_model_fallbacks(plan)
         record.decision = plan.describe()
         record.reason = plan.reason
@@ -199,10 +195,7 @@ class ProxyService:
         request_id = new_request_id()
         try:
             tenant = self.authenticate(request)
-            raw = await read_body(
-                request.receive, request.headers.get("content-length"), self.config.server.max_body_bytes,
-                self.config.server.body_timeout,
-            )
+            raw = await self._read_body(request)
             body = decode_body(raw)
             validate_request(body, CHAT if "messages" in body else COMPLETIONS)
             model = body["model"]
@@ -233,13 +226,11 @@ class ProxyService:
         explanation["request_id"] = request_id
         return json_response(explanation, gateway_headers(request_id))
 
-    async def _redact(
-        self, body: Mapping[str, Any], raw: bytes, kinds: tuple[str, ...]
-    ) -> tuple[dict[str, Any] | None, bytes]:
-        try:
-            return await redact(self.scan_pool, body, raw, kinds, drop=(REQUEST_FIELD,))
-        except ScanUnavailable as exc:
-            raise _scan_unavailable(exc) from exc
+    async def _read_body(self, request: Request) -> bytes:
+        server = self.config.server
+        return await read_body(
+            request.receive, request.headers.get("content-length"), server.max_body_bytes, server.body_timeout
+        )
 
     def _with_model_fallbacks(self, plan: Plan) -> Plan:
         expanded: list[str] = []
@@ -257,7 +248,6 @@ class ProxyService:
         endpoint: Endpoint,
         body: Mapping[str, Any],
         raw: bytes,
-        model_first: bool,
         plan: Plan,
         trace: RequestTrace,
     ) -> Completed | OpenedStream | None:
@@ -276,7 +266,7 @@ class ProxyService:
         watcher = asyncio.ensure_future(watch())
         try:
             return await self.forwarder.forward(
-                path=endpoint.path, body=body, raw_body=raw, model_first=model_first, candidates=plan.candidates,
+                path=endpoint.path, body=body, raw_body=raw, candidates=plan.candidates,
                 stream=bool(body.get("stream")), trace=trace,
             )
         except asyncio.CancelledError:
