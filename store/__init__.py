@@ -1,10 +1,14 @@
-"""Decision-log storage: every routing decision, written in batches off the request path.
+"""Decision-log storage: every routing decision, written in batches off the request path, the
+conversation kept for retraining, and feedback on each request.
 
-store = open_store("sqlite", path="pointsman.db", dsn=None)
+store = open_store("sqlite", path="pointsman.db", dsn=None)   # or open_store_url("sqlite:///...")
 recorder = DecisionRecorder(store)
 await recorder.start()          # opens the store, migrates, starts the writer task
 recorder.record(DecisionRecord(...))   # from the request path: never blocks, never raises
-await recorder.stop()           # on shutdown: writes everything queued, closes the store
+recorder.record_feedback(FeedbackRecord(...))   # fire-and-forget (judge, implicit signals)
+writer = FeedbackWriter(store); await writer.start()
+await writer.submit(FeedbackRecord(...))   # returns once committed; raises StoreUnavailable
+await writer.stop(); await recorder.stop()   # on shutdown: writes everything queued, closes the store
 """
 
 from __future__ import annotations
@@ -12,24 +16,43 @@ from __future__ import annotations
 from typing import Literal
 
 from store.base import DecisionStore
+from store.errors import StoreError, StoreUnavailable
+from store.feedback_writer import FeedbackWriter
 from store.null import NullDecisionStore
 from store.postgres import PostgresDecisionStore
 from store.recorder import DecisionRecorder
-from store.records import COLUMNS, JSON_COLUMNS, DecisionRecord
+from store.records import (
+    COLUMNS,
+    FEEDBACK_SOURCES,
+    JSON_COLUMNS,
+    ConversationRecord,
+    DecisionRecord,
+    FeedbackRecord,
+    LoggedRequest,
+)
 from store.schema import SCHEMA_VERSION
 from store.sqlite import SQLiteDecisionStore
+from store.url import open_store_url
 
 __all__ = [
     "COLUMNS",
+    "FEEDBACK_SOURCES",
     "JSON_COLUMNS",
     "SCHEMA_VERSION",
+    "ConversationRecord",
     "DecisionRecord",
     "DecisionRecorder",
     "DecisionStore",
+    "FeedbackRecord",
+    "FeedbackWriter",
+    "LoggedRequest",
     "NullDecisionStore",
     "PostgresDecisionStore",
     "SQLiteDecisionStore",
+    "StoreError",
+    "StoreUnavailable",
     "open_store",
+    "open_store_url",
 ]
 
 StoreKind = Literal["sqlite", "postgres", "none"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, cast
 
 import orjson
 
-from store.records import DecisionRecord
+from store.records import ConversationRecord, DecisionRecord, FeedbackRecord, LoggedRequest
 from store.schema import COLUMN_KINDS
 
 logger = logging.getLogger(__name__)
@@ -141,3 +141,92 @@ def record_from_row(row: RowLike) -> DecisionRecord:
             value = bool(value)
         values[name] = value
     return DecisionRecord(**values)
+
+
+# --- feedback and conversations ------------------------------------------------------------------
+
+
+def _text(value: str | None, strip_nul: bool) -> str | None:
+    if value is None:
+        return None
+    value = str(value)
+    return value.replace("\x00", "") if strip_nul and "\x00" in value else value
+
+
+def encode_feedback(item: FeedbackRecord, *, strip_nul: bool = False) -> tuple[Any, ...]:
+    """A feedback row in FEEDBACK_COLUMNS order. The key columns are never NULL ("" for no model),
+    so the unique index sees one key per logical piece of feedback."""
+    score = float(item.score)
+    return (
+        _text(item.request_id, strip_nul) or "",
+        float(item.created_at),
+        score if math.isfinite(score) else None,
+        _text(item.label, strip_nul),
+        _text(item.comment, strip_nul),
+        encode_json(item.metadata or {}, strip_nul=strip_nul),
+        _text(item.metric, strip_nul) or "quality",
+        _text(item.source, strip_nul) or "user",
+        _text(item.model, strip_nul) or "",
+        _text(item.tenant, strip_nul),
+    )
+
+
+def feedback_from_row(row: RowLike) -> FeedbackRecord:
+    """A feedback record from a row keyed by column name. A score that is NULL (possible only in
+    rows written before schema step 2) reads as NaN."""
+    score = row["score"]
+    return FeedbackRecord(
+        request_id=row["request_id"],
+        score=math.nan if score is None else float(score),
+        metric=row["metric"],
+        source=row["source"],
+        model=row["model"],
+        label=row["label"],
+        comment=row["comment"],
+        tenant=row["tenant"],
+        created_at=float(row["created_at"]),
+        metadata=decode_json(row["metadata"]),
+    )
+
+
+def encode_conversation(item: ConversationRecord, *, strip_nul: bool = False) -> tuple[Any, ...]:
+    """A conversation row in CONVERSATION_COLUMNS order."""
+    return (
+        item.request_id,
+        float(item.created_at),
+        _text(item.tenant, strip_nul),
+        _text(item.encoder_id, strip_nul),
+        None if item.embedding is None else bytes(item.embedding),
+        _text(item.text, strip_nul),
+        None if item.expires_at is None else float(item.expires_at),
+    )
+
+
+def conversation_from_row(row: RowLike) -> ConversationRecord:
+    """A conversation record from a row keyed by column name."""
+    embedding = row["embedding"]
+    return ConversationRecord(
+        request_id=row["request_id"],
+        created_at=float(row["created_at"]),
+        tenant=row["tenant"],
+        encoder_id=row["encoder_id"],
+        embedding=None if embedding is None else bytes(embedding),
+        text=row["text"],
+        expires_at=row["expires_at"],
+    )
+
+
+def join_logged(
+    decision_rows: Iterable[RowLike], conversation_rows: Iterable[RowLike], feedback_rows: Iterable[RowLike]
+) -> list[LoggedRequest]:
+    """Decisions (in their order) joined with their conversation and feedback, from three reads."""
+    conversations = {c.request_id: c for c in map(conversation_from_row, conversation_rows)}
+    feedback: dict[str, list[FeedbackRecord]] = {}
+    for item in map(feedback_from_row, feedback_rows):
+        feedback.setdefault(item.request_id, []).append(item)
+    out: list[LoggedRequest] = []
+    for row in decision_rows:
+        record = record_from_row(row)
+        record.conversation = conversations.get(record.request_id)
+        out.append(LoggedRequest(record, record.conversation, feedback.get(record.request_id, [])))
+    return out

@@ -5,17 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from store.records import DecisionRecord
+from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
 
 
 @runtime_checkable
 class DecisionStore(Protocol):
-    """Where decision records are persisted.
+    """Where decision records, their conversations and feedback on them are persisted.
 
     Writers call :meth:`write_batch` from one background task (see ``DecisionRecorder``); the read
     methods serve evals and tests. ``open`` and ``close`` are idempotent. ``write_batch`` is
     idempotent per request id: a record whose ``request_id`` is already stored is ignored, so a
-    batch retried after an ambiguous failure never duplicates rows.
+    batch retried after an ambiguous failure never duplicates rows. ``write_feedback`` is idempotent
+    per (request_id, metric, source, model): a repeat replaces the row, never adds one.
     """
 
     async def open(self) -> None:
@@ -23,7 +24,13 @@ class DecisionStore(Protocol):
         ...
 
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
-        """Persist ``records`` in one transaction: all of them, or none (and raise)."""
+        """Persist ``records`` (and the conversation each carries) in one transaction: all of
+        them, or none (and raise)."""
+        ...
+
+    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
+        """Upsert ``items`` in one transaction, durably committed when this returns; raises (and
+        writes nothing) on failure."""
         ...
 
     async def close(self) -> None:
@@ -31,7 +38,7 @@ class DecisionStore(Protocol):
         ...
 
     async def fetch(self, request_id: str) -> DecisionRecord | None:
-        """The record with this request id, or None."""
+        """The record with this request id, or None (its ``conversation`` is not loaded)."""
         ...
 
     async def recent(self, limit: int = 100) -> list[DecisionRecord]:
@@ -41,3 +48,39 @@ class DecisionStore(Protocol):
     async def count(self) -> int:
         """How many decision records are stored."""
         ...
+
+    async def fetch_feedback(self, request_id: str) -> list[FeedbackRecord]:
+        """Every piece of feedback on ``request_id``, ordered by (metric, source, model)."""
+        ...
+
+    async def feedback_count(self) -> int:
+        """How many feedback rows are stored."""
+        ...
+
+    async def logged_requests(
+        self, *, route: str | None = None, since: float | None = None
+    ) -> list[LoggedRequest]:
+        """Decisions (on ``route``, created at or after ``since``), oldest first, each joined with
+        its conversation and its feedback; read as one consistent snapshot."""
+        ...
+
+    async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
+        """Delete everything stored about a tenant or about one request (decisions, feedback,
+        conversations) in one transaction; returns rows deleted per table. Exactly one of
+        ``tenant`` and ``request_id`` is given."""
+        ...
+
+    async def purge_expired_text(self, now: float) -> int:
+        """Delete the text of conversations whose retention ended at or before ``now`` (the
+        embedding stays); returns how many conversations lost their text."""
+        ...
+
+
+def check_forget_args(tenant: str | None, request_id: str | None) -> tuple[bool, str]:
+    """(by_tenant, value) for :meth:`DecisionStore.forget`; refuses none or both of them."""
+    if (tenant is None) == (request_id is None):
+        raise ValueError("forget needs exactly one of tenant= or request_id=")
+    if tenant is not None:
+        return True, tenant
+    assert request_id is not None
+    return False, request_id

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from store.records import DecisionRecord
+from store.base import check_forget_args
+from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
 
 
 class NullDecisionStore:
@@ -14,6 +15,9 @@ class NullDecisionStore:
         return None
 
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
+        return None
+
+    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
         return None
 
     async def close(self) -> None:
@@ -26,4 +30,22 @@ class NullDecisionStore:
         return []
 
     async def count(self) -> int:
+        return 0
+
+    async def fetch_feedback(self, request_id: str) -> list[FeedbackRecord]:
+        return []
+
+    async def feedback_count(self) -> int:
+        return 0
+
+    async def logged_requests(
+        self, *, route: str | None = None, since: float | None = None
+    ) -> list[LoggedRequest]:
+        return []
+
+    async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
+        check_forget_args(tenant, request_id)
+        return {"decisions": 0, "feedback": 0, "conversations": 0}
+
+    async def purge_expired_text(self, now: float) -> int:
         return 0

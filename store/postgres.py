@@ -12,13 +12,28 @@ from collections.abc import Mapping, Sequence
 
 import asyncpg
 
-from store._codec import encode_row, record_from_row
-from store.records import DecisionRecord
+from store._codec import (
+    encode_conversation,
+    encode_feedback,
+    encode_row,
+    feedback_from_row,
+    join_logged,
+    record_from_row,
+)
+from store.base import check_forget_args
+from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
 from store.schema import (
     VERSION_TABLE,
+    forget_sql,
+    insert_conversation_sql,
     insert_decisions_sql,
+    logged_filter,
     migrations,
+    purge_text_sql,
+    select_conversations_sql,
     select_decisions_sql,
+    select_feedback_sql,
+    upsert_feedback_sql,
     version_table_ddl,
 )
 
@@ -46,6 +61,8 @@ class PostgresDecisionStore:
         self._command_timeout = command_timeout
         self._pool: asyncpg.Pool | None = None
         self._insert_sql = insert_decisions_sql("postgres")
+        self._conversation_sql = insert_conversation_sql("postgres")
+        self._feedback_sql = upsert_feedback_sql("postgres")
 
     def _require_pool(self) -> asyncpg.Pool:
         if self._pool is None:
@@ -103,13 +120,42 @@ class PostgresDecisionStore:
     # --- writes --------------------------------------------------------------------------------
 
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
-        """Insert ``records`` in one transaction; request ids already stored are ignored."""
+        """Insert ``records`` and their conversations in one transaction; request ids already
+        stored are ignored."""
         if not records:
             return
         # PostgreSQL refuses U+0000 in text and jsonb; strip it rather than refuse the whole batch.
         rows = [encode_row(r, strip_nul=True) for r in records]
+        conversations = [
+            encode_conversation(r.conversation, strip_nul=True) for r in records if r.conversation is not None
+        ]
         async with self._require_pool().acquire() as conn, conn.transaction():
             await conn.executemany(self._insert_sql, rows)
+            if conversations:
+                await conn.executemany(self._conversation_sql, conversations)
+
+    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
+        """Upsert ``items`` in one transaction (committed, hence durable, when this returns)."""
+        if not items:
+            return
+        rows = [encode_feedback(item, strip_nul=True) for item in items]
+        async with self._require_pool().acquire() as conn, conn.transaction():
+            await conn.executemany(self._feedback_sql, rows)
+
+    async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
+        """Delete a tenant's or a request's decisions, feedback and conversations in one transaction."""
+        by_tenant, value = check_forget_args(tenant, request_id)
+        counts: dict[str, int] = {}
+        async with self._require_pool().acquire() as conn, conn.transaction():
+            for table, sql in forget_sql("postgres", by_tenant=by_tenant):
+                status = await conn.execute(sql, value)  # "DELETE <n>"
+                counts[table] = int(status.rsplit(" ", 1)[-1])
+        return {name: counts[name] for name in ("decisions", "feedback", "conversations")}
+
+    async def purge_expired_text(self, now: float) -> int:
+        """Delete the text of conversations whose retention ended at or before ``now``."""
+        status = await self._require_pool().execute(purge_text_sql("postgres"), now)  # "UPDATE <n>"
+        return int(status.rsplit(" ", 1)[-1])
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -123,3 +169,26 @@ class PostgresDecisionStore:
 
     async def count(self) -> int:
         return int(await self._require_pool().fetchval("SELECT count(*) FROM decisions"))
+
+    async def fetch_feedback(self, request_id: str) -> list[FeedbackRecord]:
+        sql = select_feedback_sql() + " WHERE request_id = $1 ORDER BY metric, source, model"
+        return [feedback_from_row(row) for row in await self._require_pool().fetch(sql, request_id)]
+
+    async def feedback_count(self) -> int:
+        return int(await self._require_pool().fetchval("SELECT count(*) FROM feedback"))
+
+    async def logged_requests(
+        self, *, route: str | None = None, since: float | None = None
+    ) -> list[LoggedRequest]:
+        where, params = logged_filter("postgres", route, since)
+        chosen = f"request_id IN (SELECT request_id FROM decisions{where})"
+        # One repeatable-read transaction: the three reads see the same snapshot.
+        async with self._require_pool().acquire() as conn, conn.transaction(
+            isolation="repeatable_read", readonly=True
+        ):
+            decisions = await conn.fetch(select_decisions_sql() + where + " ORDER BY created_at, request_id", *params)
+            conversations = await conn.fetch(select_conversations_sql() + " WHERE " + chosen, *params)
+            feedback = await conn.fetch(
+                select_feedback_sql() + " WHERE " + chosen + " ORDER BY metric, source, model", *params
+            )
+        return join_logged(decisions, conversations, feedback)

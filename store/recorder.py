@@ -6,6 +6,12 @@ stays queued and is retried with exponential backoff, so a database outage costs
 ``queue_limit``, oldest records dropped first), not requests. :meth:`DecisionRecorder.stop` writes
 everything still queued before closing the store, so a graceful shutdown loses nothing it answered.
 
+Fire-and-forget feedback (judge scores, implicit signals) goes through the same queue with
+:meth:`DecisionRecorder.record_feedback`. Feedback a client waits for goes through
+:class:`store.feedback_writer.FeedbackWriter` instead, which acknowledges only committed rows.
+Every ``purge_interval`` seconds (and at start) the recorder deletes conversation text whose
+retention ended (:meth:`DecisionStore.purge_expired_text`).
+
 Logs name the failure (exception type, SQLSTATE or SQLite error name, errno) and counts, never the
 exception's message: driver messages can quote row values, and rows can carry request text.
 """
@@ -20,7 +26,7 @@ import time
 from collections import deque
 
 from store.base import DecisionStore
-from store.records import DecisionRecord
+from store.records import DecisionRecord, FeedbackRecord
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +65,7 @@ class DecisionRecorder:
         retry_initial: float = 0.1,
         retry_max: float = 5.0,
         drain_timeout: float = 20.0,
+        purge_interval: float | None = 600.0,
     ) -> None:
         if batch_size < 1 or queue_limit < 1:
             raise ValueError("batch_size and queue_limit must be at least 1")
@@ -66,6 +73,8 @@ class DecisionRecorder:
             raise ValueError("flush_interval, retry_initial and retry_max must be positive")
         if drain_timeout < 0:
             raise ValueError("drain_timeout must not be negative")
+        if purge_interval is not None and purge_interval <= 0:
+            raise ValueError("purge_interval must be positive (or None: never purge)")
         self.store = store
         # A batch larger than the queue could never fill up.
         self.batch_size = min(batch_size, queue_limit)
@@ -74,10 +83,13 @@ class DecisionRecorder:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.drain_timeout = drain_timeout
+        self.purge_interval = purge_interval
 
-        self._queue: deque[DecisionRecord] = deque()
+        self._queue: deque[DecisionRecord | FeedbackRecord] = deque()
         self._inflight = 0  # records taken off the queue by a write still in progress
         self._written = 0
+        self._feedback_written = 0
+        self._purged = 0
         self._dropped = 0
         self._write_errors = 0
         self._last_drop_log = float("-inf")
@@ -86,6 +98,7 @@ class DecisionRecorder:
         self._stop_event = asyncio.Event()  # cuts a retry backoff short
         self._write_lock = asyncio.Lock()  # one write at a time: keeps batches in order
         self._task: asyncio.Task[None] | None = None
+        self._purge_task: asyncio.Task[None] | None = None
         self._opened = False
         self._stopping = False
         self._closed = False
@@ -99,8 +112,19 @@ class DecisionRecorder:
         return self._written
 
     @property
+    def feedback_written(self) -> int:
+        """Feedback records (from :meth:`record_feedback`) the store accepted."""
+        return self._feedback_written
+
+    @property
+    def purged(self) -> int:
+        """Conversations whose expired text was deleted since start."""
+        return self._purged
+
+    @property
     def dropped(self) -> int:
-        """Records given up on: queue over its limit, recorded after close, or unwritable at stop."""
+        """Records (decisions and feedback) given up on: queue over its limit, recorded after close,
+        or unwritable at stop."""
         return self._dropped
 
     @property
@@ -117,6 +141,15 @@ class DecisionRecorder:
 
     def record(self, rec: DecisionRecord) -> None:
         """Queue ``rec`` for writing. Never blocks, never raises."""
+        self._enqueue(rec)
+
+    def record_feedback(self, item: FeedbackRecord) -> None:
+        """Queue a piece of feedback for writing, batched with decisions. Never blocks, never
+        raises; nothing tells the caller when (or whether) it was written: use
+        :class:`~store.feedback_writer.FeedbackWriter` when a client waits for the acknowledgement."""
+        self._enqueue(item)
+
+    def _enqueue(self, rec: DecisionRecord | FeedbackRecord) -> None:
         try:
             if self._closed:
                 self._drop(1, "recorder is stopped")
@@ -154,6 +187,8 @@ class DecisionRecorder:
         await self.store.open()
         self._opened = True
         self._task = asyncio.create_task(self._run(), name="pointsman-decision-recorder")
+        if self.purge_interval is not None:
+            self._purge_task = asyncio.create_task(self._purge_loop(self.purge_interval), name="pointsman-text-purge")
 
     async def stop(self) -> None:
         """Write everything still queued, then close the store.
@@ -168,6 +203,11 @@ class DecisionRecorder:
         self._stop_event.set()
         self._wake.set()
         deadline = time.monotonic() + self.drain_timeout
+        if self._purge_task is not None:
+            purge, self._purge_task = self._purge_task, None
+            purge.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purge
         if not self._opened and self._queue:
             # Never started, but records were queued: they still deserve a write.
             try:
@@ -220,9 +260,15 @@ class DecisionRecorder:
         the write lock."""
         n = min(self.batch_size, len(self._queue))
         batch = [self._queue.popleft() for _ in range(n)]
+        decisions = [r for r in batch if isinstance(r, DecisionRecord)]
+        feedback = [r for r in batch if isinstance(r, FeedbackRecord)] if len(decisions) < n else []
         self._inflight = n
         try:
-            await self.store.write_batch(batch)
+            # Both writes are idempotent, so a batch retried after the second failed is harmless.
+            if decisions:
+                await self.store.write_batch(decisions)
+            if feedback:
+                await self.store.write_feedback(feedback)
         except BaseException as exc:
             self._inflight = 0
             self._queue.extendleft(reversed(batch))
@@ -232,7 +278,21 @@ class DecisionRecorder:
                 self._write_errors += 1
             raise
         self._inflight = 0
-        self._written += n
+        self._written += len(decisions)
+        self._feedback_written += len(feedback)
+
+    async def _purge_loop(self, interval: float) -> None:
+        """Delete expired conversation text now and every ``interval`` seconds."""
+        while True:
+            try:
+                purged = await self.store.purge_expired_text(time.time())
+            except Exception as exc:
+                logger.warning("purging expired conversation text failed: %s", describe_error(exc))
+            else:
+                self._purged += purged
+                if purged:
+                    logger.info("deleted the text of %d conversations past their retention", purged)
+            await asyncio.sleep(interval)
 
     def _backoff(self, failures: int) -> float:
         return float(min(self.retry_max, self.retry_initial * 2 ** min(failures - 1, 30)))

@@ -1,14 +1,36 @@
-"""The decision record: one row per request the gateway answered (or refused).
+"""The records the store keeps: decisions, the conversations behind them, and feedback on them.
 
-This is a user-facing contract (DESIGN.md "Decision record"): evals replay and join feedback on it.
-Fields that hold structures (signals, decision) are JSON-encoded text in both SQLite and PostgreSQL
-(jsonb there), so one schema serves the embedded default and many-replica deployments.
+The decision record is a user-facing contract (DESIGN.md "Decision record"): evals replay and join
+feedback on it. Fields that hold structures (signals, decision) are JSON-encoded text in both SQLite
+and PostgreSQL (jsonb there), so one schema serves the embedded default and many-replica deployments.
+
+A field marked ``metadata={"column": False}`` is not a ``decisions`` column: it travels with the
+record to the store, which writes it elsewhere (the conversation goes to its own table, in the same
+transaction as the decision).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+#: Where a piece of feedback came from. ``implicit`` is recorded by the gateway itself (a re-ask,
+#: a regeneration, a truncated answer, an upstream error); clients may send the other four.
+FEEDBACK_SOURCES: tuple[str, ...] = ("user", "judge", "rule", "import", "implicit")
+
+
+@dataclass(slots=True)
+class ConversationRecord:
+    """What a route keeps of a request's conversation for retraining: its embedding (with the
+    encoder that made it) and, only when the route opts in, its text until ``expires_at``."""
+
+    request_id: str
+    created_at: float
+    tenant: str | None = None
+    encoder_id: str | None = None  # e.g. "static:<version>"; embeddings of different encoders never mix
+    embedding: bytes | None = None  # float32 little-endian
+    text: str | None = None  # JSON of the messages, only when the route opts in
+    expires_at: float | None = None  # unix seconds after which ``text`` is deleted (retention)
 
 
 @dataclass(slots=True)
@@ -40,11 +62,46 @@ class DecisionRecord:
     completion_tokens: int | None = None
     cost_usd: float | None = None
     experiment_arm: str | None = None
+    router_version: str | None = None  # registry version of the router heads that decided
+    # Probability the served choice had under the policy; None when the choice was not randomised.
+    propensity: float | None = None
+    # Not a column: written to the conversations table with the decision, in one transaction.
+    conversation: ConversationRecord | None = field(default=None, metadata={"column": False})
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-# Column order shared by every store implementation.
-COLUMNS: tuple[str, ...] = tuple(DecisionRecord.__dataclass_fields__)
+@dataclass(slots=True)
+class FeedbackRecord:
+    """An outcome attached to a request: ``score`` in [0, 1] under ``metric``.
+
+    One row per (request_id, metric, source, model): writing the same key again replaces the row.
+    ``model`` is "" when the feedback is about the answer that was served, else the model it is
+    about (comparisons). ``label`` is what the client sent when it sent a label or thumbs.
+    """
+
+    request_id: str
+    score: float
+    metric: str = "quality"
+    source: str = "user"
+    model: str = ""
+    label: str | None = None
+    comment: str | None = None
+    tenant: str | None = None
+    created_at: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LoggedRequest:
+    """A decision joined with its conversation (when kept) and every piece of feedback on it."""
+
+    record: DecisionRecord
+    conversation: ConversationRecord | None
+    feedback: list[FeedbackRecord]
+
+
+# Column order shared by every store implementation (fields marked column=False excluded).
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(DecisionRecord) if f.metadata.get("column", True))
 JSON_COLUMNS: frozenset[str] = frozenset({"signals", "decision"})

@@ -1,12 +1,15 @@
-"""DDL and SQL text for the decision-log tables, in the SQLite and PostgreSQL dialects.
+"""DDL and SQL text for the store's tables, in the SQLite and PostgreSQL dialects.
 
-The ``decisions`` columns are derived from :class:`store.records.DecisionRecord` itself, so adding a
-field to the record adds a column here and the two can never drift apart. Both dialects keep one
-shape: timestamps are unix seconds as floating point, JSON columns hold objects (TEXT in SQLite,
-jsonb in PostgreSQL).
+Migrations are numbered steps, oldest first, applied once each and recorded in ``schema_version``
+(``migrate()`` runs on every start). A released step is literal SQL and is never edited or derived
+from the current code again: a database written by an older release must be upgraded by the same
+statements whatever the dataclasses look like today. New columns and tables arrive as new steps.
 
-Migrations are a list of numbered steps; every statement is idempotent (``IF NOT EXISTS``) and the
-``schema_version`` table records which steps have run, so ``migrate()`` can be called on every start.
+The ``decisions`` columns after the last step must equal the columns of
+:class:`store.records.DecisionRecord` (``COLUMNS``): :data:`COLUMN_KINDS` is derived from the record
+for encoding rows, and a test checks that a freshly migrated database has exactly those columns. Both
+dialects keep one shape: timestamps are unix seconds as floating point, JSON columns hold objects
+(TEXT in SQLite, jsonb in PostgreSQL), embeddings are bytes (BLOB / bytea).
 """
 
 from __future__ import annotations
@@ -20,14 +23,25 @@ from store.records import COLUMNS, JSON_COLUMNS, DecisionRecord
 Dialect = Literal["sqlite", "postgres"]
 
 #: The newest schema version this code writes.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 DECISIONS_TABLE = "decisions"
 FEEDBACK_TABLE = "feedback"
+CONVERSATIONS_TABLE = "conversations"
 VERSION_TABLE = "schema_version"
 
 #: Columns of ``decisions`` that get an index (what evals and dashboards filter on).
 INDEXED_COLUMNS: tuple[str, ...] = ("created_at", "route", "model", "tenant")
+
+#: The key a piece of feedback is unique on: a repeat replaces, never adds.
+FEEDBACK_KEY: tuple[str, ...] = ("request_id", "metric", "source", "model")
+#: Columns written for a piece of feedback (``id`` is assigned by the database).
+FEEDBACK_COLUMNS: tuple[str, ...] = (
+    "request_id", "created_at", "score", "label", "comment", "metadata", "metric", "source", "model", "tenant",
+)
+CONVERSATION_COLUMNS: tuple[str, ...] = (
+    "request_id", "created_at", "tenant", "encoder_id", "embedding", "text", "expires_at",
+)
 
 _SQL_TYPES: dict[Dialect, dict[str, str]] = {
     "sqlite": {"str": "TEXT", "float": "REAL", "int": "INTEGER", "bool": "INTEGER", "json": "TEXT"},
@@ -77,41 +91,136 @@ def column_types(dialect: Dialect) -> dict[str, str]:
     return out
 
 
-def decisions_ddl(dialect: Dialect) -> list[str]:
-    """CREATE TABLE and CREATE INDEX statements for ``decisions``."""
-    cols = []
-    for name, decl in column_types(dialect).items():
-        suffix = " PRIMARY KEY" if name == "request_id" else ""
-        cols.append(f"    {name} {decl}{suffix}")
-    statements = [f"CREATE TABLE IF NOT EXISTS {DECISIONS_TABLE} (\n" + ",\n".join(cols) + "\n)"]
-    for col in INDEXED_COLUMNS:
-        statements.append(f"CREATE INDEX IF NOT EXISTS idx_{DECISIONS_TABLE}_{col} ON {DECISIONS_TABLE} ({col})")
-    return statements
+# --- step 1 (released): the first schema, frozen as it was created ------------------------------
+
+_STEP1_SQLITE: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS decisions (
+    request_id TEXT NOT NULL PRIMARY KEY,
+    created_at REAL NOT NULL,
+    endpoint TEXT NOT NULL,
+    route TEXT,
+    requested_model TEXT,
+    tenant TEXT,
+    stream INTEGER NOT NULL,
+    signals TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    model TEXT,
+    backend TEXT,
+    replica TEXT,
+    status INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    error_type TEXT,
+    error_message TEXT,
+    attempts INTEGER NOT NULL,
+    latency_ms REAL,
+    ttft_ms REAL,
+    overhead_ms REAL,
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    cost_usd REAL,
+    experiment_arm TEXT
+)""",
+    "CREATE INDEX IF NOT EXISTS idx_decisions_created_at ON decisions (created_at)",
+    "CREATE INDEX IF NOT EXISTS idx_decisions_route ON decisions (route)",
+    "CREATE INDEX IF NOT EXISTS idx_decisions_model ON decisions (model)",
+    "CREATE INDEX IF NOT EXISTS idx_decisions_tenant ON decisions (tenant)",
+    """CREATE TABLE IF NOT EXISTS feedback (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    request_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    score REAL,
+    label TEXT,
+    comment TEXT,
+    metadata TEXT
+)""",
+    "CREATE INDEX IF NOT EXISTS idx_feedback_request_id ON feedback (request_id)",
+    "CREATE INDEX IF NOT EXISTS idx_feedback_created_at ON feedback (created_at)",
+)
+
+_STEP1_POSTGRES: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS decisions (
+    request_id text NOT NULL PRIMARY KEY,
+    created_at double precision NOT NULL,
+    endpoint text NOT NULL,
+    route text,
+    requested_model text,
+    tenant text,
+    stream boolean NOT NULL,
+    signals jsonb NOT NULL,
+    decision jsonb NOT NULL,
+    reason text NOT NULL,
+    model text,
+    backend text,
+    replica text,
+    status bigint NOT NULL,
+    outcome text NOT NULL,
+    error_type text,
+    error_message text,
+    attempts bigint NOT NULL,
+    latency_ms double precision,
+    ttft_ms double precision,
+    overhead_ms double precision,
+    prompt_tokens bigint,
+    completion_tokens bigint,
+    cost_usd double precision,
+    experiment_arm text
+)""",
+    "CREATE INDEX IF NOT EXISTS idx_decisions_created_at ON decisions (created_at)",
+    "CREATE INDEX IF NOT EXISTS idx_decisions_route ON decisions (route)",
+    "CREATE INDEX IF NOT EXISTS idx_decisions_model ON decisions (model)",
+    "CREATE INDEX IF NOT EXISTS idx_decisions_tenant ON decisions (tenant)",
+    """CREATE TABLE IF NOT EXISTS feedback (
+    id bigserial PRIMARY KEY,
+    request_id text NOT NULL,
+    created_at double precision NOT NULL,
+    score double precision,
+    label text,
+    comment text,
+    metadata jsonb
+)""",
+    "CREATE INDEX IF NOT EXISTS idx_feedback_request_id ON feedback (request_id)",
+    "CREATE INDEX IF NOT EXISTS idx_feedback_created_at ON feedback (created_at)",
+)
+
+# --- step 2: feedback keyed per (request, metric, source, model), conversations, router version --
 
 
-def feedback_ddl(dialect: Dialect) -> list[str]:
-    """CREATE statements for ``feedback``.
-
-    Feedback joins on ``request_id`` but has no foreign key: feedback may arrive before the batched
-    decision record is flushed, and a request can receive several pieces of feedback.
-    """
-    t = _SQL_TYPES[dialect]
-    ident = "INTEGER PRIMARY KEY AUTOINCREMENT" if dialect == "sqlite" else "bigserial PRIMARY KEY"
-    table = (
-        f"CREATE TABLE IF NOT EXISTS {FEEDBACK_TABLE} (\n"
-        f"    id {ident},\n"
-        f"    request_id {t['str']} NOT NULL,\n"
-        f"    created_at {t['float']} NOT NULL,\n"
-        f"    score {t['float']},\n"
-        f"    label {t['str']},\n"
-        f"    comment {t['str']},\n"
-        f"    metadata {t['json']}\n"
-        ")"
-    )
+def _step2(dialect: Dialect) -> list[str]:
+    """Alter a step-1 database: new ``decisions`` columns, the feedback key (duplicates from before
+    it existed are collapsed to the newest row first), the feedback tenant (copied from the
+    decision, so ``forget`` finds old rows), and the ``conversations`` table."""
+    if dialect == "sqlite":
+        # SQLite has no ADD COLUMN IF NOT EXISTS; the step runs once, inside the migration lock.
+        add, text, real, blob = "ADD COLUMN", "TEXT", "REAL", "BLOB"
+    else:
+        add, text, real, blob = "ADD COLUMN IF NOT EXISTS", "text", "double precision", "bytea"
+    key = ", ".join(FEEDBACK_KEY)
     return [
-        table,
-        f"CREATE INDEX IF NOT EXISTS idx_{FEEDBACK_TABLE}_request_id ON {FEEDBACK_TABLE} (request_id)",
-        f"CREATE INDEX IF NOT EXISTS idx_{FEEDBACK_TABLE}_created_at ON {FEEDBACK_TABLE} (created_at)",
+        f"ALTER TABLE decisions {add} router_version {text}",
+        f"ALTER TABLE decisions {add} propensity {real}",
+        f"ALTER TABLE feedback {add} metric {text} NOT NULL DEFAULT 'quality'",
+        f"ALTER TABLE feedback {add} source {text} NOT NULL DEFAULT 'user'",
+        f"ALTER TABLE feedback {add} model {text} NOT NULL DEFAULT ''",
+        f"ALTER TABLE feedback {add} tenant {text}",
+        f"DELETE FROM feedback WHERE id NOT IN (SELECT max(id) FROM feedback GROUP BY {key})",
+        "UPDATE feedback SET tenant = (SELECT d.tenant FROM decisions d WHERE d.request_id = feedback.request_id) "
+        "WHERE tenant IS NULL",
+        # The unique index leads with request_id, so it serves lookups by request id as well.
+        "DROP INDEX IF EXISTS idx_feedback_request_id",
+        f"CREATE UNIQUE INDEX IF NOT EXISTS uq_feedback_key ON feedback ({key})",
+        "CREATE INDEX IF NOT EXISTS idx_feedback_tenant ON feedback (tenant)",
+        "CREATE TABLE IF NOT EXISTS conversations (\n"
+        f"    request_id {text} NOT NULL PRIMARY KEY,\n"
+        f"    created_at {real} NOT NULL,\n"
+        f"    tenant {text},\n"
+        f"    encoder_id {text},\n"
+        f"    embedding {blob},\n"
+        f"    text {text},\n"
+        f"    expires_at {real}\n"
+        ")",
+        "CREATE INDEX IF NOT EXISTS idx_conversations_tenant ON conversations (tenant)",
+        "CREATE INDEX IF NOT EXISTS idx_conversations_expires_at ON conversations (expires_at)",
     ]
 
 
@@ -128,20 +237,96 @@ def version_table_ddl(dialect: Dialect) -> str:
 
 def migrations(dialect: Dialect) -> list[tuple[int, list[str]]]:
     """Numbered migration steps, oldest first. Append new steps; never edit a released one."""
-    return [(1, [*decisions_ddl(dialect), *feedback_ddl(dialect)])]
+    step1 = _STEP1_SQLITE if dialect == "sqlite" else _STEP1_POSTGRES
+    return [(1, list(step1)), (2, _step2(dialect))]
+
+
+# --- statements the stores run -------------------------------------------------------------------
+
+
+def _placeholders(dialect: Dialect, n: int) -> str:
+    return ", ".join("?" for _ in range(n)) if dialect == "sqlite" else ", ".join(f"${i}" for i in range(1, n + 1))
 
 
 def insert_decisions_sql(dialect: Dialect) -> str:
     """INSERT for one decision row; a request id already stored is ignored, so a retried batch
     never duplicates or overwrites a row."""
     names = ", ".join(COLUMNS)
-    if dialect == "sqlite":
-        placeholders = ", ".join("?" for _ in COLUMNS)
-    else:
-        placeholders = ", ".join(f"${i}" for i in range(1, len(COLUMNS) + 1))
-    return f"INSERT INTO {DECISIONS_TABLE} ({names}) VALUES ({placeholders}) ON CONFLICT (request_id) DO NOTHING"
+    return (
+        f"INSERT INTO {DECISIONS_TABLE} ({names}) VALUES ({_placeholders(dialect, len(COLUMNS))}) "
+        "ON CONFLICT (request_id) DO NOTHING"
+    )
 
 
 def select_decisions_sql() -> str:
     """SELECT of every decision column, in COLUMNS order (append WHERE / ORDER BY)."""
     return f"SELECT {', '.join(COLUMNS)} FROM {DECISIONS_TABLE}"
+
+
+def upsert_feedback_sql(dialect: Dialect) -> str:
+    """INSERT for one piece of feedback in FEEDBACK_COLUMNS order; an existing row with the same
+    (request_id, metric, source, model) is replaced in place, so a repeat never adds a row."""
+    names = ", ".join(FEEDBACK_COLUMNS)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in FEEDBACK_COLUMNS if c not in FEEDBACK_KEY)
+    return (
+        f"INSERT INTO {FEEDBACK_TABLE} ({names}) VALUES ({_placeholders(dialect, len(FEEDBACK_COLUMNS))}) "
+        f"ON CONFLICT ({', '.join(FEEDBACK_KEY)}) DO UPDATE SET {updates}"
+    )
+
+
+def select_feedback_sql() -> str:
+    """SELECT of every feedback column but ``id`` (append WHERE / ORDER BY)."""
+    return f"SELECT {', '.join(FEEDBACK_COLUMNS)} FROM {FEEDBACK_TABLE}"
+
+
+def insert_conversation_sql(dialect: Dialect) -> str:
+    """INSERT for one conversation in CONVERSATION_COLUMNS order; an existing one is kept."""
+    names = ", ".join(CONVERSATION_COLUMNS)
+    return (
+        f"INSERT INTO {CONVERSATIONS_TABLE} ({names}) VALUES ({_placeholders(dialect, len(CONVERSATION_COLUMNS))}) "
+        "ON CONFLICT (request_id) DO NOTHING"
+    )
+
+
+def select_conversations_sql() -> str:
+    """SELECT of every conversation column (append WHERE / ORDER BY)."""
+    return f"SELECT {', '.join(CONVERSATION_COLUMNS)} FROM {CONVERSATIONS_TABLE}"
+
+
+def logged_filter(dialect: Dialect, route: str | None, since: float | None) -> tuple[str, list[Any]]:
+    """A WHERE clause over ``decisions`` for :meth:`logged_requests` and its parameters."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    for column, op, value in (("route", "=", route), ("created_at", ">=", since)):
+        if value is None:
+            continue
+        params.append(value)
+        mark = "?" if dialect == "sqlite" else f"${len(params)}"
+        clauses.append(f"{column} {op} {mark}")
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def forget_sql(dialect: Dialect, *, by_tenant: bool) -> list[tuple[str, str]]:
+    """(table, DELETE) pairs that forget a tenant's or a request's data, children before decisions.
+
+    Feedback and conversations are found by their own tenant column and through the decision they
+    belong to (rows written before they carried a tenant, or judge feedback recorded without one).
+    """
+    mark = "?1" if dialect == "sqlite" else "$1"  # numbered: the tenant's statements use it twice
+    column = "tenant" if by_tenant else "request_id"
+    via_decision = f"request_id IN (SELECT request_id FROM {DECISIONS_TABLE} WHERE {column} = {mark})"
+    child_where = f"tenant = {mark} OR {via_decision}" if by_tenant else f"request_id = {mark}"
+    return [
+        (FEEDBACK_TABLE, f"DELETE FROM {FEEDBACK_TABLE} WHERE {child_where}"),
+        (CONVERSATIONS_TABLE, f"DELETE FROM {CONVERSATIONS_TABLE} WHERE {child_where}"),
+        (DECISIONS_TABLE, f"DELETE FROM {DECISIONS_TABLE} WHERE {column} = {mark}"),
+    ]
+
+
+def purge_text_sql(dialect: Dialect) -> str:
+    """UPDATE that deletes the text of every conversation whose retention ended at or before now."""
+    mark = "?" if dialect == "sqlite" else "$1"
+    return (
+        f"UPDATE {CONVERSATIONS_TABLE} SET text = NULL "
+        f"WHERE text IS NOT NULL AND expires_at IS NOT NULL AND expires_at <= {mark}"
+    )

@@ -2,8 +2,10 @@
 
 One stdlib ``sqlite3`` connection lives in one dedicated worker thread; every call is handed to that
 thread, so the event loop never blocks on disk and the connection is never shared across threads.
-WAL mode with ``synchronous=NORMAL`` makes each batch one cheap fsync-free commit while readers (evals,
-``sqlite3`` on the command line) can read concurrently.
+WAL mode with ``synchronous=NORMAL`` makes each decision batch one cheap fsync-free commit while
+readers (evals, ``sqlite3`` on the command line) can read concurrently. Feedback is acknowledged to
+clients only once durable, so its transactions run with ``synchronous=FULL`` (the WAL is fsynced at
+their commit): they survive a power cut, not only a crash of the process.
 """
 
 from __future__ import annotations
@@ -16,13 +18,28 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from store._codec import encode_row, record_from_row
-from store.records import DecisionRecord
+from store._codec import (
+    encode_conversation,
+    encode_feedback,
+    encode_row,
+    feedback_from_row,
+    join_logged,
+    record_from_row,
+)
+from store.base import check_forget_args
+from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
 from store.schema import (
     VERSION_TABLE,
+    forget_sql,
+    insert_conversation_sql,
     insert_decisions_sql,
+    logged_filter,
     migrations,
+    purge_text_sql,
+    select_conversations_sql,
     select_decisions_sql,
+    select_feedback_sql,
+    upsert_feedback_sql,
     version_table_ddl,
 )
 
@@ -47,6 +64,8 @@ class SQLiteDecisionStore:
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
         self._insert_sql = insert_decisions_sql("sqlite")
+        self._conversation_sql = insert_conversation_sql("sqlite")
+        self._feedback_sql = upsert_feedback_sql("sqlite")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._executor is None:
@@ -130,22 +149,80 @@ class SQLiteDecisionStore:
     # --- writes --------------------------------------------------------------------------------
 
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
-        """Insert ``records`` in one transaction; request ids already stored are ignored."""
+        """Insert ``records`` and their conversations in one transaction; request ids already
+        stored are ignored."""
         if not records:
             return
         # Encode on the event loop side: cheap, and keeps the worker thread doing only I/O.
         rows = [encode_row(r) for r in records]
-        await self._run(self._write_sync, rows)
+        conversations = [encode_conversation(r.conversation) for r in records if r.conversation is not None]
+        await self._run(self._write_sync, rows, conversations)
 
-    def _write_sync(self, rows: list[tuple[Any, ...]]) -> None:
+    def _write_sync(self, rows: list[tuple[Any, ...]], conversations: list[tuple[Any, ...]]) -> None:
         conn = self._require_conn()
         conn.execute("BEGIN")
         try:
             conn.executemany(self._insert_sql, rows)
+            if conversations:
+                conn.executemany(self._conversation_sql, conversations)
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
             raise
+
+    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
+        """Upsert ``items`` in one transaction, fsynced before this returns."""
+        if not items:
+            return
+        rows = [encode_feedback(item) for item in items]
+        await self._run(self._write_feedback_sync, rows)
+
+    def _write_feedback_sync(self, rows: list[tuple[Any, ...]]) -> None:
+        conn = self._require_conn()
+        conn.execute("PRAGMA synchronous = FULL")
+        try:
+            conn.execute("BEGIN")
+            try:
+                conn.executemany(self._feedback_sql, rows)
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+        finally:
+            conn.execute("PRAGMA synchronous = NORMAL")
+
+    async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
+        """Delete a tenant's or a request's decisions, feedback and conversations in one transaction."""
+        by_tenant, value = check_forget_args(tenant, request_id)
+        return await self._run(self._forget_sync, by_tenant, value)
+
+    def _forget_sync(self, by_tenant: bool, value: str) -> dict[str, int]:
+        conn = self._require_conn()
+        counts: dict[str, int] = {}
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table, sql in forget_sql("sqlite", by_tenant=by_tenant):
+                counts[table] = conn.execute(sql, (value,)).rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        return {name: counts[name] for name in ("decisions", "feedback", "conversations")}
+
+    async def purge_expired_text(self, now: float) -> int:
+        """Delete the text of conversations whose retention ended at or before ``now``."""
+        return await self._run(self._purge_sync, now)
+
+    def _purge_sync(self, now: float) -> int:
+        conn = self._require_conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            purged = conn.execute(purge_text_sql("sqlite"), (now,)).rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        return int(purged)
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -160,6 +237,36 @@ class SQLiteDecisionStore:
     async def count(self) -> int:
         rows = await self._run(self._query_sync, "SELECT count(*) AS n FROM decisions", ())
         return int(rows[0]["n"])
+
+    async def fetch_feedback(self, request_id: str) -> list[FeedbackRecord]:
+        sql = select_feedback_sql() + " WHERE request_id = ? ORDER BY metric, source, model"
+        return [feedback_from_row(row) for row in await self._run(self._query_sync, sql, (request_id,))]
+
+    async def feedback_count(self) -> int:
+        rows = await self._run(self._query_sync, "SELECT count(*) AS n FROM feedback", ())
+        return int(rows[0]["n"])
+
+    async def logged_requests(
+        self, *, route: str | None = None, since: float | None = None
+    ) -> list[LoggedRequest]:
+        where, params = logged_filter("sqlite", route, since)
+        chosen = f"request_id IN (SELECT request_id FROM decisions{where})"
+        queries = [
+            (select_decisions_sql() + where + " ORDER BY created_at, request_id", params),
+            (select_conversations_sql() + " WHERE " + chosen, params),
+            (select_feedback_sql() + " WHERE " + chosen + " ORDER BY metric, source, model", params),
+        ]
+        decisions, conversations, feedback = await self._run(self._snapshot_sync, queries)
+        return join_logged(decisions, conversations, feedback)
+
+    def _snapshot_sync(self, queries: list[tuple[str, list[Any]]]) -> list[list[sqlite3.Row]]:
+        # One read transaction: in WAL mode every query sees the same snapshot.
+        conn = self._require_conn()
+        conn.execute("BEGIN")
+        try:
+            return [conn.execute(sql, params).fetchall() for sql, params in queries]
+        finally:
+            _rollback(conn)
 
     def _query_sync(self, sql: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
         return self._require_conn().execute(sql, params).fetchall()

@@ -53,6 +53,8 @@ def full_record() -> DecisionRecord:
         completion_tokens=64,
         cost_usd=0.000123,
         experiment_arm="B",
+        router_version="v0003-abc123",
+        propensity=0.85,
     )
 
 

@@ -22,7 +22,10 @@ from store import (
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 MakeRecord = Callable[..., DecisionRecord]
-FEEDBACK_COLUMNS = ["id", "request_id", "created_at", "score", "label", "comment", "metadata"]
+FEEDBACK_COLUMNS = [
+    "id", "request_id", "created_at", "score", "label", "comment", "metadata", "metric", "source", "model", "tenant",
+]
+CONVERSATION_COLUMNS = ["request_id", "created_at", "tenant", "encoder_id", "embedding", "text", "expires_at"]
 INDEXED = {"created_at", "route", "model", "tenant"}
 
 
@@ -53,7 +56,9 @@ async def test_sqlite_tables_indexes_and_wal(sqlite_path: str) -> None:
         assert indexed == INDEXED
 
         assert [row[1] for row in conn.execute("PRAGMA table_info(feedback)")] == FEEDBACK_COLUMNS
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        assert [row[1] for row in conn.execute("PRAGMA table_info(conversations)")] == CONVERSATION_COLUMNS
+        versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
         # WAL is a property of the file: a fresh connection sees it.
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
@@ -77,7 +82,7 @@ async def test_sqlite_migrate_is_idempotent_and_data_survives_reopen(sqlite_path
         await again.close()
     conn = sqlite3.connect(sqlite_path)
     try:
-        assert conn.execute("SELECT count(*) FROM schema_version").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         conn.close()
 
@@ -133,7 +138,14 @@ async def test_postgres_tables_types_and_indexes(pg_dsn: str) -> None:
         )
         assert [r["column_name"] for r in feedback] == FEEDBACK_COLUMNS
         assert dict((r["column_name"], r["data_type"]) for r in feedback)["metadata"] == "jsonb"
-        assert await conn.fetchval("SELECT array_agg(version) FROM schema_version") == [SCHEMA_VERSION]
+        conversations = await conn.fetch(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = 'conversations' ORDER BY ordinal_position"
+        )
+        assert [r["column_name"] for r in conversations] == CONVERSATION_COLUMNS
+        assert dict((r["column_name"], r["data_type"]) for r in conversations)["embedding"] == "bytea"
+        versions = await conn.fetchval("SELECT array_agg(version ORDER BY version) FROM schema_version")
+        assert versions == list(range(1, SCHEMA_VERSION + 1))
     finally:
         await conn.close()
 
@@ -151,7 +163,7 @@ async def test_postgres_replicas_starting_together_migrate_once(pg_dsn: str, mak
         await asyncio.gather(*(s.close() for s in stores))
     conn = await asyncpg.connect(pg_dsn)
     try:
-        assert await conn.fetchval("SELECT count(*) FROM schema_version") == 1
+        assert await conn.fetchval("SELECT count(*) FROM schema_version") == SCHEMA_VERSION
     finally:
         await conn.close()
 

@@ -1,0 +1,51 @@
+"""Operator actions on a store, for ``pointsman forget``: delete a tenant's or a request's data,
+delete conversation text past its retention."""
+
+from __future__ import annotations
+
+import time
+
+from store.url import open_store_url
+
+
+async def forget(
+    url: str,
+    *,
+    tenant: str | None = None,
+    request_id: str | None = None,
+    purge_expired: bool = False,
+    now: float | None = None,
+) -> dict[str, int]:
+    """Open the store ``url`` names (migrating it), delete what was asked, close it.
+
+    Returns rows deleted per table (``decisions``, ``feedback``, ``conversations``) when a tenant or
+    request id is given, plus ``purged_text`` (conversations whose text was deleted) when
+    ``purge_expired``.
+    """
+    if tenant is None and request_id is None and not purge_expired:
+        raise ValueError("nothing to do: give a tenant, a request id or purge_expired")
+    store = open_store_url(url)
+    await store.open()
+    try:
+        counts: dict[str, int] = {}
+        if tenant is not None or request_id is not None:
+            counts.update(await store.forget(tenant=tenant, request_id=request_id))
+        if purge_expired:
+            counts["purged_text"] = await store.purge_expired_text(time.time() if now is None else now)
+        return counts
+    finally:
+        await store.close()
+
+
+def describe(counts: dict[str, int], *, tenant: str | None, request_id: str | None) -> list[str]:
+    """Human-readable lines for the counts :func:`forget` returned."""
+    lines = []
+    if "decisions" in counts:
+        who = f"tenant {tenant!r}" if tenant is not None else f"request {request_id!r}"
+        lines.append(
+            f"forgot {who}: deleted {counts['decisions']} decisions, {counts['feedback']} feedback rows, "
+            f"{counts['conversations']} conversations"
+        )
+    if "purged_text" in counts:
+        lines.append(f"purged the text of {counts['purged_text']} conversations past their retention")
+    return lines

@@ -1,0 +1,17 @@
+"""The store's exception tree.
+
+Driver exceptions (sqlite3, asyncpg, OSError) are what a store's methods raise on failure; the
+components that promise callers something about durability translate them into these at their
+boundary (:class:`store.feedback_writer.FeedbackWriter`), so callers depend on no driver.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of the store's own exceptions."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not durably write (or read) right now: the database is down, locked,
+    read-only, full, or did not answer in time. Retrying later may succeed; nothing was acknowledged."""
