@@ -9,7 +9,7 @@ reads the whole request body, never just the last message.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,16 +21,22 @@ from classifiers.batching import BatchingEncoder
 from classifiers.conversation import conversation_text
 from classifiers.heads import Head, build_features, load_head
 from classifiers.offload import ScanPool
+from classifiers.registry import SHIPPED_ROUTERS_DIR, resolve_routers_dir
 from classifiers.signals import Signal, SignalExtractor, build_signal
 
 #: Where the shipped router artifacts live (``pointsman train`` writes here by default).
-DEFAULT_ROUTERS_DIR = Path(__file__).resolve().parent / "artifacts" / "routers"
+DEFAULT_ROUTERS_DIR = SHIPPED_ROUTERS_DIR
 DIFFICULTY_ARTIFACT = "difficulty-gpt4-mixtral-{encoder}"
 DOMAIN_ARTIFACT = "domain-{encoder}"
+#: Difficulty heads per model pair (``pointsman train --data ...``): ``classifiers.registry.pair_artifact``.
+PAIR_ARTIFACT_GLOB = "difficulty-*--*-{encoder}"
 #: The per-model quality head (``pointsman train --quality <source>``); never shipped with the package.
 QUALITY_ARTIFACT = "quality-{source}-{encoder}"
 RULE_SIGNALS: tuple[str, ...] = ("pii", "jailbreak", "tools", "length")
 HEAD_SIGNALS: tuple[str, ...] = ("difficulty", "domain", "quality")
+
+#: Where a provider reads its heads from on each computation (a hot-reloadable router's current set).
+HeadSource = Callable[[], Mapping[str, Head]]
 
 
 class HasBody(Protocol):
@@ -43,7 +49,12 @@ class HasBody(Protocol):
 @dataclass(slots=True)
 class RouterHeads:
     """The trained heads for one encoder: difficulty = P(strong needed), task domain, and per-model
-    quality (a ``multilabel`` head whose labels are model names)."""
+    quality (a ``multilabel`` head whose labels are model names).
+
+    ``pairs`` holds the difficulty heads trained for a model pair (``pointsman train --data``), keyed
+    ``(strong, weak)`` by their manifest's ``model_pair``; only the routers directory's own, never the
+    shipped prior (``difficulty``). ``version`` names what was loaded (``classifiers.registry``).
+    """
 
     encoder: str
     difficulty: Head | None = None
@@ -51,6 +62,8 @@ class RouterHeads:
     quality: Head | None = None
     sources: dict[str, str] = field(default_factory=dict)
     root: Path = DEFAULT_ROUTERS_DIR
+    pairs: dict[tuple[str, str], Head] = field(default_factory=dict)
+    version: str = ""
 
     def by_signal(self) -> dict[str, Head]:
         heads = {"difficulty": self.difficulty, "domain": self.domain, "quality": self.quality}
@@ -65,11 +78,16 @@ def load_router_heads(encoder: str, routers_dir: str | Path | None = None) -> Ro
     shipped difficulty and domain heads. The quality head is the one directory
     ``quality-<source>-<encoder>`` of the first directory that has any; two there are ambiguous and
     raise ``ValueError``.
+
+    ``routers_dir`` may be a router registry: its active version's directory is used (none active:
+    the shipped artifacts). Pair heads (``difficulty-<strong>--<weak>-<encoder>``) come from that
+    directory only and fill ``pairs``; two for the same pair raise ``ValueError``.
     """
-    roots = [Path(routers_dir)] if routers_dir else []
+    resolved = resolve_routers_dir(routers_dir)
+    roots = [resolved.directory]
     if DEFAULT_ROUTERS_DIR not in roots:
         roots.append(DEFAULT_ROUTERS_DIR)
-    heads = RouterHeads(encoder=encoder, root=roots[0])
+    heads = RouterHeads(encoder=encoder, root=roots[0], version=resolved.version)
     directories: list[tuple[str, Path]] = []
     for attr, pattern in (("difficulty", DIFFICULTY_ARTIFACT), ("domain", DOMAIN_ARTIFACT)):
         found = [root / pattern.format(encoder=encoder) for root in roots]
@@ -93,22 +111,52 @@ def load_router_heads(encoder: str, routers_dir: str | Path | None = None) -> Ro
             raise ValueError(f"{directory}: a quality head must be of kind 'multilabel', not {head.kind!r}")
         setattr(heads, attr, head)
         heads.sources[attr] = str(directory)
+    if roots[0] != DEFAULT_ROUTERS_DIR:
+        heads.pairs = _load_pair_heads(roots[0], encoder, heads.sources)
     return heads
 
 
+def _load_pair_heads(root: Path, encoder: str, sources: dict[str, str]) -> dict[tuple[str, str], Head]:
+    """Every ``difficulty-<strong>--<weak>-<encoder>`` head under ``root``, by its manifest's model pair."""
+    pairs: dict[tuple[str, str], Head] = {}
+    for directory in sorted(root.glob(PAIR_ARTIFACT_GLOB.format(encoder=encoder))):
+        if not (directory / "manifest.json").exists():
+            continue
+        head = load_head(directory)
+        _check_encoder(head, encoder, directory)
+        pair = head.manifest.get("model_pair") or {}
+        strong, weak = pair.get("strong"), pair.get("weak")
+        if not isinstance(strong, str) or not isinstance(weak, str) or not strong or not weak:
+            raise ValueError(f"{directory}: a pair difficulty head needs model_pair: {{strong, weak}} in its manifest")
+        if (strong, weak) in pairs:
+            raise ValueError(f"{root}: two difficulty heads for {strong} vs {weak} and encoder {encoder!r}")
+        pairs[(strong, weak)] = head
+        sources[f"difficulty[{strong}|{weak}]"] = str(directory)
+    return pairs
+
+
 class ClassifierSignalProvider:
-    """A route's signal provider (implements ``policies.SignalProvider`` structurally)."""
+    """A route's signal provider (implements ``policies.SignalProvider`` structurally).
+
+    ``heads`` is a fixed :class:`RouterHeads`, or a :data:`HeadSource` the provider calls once per
+    computation: a router that swaps versions while requests run (hot reload) hands each computation
+    one consistent set, and a computation that started on the old set finishes on it.
+    """
 
     def __init__(
         self,
         *,
         encoder: BatchingEncoder | None,
-        heads: RouterHeads | None,
+        heads: RouterHeads | HeadSource | None,
         extractors: Mapping[str, SignalExtractor],
         max_chars: int = 2000,
     ) -> None:
         self._encoder = encoder
-        self._heads = heads.by_signal() if heads is not None else {}
+        if heads is None or isinstance(heads, RouterHeads):
+            fixed: Mapping[str, Head] = heads.by_signal() if heads is not None else {}
+            self._heads: HeadSource = lambda: fixed
+        else:
+            self._heads = heads
         self._extractors = dict(extractors)
         self._max_chars = max_chars
         self._scan_pool: ScanPool | None = None
@@ -116,13 +164,13 @@ class ClassifierSignalProvider:
     @property
     def available(self) -> frozenset[str]:
         """Names of every signal this provider can compute."""
-        heads = set(self._heads) if self._encoder is not None else set()
+        heads = set(self._heads()) if self._encoder is not None else set()
         return frozenset(set(self._extractors) | heads)
 
     @property
     def head_signals(self) -> frozenset[str]:
         """The embedding-based signals this provider could compute once an encoder is attached."""
-        return frozenset(self._heads)
+        return frozenset(self._heads())
 
     def attach_encoder(self, encoder: BatchingEncoder) -> None:
         """Give the provider the shared encoder (loaded only when some policy needs a head signal)."""
@@ -140,7 +188,8 @@ class ClassifierSignalProvider:
     async def compute(self, names: set[str], ctx: HasBody) -> dict[str, Signal]:
         """The requested signals that this provider knows; unknown names are left out."""
         body = ctx.body
-        head_names = [n for n in names if n in self._heads] if self._encoder is not None else []
+        heads = self._heads()  # once: the whole computation reads one router version
+        head_names = [n for n in names if n in heads] if self._encoder is not None else []
         embedding_task: asyncio.Future[np.ndarray] | None = None
         text = ""
         if head_names:
@@ -167,7 +216,7 @@ class ClassifierSignalProvider:
             # every head that reads it: difficulty, domain and quality all want the same one.
             features: dict[bool, np.ndarray] = {}
             for name in head_names:
-                head = self._heads[name]
+                head = heads[name]
                 cheap = bool(head.manifest.get("feature_schema", {}).get("cheap"))
                 if cheap not in features:
                     features[cheap] = build_features(embedding[None, :], [text] if cheap else None)

@@ -21,11 +21,16 @@ Pairwise (strong vs weak), exactly as RouteLLM defines them in ``routellm/evals/
 
 Multi-model (RouterBench): a policy sweep gives (mean cost, mean quality) points; the helpers below read
 quality at a given cost and cost at a given quality from the upper-left envelope of such points.
+
+Report helpers (``pointsman eval``): the random router's band (random scores through the same sweep),
+the cost-quality frontier (non-decreasing concave hull) and AIQ, RouterBench's average quality over a
+cost range; calibration (reliability bins and ECE); paired bootstrap resampling with percentile
+intervals; inverse-propensity qualities for logged rows that only show the served model's outcome.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,11 +38,13 @@ import numpy as np
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """One threshold of a pairwise router: share of strong calls in [0, 1] and mean routed quality."""
+    """One threshold of a pairwise router: share of strong calls in [0, 1], mean routed quality and,
+    when per-request costs were given, mean routed cost (NaN otherwise)."""
 
     threshold: float
     strong_share: float
     quality: float
+    cost: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -66,15 +73,45 @@ def routing_curve(
     strong_quality: Sequence[float] | np.ndarray,
     weak_quality: Sequence[float] | np.ndarray,
     num_results: int = 10,
+    *,
+    pinned: Sequence[int] | np.ndarray | None = None,
+    strong_cost: Sequence[float] | np.ndarray | None = None,
+    weak_cost: Sequence[float] | np.ndarray | None = None,
 ) -> list[CurvePoint]:
-    """RouteLLM's threshold sweep: one point per qcut edge of the scores."""
+    """RouteLLM's threshold sweep: one point per qcut edge of the scores.
+
+    ``pinned`` (optional, per prompt: +1 strong, -1 weak, 0 scored) holds prompts whose model does not
+    depend on the threshold (a policy rule routed them); the edges are then the quantiles of the other
+    prompts' scores, and pinned prompts keep their model at every point. ``strong_cost``/``weak_cost``
+    (per prompt) add each point's mean cost.
+    """
     s = np.asarray(scores, dtype=float)
     qs, qw = np.asarray(strong_quality, dtype=float), np.asarray(weak_quality, dtype=float)
-    edges = _qcut_edges(s, num_results)
+    pins = np.zeros(len(s), dtype=int) if pinned is None else np.asarray(pinned, dtype=int)
+    free = pins == 0
+    costs = None
+    if strong_cost is not None and weak_cost is not None:
+        costs = np.asarray(strong_cost, dtype=float), np.asarray(weak_cost, dtype=float)
+    edges = _qcut_edges(s[free], num_results) if free.any() else np.array([np.inf])
+    # One sort instead of a mask per threshold: with the free prompts' scores ascending, the prompts
+    # at or above threshold t are a suffix, so each point is a suffix sum (">" for the last edge).
+    n = len(s)
+    order = np.argsort(s[free], kind="stable")
+    fs = s[free][order]
+    gain = (qs - qw)[free][order]
+    suffix_gain = np.concatenate([np.cumsum(gain[::-1])[::-1], [0.0]])
+    pinned_strong = pins > 0
+    base_q = float(qw.sum() + (qs - qw)[pinned_strong].sum())
+    if costs is not None:
+        cgain = (costs[0] - costs[1])[free][order]
+        suffix_cost = np.concatenate([np.cumsum(cgain[::-1])[::-1], [0.0]])
+        base_c = float(costs[1].sum() + (costs[0] - costs[1])[pinned_strong].sum())
     points = []
     for i, t in enumerate(edges):
-        sel = s >= t if i != len(edges) - 1 else s > t
-        points.append(CurvePoint(float(t), float(sel.mean()), float(np.where(sel, qs, qw).mean())))
+        first = int(np.searchsorted(fs, t, side="left" if i != len(edges) - 1 else "right"))
+        strong_n = len(fs) - first + int(pinned_strong.sum())
+        cost = (base_c + suffix_cost[first]) / n if costs is not None else float("nan")
+        points.append(CurvePoint(float(t), strong_n / n, float((base_q + suffix_gain[first]) / n), float(cost)))
     return points
 
 
@@ -112,12 +149,45 @@ def oracle_quality(strong_quality: np.ndarray, weak_quality: np.ndarray, strong_
     return float((qw.sum() + gain[:k].sum()) / len(qw))
 
 
-def oracle_curve(strong_quality: np.ndarray, weak_quality: np.ndarray, steps: int = 10) -> list[CurvePoint]:
-    """The oracle at shares 0, 1/steps, ..., 1 (RouteLLM plots it at 0, 10, ..., 100 %)."""
-    return [
-        CurvePoint(float("nan"), i / steps, oracle_quality(strong_quality, weak_quality, i / steps))
-        for i in range(steps + 1)
-    ]
+def oracle_curve(
+    strong_quality: np.ndarray,
+    weak_quality: np.ndarray,
+    steps: int = 10,
+    *,
+    strong_cost: np.ndarray | None = None,
+    weak_cost: np.ndarray | None = None,
+) -> list[CurvePoint]:
+    """The oracle at shares 0, 1/steps, ..., 1 (RouteLLM plots it at 0, 10, ..., 100 %).
+
+    With per-prompt costs, each point's cost is that of the oracle's assignment (the prompts with the
+    largest positive gains go strong)."""
+    qs, qw = np.asarray(strong_quality, dtype=float), np.asarray(weak_quality, dtype=float)
+    n = len(qs)
+    gain = qs - qw
+    order = np.argsort(-gain, kind="stable")  # best gains first (oracle_assignment's order)
+    useful = int((gain > 0).sum())
+    cum_gain = np.concatenate([[0.0], np.cumsum(np.sort(gain)[::-1])])
+    cum_cost = None
+    if strong_cost is not None and weak_cost is not None:
+        sc, wc = np.asarray(strong_cost, dtype=float), np.asarray(weak_cost, dtype=float)
+        cum_cost = np.concatenate([[0.0], np.cumsum((sc - wc)[order])]) + wc.sum()
+    points = []
+    for i in range(steps + 1):
+        share = i / steps
+        k = min(int(np.floor(n * share + 1e-9)), useful)
+        cost = float(cum_cost[k] / n) if cum_cost is not None else float("nan")
+        points.append(CurvePoint(float("nan"), share, float((qw.sum() + cum_gain[k]) / n), cost))
+    return points
+
+
+def oracle_assignment(strong_quality: np.ndarray, weak_quality: np.ndarray, strong_share: float) -> np.ndarray:
+    """Which prompts the oracle sends strong with a budget of ``strong_share`` strong calls (a boolean mask)."""
+    gain = np.asarray(strong_quality, dtype=float) - np.asarray(weak_quality, dtype=float)
+    order = np.argsort(-gain, kind="stable")
+    k = min(int(np.floor(len(gain) * strong_share + 1e-9)), int((gain > 0).sum()))
+    sel = np.zeros(len(gain), dtype=bool)
+    sel[order[:k]] = True
+    return sel
 
 
 def summarize(curve: Sequence[CurvePoint], strong: float, weak: float) -> PairMetrics:
@@ -172,3 +242,168 @@ def cost_at_quality(costs: Sequence[float], qualities: Sequence[float], target: 
     if target <= y[0]:
         return float(x[0])
     return float(np.interp(target, y, x))
+
+
+# ---------------------------------------------------------------- pairwise report helpers
+
+
+def random_curves(
+    strong_quality: np.ndarray,
+    weak_quality: np.ndarray,
+    draws: int = 1000,
+    seed: int = 0,
+    *,
+    pinned: np.ndarray | None = None,
+    num_results: int = 10,
+    progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A random router on this data: ``draws`` routers with uniform random scores, through the same
+    threshold sweep. Returns (APGR per draw, strong share per point, quality per draw and point).
+
+    Its APGR is 0.5 in expectation; the spread of the draws is the band a real router must clear.
+    """
+    qs, qw = np.asarray(strong_quality, dtype=float), np.asarray(weak_quality, dtype=float)
+    strong, weak = float(qs.mean()), float(qw.mean())
+    rng = np.random.default_rng(seed)
+    apgrs = np.empty(draws)
+    qualities = np.empty((draws, num_results + 1))
+    shares = np.zeros(num_results + 1)
+    loop: Iterable[int] = range(draws) if progress is None else progress(range(draws))
+    for d in loop:
+        curve = routing_curve(rng.random(len(qs)), qs, qw, num_results, pinned=pinned)
+        apgrs[d] = apgr(curve, strong, weak) if strong != weak else float("nan")
+        qualities[d] = [p.quality for p in curve]
+        shares += np.array([p.strong_share for p in curve]) / draws
+    return apgrs, shares, qualities
+
+
+def upper_frontier(costs: Sequence[float], qualities: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The non-decreasing concave hull of (cost, quality) operating points (RouterBench's frontier).
+
+    Mixing two operating points at random reaches any point on the segment between them, so the
+    achievable frontier is the upper concave hull; past its best point more cost buys nothing, so it
+    stays flat (non-decreasing).
+    """
+    c, q = np.asarray(costs, dtype=float), np.asarray(qualities, dtype=float)
+    ok = np.isfinite(c) & np.isfinite(q)
+    pts = sorted(set(zip(c[ok].tolist(), q[ok].tolist(), strict=True)))
+    hull: list[tuple[float, float]] = []
+    for p in pts:
+        # Monotone chain, upper part: drop the last point while it lies on or below the new chord.
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (x2 - x1) * (p[1] - y1) - (y2 - y1) * (p[0] - x1) >= 0:
+                hull.pop()
+            else:
+                break
+        if hull and hull[-1][0] == p[0]:
+            hull[-1] = (p[0], max(p[1], hull[-1][1]))
+        else:
+            hull.append(p)
+    xs = np.array([h[0] for h in hull])
+    ys = np.maximum.accumulate(np.array([h[1] for h in hull])) if hull else np.array([])
+    return xs, ys
+
+
+def aiq(costs: Sequence[float], qualities: Sequence[float], cost_min: float, cost_max: float) -> float:
+    """Average improvement in quality (RouterBench): the mean of the frontier's quality over the cost
+    range [cost_min, cost_max] (area under :func:`upper_frontier` divided by the range's width).
+
+    Below the frontier's cheapest point the quality is that point's quality only if it costs no more
+    than ``cost_min``; callers include the always-weak and always-strong points so the frontier spans
+    the range. NaN when the range is empty.
+    """
+    if not cost_max > cost_min:
+        return float("nan")
+    x, y = upper_frontier(costs, qualities)
+    if len(x) == 0:
+        return float("nan")
+    grid = np.unique(np.clip(np.concatenate([x, [cost_min, cost_max]]), cost_min, cost_max))
+    values = np.interp(grid, x, y, left=np.nan, right=float(y[-1]))
+    if np.isnan(values).any():
+        return float("nan")
+    return float(np.trapezoid(values, grid) / (cost_max - cost_min))
+
+
+@dataclass(frozen=True)
+class ReliabilityBin:
+    """One bin of a reliability diagram: predictions in [lo, hi)."""
+
+    lo: float
+    hi: float
+    count: int
+    mean_predicted: float  # NaN for an empty bin
+    observed: float  # share of positives; NaN for an empty bin
+
+
+def reliability(probabilities: np.ndarray, outcomes: np.ndarray, bins: int = 10) -> list[ReliabilityBin]:
+    """Equal-width bins over [0, 1] (the last one closed) with the mean prediction and the observed rate."""
+    p, y = np.asarray(probabilities, dtype=float), np.asarray(outcomes, dtype=float)
+    index = np.clip((p * bins).astype(int), 0, bins - 1)
+    out = []
+    for b in range(bins):
+        m = index == b
+        n = int(m.sum())
+        out.append(ReliabilityBin(
+            b / bins, (b + 1) / bins, n,
+            float(p[m].mean()) if n else float("nan"), float(y[m].mean()) if n else float("nan"),
+        ))
+    return out
+
+
+def ece(probabilities: np.ndarray, outcomes: np.ndarray, bins: int = 10) -> float:
+    """Expected calibration error: the count-weighted mean |mean prediction - observed rate| over bins."""
+    table = reliability(probabilities, outcomes, bins)
+    n = sum(b.count for b in table)
+    if n == 0:
+        return float("nan")
+    return float(sum(b.count * abs(b.mean_predicted - b.observed) for b in table if b.count) / n)
+
+
+def bootstrap(
+    stat: Callable[[np.ndarray], Mapping[str, float]],
+    n: int,
+    draws: int = 1000,
+    seed: int = 0,
+    progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+) -> dict[str, np.ndarray]:
+    """``stat`` on ``draws`` resamples (with replacement) of the ``n`` rows' indices.
+
+    Returns every key's values over the draws (paired: draw ``d`` of every key used the same rows, so
+    differences between keys have valid intervals too). ``progress`` may wrap the draw loop (tqdm).
+    """
+    rng = np.random.default_rng(seed)
+    values: dict[str, list[float]] = {}
+    loop: Iterable[int] = range(draws)
+    if progress is not None:
+        loop = progress(loop)
+    for _ in loop:
+        for key, value in stat(rng.integers(0, n, n)).items():
+            values.setdefault(key, []).append(float(value))
+    return {key: np.array(v) for key, v in values.items()}
+
+
+def percentile_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` percentile interval of bootstrap values (NaN draws ignored)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return float("nan"), float("nan")
+    tail = (1.0 - level) / 2 * 100
+    lo, hi = np.percentile(v, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def ips_qualities(
+    served_strong: np.ndarray, reward: np.ndarray, propensity: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse-propensity versions of (strong quality, weak quality) for logged rows that only show
+    the served model's outcome.
+
+    The served model's column gets ``reward / propensity`` and the other column 0, so the mean of
+    ``where(policy_says_strong, qs, qw)`` over the rows is the IPS estimate of the policy's mean
+    quality (unbiased when every propensity is the logging policy's true probability and > 0).
+    """
+    served = np.asarray(served_strong, dtype=bool)
+    value = np.asarray(reward, dtype=float) / np.asarray(propensity, dtype=float)
+    return np.where(served, value, 0.0), np.where(served, 0.0, value)

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from classifiers.registry import resolve_routers_dir
 from gateway.config import Config
 from gateway.contain import ContainUnexpectedErrors
 from gateway.errors import (
@@ -28,6 +29,7 @@ from gateway.errors import (
     RouteNotFoundError,
     ServiceUnavailableError,
 )
+from gateway.feedback import FeedbackService
 from gateway.health import HealthChecker
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
@@ -37,7 +39,7 @@ from gateway.routing import RoutingBrain, historic_knob_scores
 from gateway.service import ProxyService
 from gateway.upstream import UpstreamClient
 from policies.echo import client_echo
-from store import DecisionRecorder, open_store
+from store import DecisionRecorder, FeedbackWriter, open_store
 
 log = logging.getLogger("pointsman.app")
 
@@ -67,7 +69,8 @@ def create_app(config: Config) -> Starlette:
         })
         windows = RoutingBrain.knob_windows_of(config)
         history = await recorder.store.recent(limit=max(windows.values())) if windows else []
-        brain = RoutingBrain(config, historic_knob_scores(reversed(history), windows))
+        version = resolve_routers_dir(config.classifiers.routers_dir).version  # the one about to serve
+        brain = RoutingBrain(config, historic_knob_scores(reversed(history), windows, version), watch=True)
         await brain.start()
         if brain.scan_pool is not None:
             metrics.watch_attributes(brain.scan_pool, {
@@ -76,10 +79,24 @@ def create_app(config: Config) -> Starlette:
                 "pointsman_scan_refused": ("refused", "Long-request text scans refused (queue full: 503)."),
                 "pointsman_scan_timeouts": ("timeouts", "Long-request text scans stopped at classifiers.scan_timeout."),
             })
-        service = ProxyService(config, pool, client, metrics, recorder, brain.policies, brain.scan_pool)
+        service = ProxyService(config, pool, client, metrics, recorder, brain.policies, brain.scan_pool,
+                               router=brain.router)
+        metrics.watch_router(brain.router)
+        followups = service.followups
+        followups.set_encoder(lambda: brain.encoder)  # for conversation capture (loaded by brain.start)
+        metrics.registry.register(followups.compare.collector())
+        metrics.watch_attributes(followups.implicit, {
+            f"pointsman_implicit_feedback_{name}": (f"count_{name}", f"Implicit '{name}' feedback rows recorded.")
+            for name in ("reask", "regenerate", "finish_length", "upstream_error")
+        })
         health = HealthChecker(pool, client)
         health.start()
         app.state.service = service
+        feedback_writer = FeedbackWriter(
+            recorder.store, config.feedback.batch_size, write_timeout=config.feedback.write_timeout
+        )
+        await feedback_writer.start()
+        app.state.feedback = FeedbackService(config, service, recorder.store, feedback_writer, metrics)
         app.state.started_at = time.time()
         # Everything allocated so far (imports, config, pools) lives for the whole process. Moving it
         # out of the collector's view stops full collections from re-scanning it under load: they
@@ -90,9 +107,11 @@ def create_app(config: Config) -> Starlette:
             yield
         finally:
             service.draining = True
+            await service.followups.close()  # running comparisons are cancelled (their upstream calls too)
             await health.stop()
             await client.close()
             await brain.close()
+            await feedback_writer.stop()  # feedback still waiting is written (or answered 503)
             await recorder.stop()  # flush everything already answered before the process exits
 
     app = Starlette(
@@ -122,6 +141,12 @@ async def completions(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     return await _service(request).handle(request, EMBEDDINGS)
+
+
+async def feedback(request: Request) -> Response:
+    """``POST /v1/feedback``: an outcome for a request id, answered once durably stored."""
+    handler: FeedbackService = request.app.state.feedback
+    return await handler.handle(request)
 
 
 async def route(request: Request) -> Response:
@@ -177,6 +202,7 @@ ROUTES = [
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/route", route, methods=["POST"]),
+    Route("/v1/feedback", feedback, methods=["POST"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),

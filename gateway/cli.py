@@ -89,23 +89,16 @@ async def explain_route(
 ) -> dict[str, Any]:
     """The routing decision for one prompt on ``route``, computed offline (no backend call)."""
     from gateway.routing import RoutingBrain
-    from policies import RequestContext
+    from policies.brain import explain_request
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     body = {"model": route, "messages": messages}
     brain = RoutingBrain(config)
-    policy = brain.policies.get(route)
-    if policy is None:
+    if route not in brain.policies:
         raise ConfigError(f"no route {route!r} in the config (routes: {', '.join(brain.policies) or 'none'})")
     await brain.start()
     try:
-        ctx = RequestContext(request_id="cli", endpoint="chat.completions", route=route, body=body, headers=headers)
-        explain = getattr(policy, "explain", None)
-        if explain is not None:
-            return {"route": route, **await explain(ctx)}
-        plan = await policy.decide(ctx)
-        return {"route": route, "policy": plan.policy, "plan": plan.describe(), "model": plan.candidates[0],
-                "reason": plan.reason}
+        return await explain_request(brain, route, body, headers=headers, request_id="cli")
     finally:
         await brain.close()
 
@@ -148,6 +141,21 @@ def _run(coro_factory: object) -> None:
         runner.run(coro_factory)  # type: ignore[arg-type]
 
 
+def _forget(args: argparse.Namespace) -> int:
+    """``pointsman forget``: delete a tenant's or a request's stored data, or expired text."""
+    from store.admin import describe, forget
+
+    try:
+        counts = asyncio.run(forget(
+            args.store, tenant=args.tenant, request_id=args.request_id, purge_expired=args.purge_expired
+        ))
+    except Exception as exc:  # unreachable database, bad URL: one line, no traceback
+        print(f"pointsman: forget failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(describe(counts, tenant=args.tenant, request_id=args.request_id)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pointsman", description="Semantic model-router gateway.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,16 +177,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_probe = sub.add_parser("probe", help="check a routing probes file (expected routes) offline")
     p_probe.add_argument("file", help="probes YAML (may embed its own config: section)")
     p_probe.add_argument("--config", help="gateway config (default: the probes file's config section)")
+    p_forget = sub.add_parser("forget", help="delete a tenant's or a request's stored data (decisions, "
+                              "feedback, conversations), or conversation text past its retention")
+    p_forget.add_argument("--store", required=True, metavar="URL",
+                          help="sqlite:///abs/path.db, sqlite://rel.db, a file path, or postgresql://...")
+    who = p_forget.add_mutually_exclusive_group()
+    who.add_argument("--tenant", help="forget everything stored for this tenant (API key name)")
+    who.add_argument("--request-id", help="forget everything stored for this request id")
+    p_forget.add_argument("--purge-expired", action="store_true",
+                          help="delete conversation text whose retention period has ended")
     sub.add_parser("train", add_help=False,
-                   help="train the router artifacts (--quality routerbench: a per-model quality head) from the "
-                        "shared data (see --help)")
+                   help="train router heads: from labelled data (--data bundled|logs:URL|file:PATH --out REGISTRY) "
+                        "into a registry version, or rebuild the shipped artifacts (see --help)")
+    sub.add_parser("promote", add_help=False,
+                   help="promote a registry version if it beats the active router on held-out data (see --help)")
+    sub.add_parser("eval", add_help=False,
+                   help="replay a route's policy over labelled data (--config FILE --route auto --data SOURCE) and "
+                        "report APGR, CPT, frontier, AIQ, calibration against baselines (see --help)")
     args, rest = parser.parse_known_args(argv)
+    if args.command == "eval":
+        from evals.report_cli import main as eval_main
+
+        return eval_main(rest)
     if args.command == "train":
         from evals.train import main as train_main
 
         return train_main(rest)
+    if args.command == "promote":
+        from evals.promote import main as promote_main
+
+        return promote_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "forget":
+        if args.tenant is None and args.request_id is None and not args.purge_expired:
+            parser.error("forget: give --tenant, --request-id or --purge-expired")
+        return _forget(args)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "hash-key":

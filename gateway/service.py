@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -23,6 +25,8 @@ from classifiers.offload import ScanPool, ScanUnavailable, redact, with_model_fi
 from gateway.auth import KeyChecker
 from gateway.config import Config
 from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailableError
+from gateway.feedback import IssuedIds
+from gateway.followups import Followups, Served
 from gateway.forward import Completed, Forwarder, OpenedStream
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
@@ -42,8 +46,10 @@ from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamClient
 from gateway.usage import SSEUsageScanner, cost_usd
 from policies import Plan, Policy, PolicyError, RequestContext
+from policies.brain import ActiveRouter, explain_policy, request_context
 from policies.echo import client_echo, masked_prefix
 from policies.knob import REQUEST_FIELD
+from policies.sticky import SESSION_HEADER
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord
 
@@ -64,6 +70,7 @@ class ProxyService:
         recorder: DecisionRecorder,
         policies: Mapping[str, Policy],
         scan_pool: ScanPool | None = None,
+        router: ActiveRouter | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -74,6 +81,13 @@ class ProxyService:
         self.draining = False
         self.policies: dict[str, Policy] = dict(policies)
         self.scan_pool = scan_pool
+        # The router version (registry promotions swap it): every decision is pinned to one.
+        self.router = router
+        # Request ids answered recently, with their tenant: /v1/feedback knows them before the
+        # batch writer has flushed their decision records.
+        self.issued = IssuedIds(config.feedback.recent_ids)
+        # Conversation capture, implicit feedback and comparisons (the eval loop's share of serving).
+        self.followups = Followups(config, self.forwarder, pool, recorder)
         # Plans for concrete model names never change: build them once.
         self._direct_plans = {
             name: Plan(
@@ -98,14 +112,19 @@ class ProxyService:
         trace = RequestTrace(record=record)
         self.metrics.in_flight.inc()
         streaming = False
+        served = Served(record=record, session_id=request.headers.get(SESSION_HEADER))
+        response: Response | None = None
+        answer: bytes | None = None
         try:
             if self.draining:
                 raise ServiceUnavailableError("the gateway is shutting down", headers={"Retry-After": "1"})
             record.tenant = self.authenticate(request)
             raw = await self._read_body(request)
             body = parse_request(raw, endpoint)
+            served.decided, served.size = body, len(raw)
             record.stream = bool(body.get("stream"))
-            plan = await self._plan(request, endpoint, body, trace, raw)
+            with self._pinned_router(record):
+                plan = await self._plan(request, endpoint, body, trace, raw)
             if plan.redact:
                 # The policy asked to strip PII before the request leaves the gateway (and the
                 # gateway's own namespace, e.g. a threshold override, never goes upstream).
@@ -114,6 +133,8 @@ class ProxyService:
             elif REQUEST_FIELD in body:
                 body = {k: v for k, v in body.items() if k != REQUEST_FIELD}
                 raw = with_model_first(body)
+            served.forwarded = body
+            await self.followups.decided(served, plan.signals)
             result = await self._forward_unless_disconnected(request, endpoint, body, raw, plan, trace)
             if result is None:
                 record.outcome, record.status = "client_disconnected", 499
@@ -122,8 +143,13 @@ class ProxyService:
                 streaming = True
                 trace.headers_sent_at = time.perf_counter()
                 record.status = 200
-                return ProxyStream(result, trace, self._headers(trace), self._finish_stream)
-            return self._completed(result, trace)
+                return ProxyStream(
+                    result, trace, self._headers(trace), functools.partial(self._finish_stream, served),
+                    scanner=self.followups.stream_scanner(served),
+                )
+            response = self._completed(result, trace)
+            answer = result.body
+            return response
         except PointsmanError as error:
             return self._error(error, trace)
         except ScanUnavailable as exc:
@@ -139,6 +165,12 @@ class ProxyService:
             if not streaming:  # a stream is finished (and leaves in_flight) when its last byte is sent
                 self.metrics.in_flight.dec()
                 self._finish(trace)
+                if answer is None:
+                    self.followups.failed(served)
+                else:
+                    launch = self.followups.completed(served, answer)
+                    if launch is not None and response is not None:
+                        response.background = BackgroundTask(launch)  # runs once the response is sent
 
     async def _plan(
         self, request: Request, endpoint: Endpoint, body: Mapping[str, Any], trace: RequestTrace, raw: bytes
@@ -167,7 +199,18 @@ class ProxyService:
         record.decision = plan.describe()
         record.reason = plan.reason
         record.signals = plan.signals
+        record.propensity = plan.details.get("propensity")
         return plan
+
+    @contextlib.contextmanager
+    def _pinned_router(self, record: DecisionRecord) -> Iterator[None]:
+        """Decide on one router version, and record which (``x-pointsman-router`` says it too)."""
+        if self.router is None:
+            yield
+            return
+        with self.router.pin() as version:
+            record.router_version = version.version
+            yield
 
     def context(
         self,
@@ -179,15 +222,9 @@ class ProxyService:
         raw: bytes | None = None,
     ) -> RequestContext:
         """What a policy sees of this request."""
-        return RequestContext(
-            request_id=request_id,
-            endpoint=endpoint.name,
-            route=body["model"],
-            body=body,
-            tenant=tenant,
-            session_id=request.headers.get("x-pointsman-session-id"),
-            headers=request.headers,
-            raw_body=raw,
+        return request_context(
+            body["model"], body, request_id=request_id, endpoint=endpoint.name, tenant=tenant,
+            headers=request.headers, raw_body=raw,
         )
 
     async def explain(self, request: Request) -> Response:
@@ -203,18 +240,14 @@ class ProxyService:
             if direct is not None:
                 explanation: dict[str, Any] = {"route": None, "policy": "direct", "plan": direct.describe(),
                                                "model": direct.candidates[0], "reason": direct.reason}
+                if self.router is not None:
+                    explanation["router_version"] = self.router.version
             else:
                 policy = self.policies.get(model)
                 if policy is None:
                     raise _unknown_model(model)
                 ctx = self.context(request, CHAT, body, request_id, tenant, raw)
-                explain = getattr(policy, "explain", None)
-                if explain is not None:
-                    explanation = {"route": model, **await explain(ctx)}
-                else:
-                    plan = self._with_model_fallbacks(await policy.decide(ctx))
-                    explanation = {"route": model, "policy": plan.policy, "plan": plan.describe(),
-                                   "model": plan.candidates[0], "reason": plan.reason}
+                explanation = await explain_policy(policy, ctx, self.router)
         except PointsmanError as error:
             return error_response(error, gateway_headers(request_id))
         except PolicyError as exc:
@@ -314,9 +347,10 @@ class ProxyService:
             (b"x-pointsman-backend", (record.backend or "").encode()),
             (b"x-pointsman-route", (record.route or DIRECT_ROUTE).encode()),
             (b"x-pointsman-overhead-ms", f"{trace.overhead_ms():.3f}".encode()),
+            *([(b"x-pointsman-router", record.router_version.encode())] if record.router_version else []),
         ]
 
-    def _finish_stream(self, trace: RequestTrace, scanner: SSEUsageScanner) -> None:
+    def _finish_stream(self, served: Served, trace: RequestTrace, scanner: SSEUsageScanner) -> None:
         self.metrics.in_flight.dec()
         record = trace.record
         record.prompt_tokens, record.completion_tokens = scanner.prompt_tokens, scanner.completion_tokens
@@ -324,6 +358,7 @@ class ProxyService:
         if target is not None:
             record.cost_usd = cost_usd(target.model, record.prompt_tokens, record.completion_tokens)
         self._finish(trace)
+        self.followups.streamed(served, scanner)  # the client has its last byte: implicit feedback, comparison
 
     def _finish(self, trace: RequestTrace) -> None:
         """Complete the decision record, update metrics, and hand the record to the batch writer."""
@@ -348,6 +383,7 @@ class ProxyService:
                 "request %s %s: %s %s (%s)", record.request_id, record.endpoint, record.status,
                 record.outcome, record.error_type,
             )
+        self.issued.add(record.request_id, record.tenant)
         self.recorder.record(record)
 
 

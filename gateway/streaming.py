@@ -42,6 +42,7 @@ class ProxyStream(Response):
         trace: RequestTrace,
         headers: Sequence[tuple[bytes, bytes]],
         on_done: Callable[[RequestTrace, SSEUsageScanner], None],
+        scanner: SSEUsageScanner | None = None,
     ) -> None:
         # Response.__init__ is skipped on purpose: this class writes its own ASGI messages.
         self.status_code = 200
@@ -50,7 +51,7 @@ class ProxyStream(Response):
         self._trace = trace
         self._extra_headers = list(headers)
         self._on_done = on_done
-        self._scanner = SSEUsageScanner()
+        self._scanner = scanner or SSEUsageScanner()
         self._client_done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from gateway.config import ModelConfig
+
+_FINISH_LENGTH = re.compile(rb'"finish_reason"\s*:\s*"length"')
 
 
 def usage_from_body(body: Mapping[str, Any]) -> tuple[int | None, int | None]:
@@ -33,18 +36,27 @@ def cost_usd(model: ModelConfig, prompt_tokens: int | None, completion_tokens: i
 
 
 class SSEUsageScanner:
-    """Watches a passthrough SSE byte stream for the ``usage`` chunk (``stream_options.include_usage``).
+    """Watches a passthrough SSE byte stream for the ``usage`` chunk (``stream_options.include_usage``)
+    and for an answer cut at the token limit (``finish_reason: "length"``).
 
     The bytes forwarded to the client are never touched; this only looks at complete events that
-    mention a non-null usage, so the per-chunk cost stays a couple of substring searches.
+    mention a non-null usage, so the per-chunk cost stays a couple of substring searches. With
+    ``collect_text`` it also keeps the first choice's text (for a comparison of the answer).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, collect_text: bool = False) -> None:
         self._buffer = bytearray()
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.saw_done = False
         self.events = 0
+        self.finish_length = False
+        self._parts: list[str] | None = [] if collect_text else None
+
+    @property
+    def text(self) -> str | None:
+        """The streamed answer's text when collected (first choice's content deltas), else None."""
+        return None if self._parts is None else "".join(self._parts)
 
     def feed(self, chunk: bytes) -> None:
         self._buffer += chunk
@@ -64,7 +76,12 @@ class SSEUsageScanner:
             data = line[5:].strip()
             if data == b"[DONE]":
                 self.saw_done = True
-            elif b'"usage"' in data and b'"usage":null' not in data and b'"usage": null' not in data:
+                continue
+            if b'"length"' in data and _FINISH_LENGTH.search(data) is not None:
+                self.finish_length = True
+            if self._parts is not None:
+                self._collect(data)
+            if b'"usage"' in data and b'"usage":null' not in data and b'"usage": null' not in data:
                 try:
                     parsed = orjson.loads(data)
                 except orjson.JSONDecodeError:
@@ -73,3 +90,19 @@ class SSEUsageScanner:
                     prompt, completion = usage_from_body(parsed)
                     if prompt is not None:
                         self.prompt_tokens, self.completion_tokens = prompt, completion
+
+    def _collect(self, data: bytes) -> None:
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        choices = parsed.get("choices") if isinstance(parsed, dict) else None
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                delta = choice.get("delta")
+                content = delta.get("content") if isinstance(delta, dict) else None
+                if isinstance(content, str):
+                    assert self._parts is not None
+                    self._parts.append(content)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from policies.context import RequestContext
 from policies.plan import Plan
@@ -30,4 +30,12 @@ class Policy(Protocol):
 
     async def decide(self, ctx: RequestContext) -> Plan:
         """Return the plan for this request, or raise :class:`PolicyError`."""
+        ...
+
+    async def explain(self, ctx: RequestContext) -> dict[str, Any]:
+        """The decision :meth:`decide` would make, as JSON-able data, changing no state (no calibration
+        sample, no session pin): at least ``policy``, ``plan`` (``Plan.describe()``, None when
+        blocked), ``model``, ``reason``, ``signals`` and ``blocked``. ``POST /v1/route``, ``pointsman
+        route``, routing probes and offline replay all read it (through
+        :func:`policies.brain.explain_request`). A blocked request is explained, not raised."""
         ...

@@ -29,6 +29,9 @@ A route either sends everything to one model (``policy: static``) or decides per
           threshold: 0.5                  # … or target_strong_share: 0.3 (calibrated)
         sticky: {ttl: 1800, escalate: true}
         fallbacks: [small-model]
+        compare: {share: 0.05, judge: judge-model, max_concurrency: 4, budget_usd_per_hour: 2}
+        explore: {epsilon: 0.05}          # logged propensities for off-policy evaluation
+        record: {embedding: true, text: false, text_retention_days: 30}
 
 Structural errors (unknown keys, wrong types, an operator without its value …) are raised by
 pydantic with the key path; cross-checks against the rest of the config (unknown signals and
@@ -169,6 +172,11 @@ class CostQuality(_Strict):
     needed). Either a fixed ``threshold`` (default 0.5), or ``target_strong_share``: the threshold
     is recalibrated continuously so that this share of the last ``window`` decisions goes to the
     strong model (until ``min_samples`` scores are known, the threshold is ``1 - target``).
+
+    When the routers directory holds difficulty heads trained per model pair, the route reads the
+    one trained for its ``strong`` and ``weak`` models; ``difficulty_models`` maps a configured
+    model to the name it was trained under (``{gpt-4o: gpt-4-1106-preview}``), a model not listed
+    is looked up by its own name.
     """
 
     signal: str = Field(default="difficulty", pattern=_PATH)
@@ -178,6 +186,7 @@ class CostQuality(_Strict):
     target_strong_share: float | None = Field(default=None, ge=0.0, le=1.0)
     window: int = Field(default=2000, ge=1)
     min_samples: int = Field(default=50, ge=1)
+    difficulty_models: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_knob(self) -> CostQuality:
@@ -187,6 +196,14 @@ class CostQuality(_Strict):
             raise ValueError(f"strong and weak are the same model {self.strong!r}")
         if self.target_strong_share is None and {"window", "min_samples"} & self.model_fields_set:
             raise ValueError("window and min_samples only apply with target_strong_share")
+        for model, trained in self.difficulty_models.items():
+            if model not in (self.strong, self.weak):
+                raise ValueError(
+                    f"difficulty_models: {model!r} is neither the strong ({self.strong!r}) nor the weak "
+                    f"({self.weak!r}) model"
+                )
+            if not trained.strip():
+                raise ValueError(f"difficulty_models: the trained name of {model!r} is empty")
         return self
 
 
@@ -314,6 +331,83 @@ class SignalSettings(BaseModel):
         return dict(self.model_extra or {})
 
 
+#: Placeholders a custom judge prompt must contain (see :class:`Compare`).
+JUDGE_PROMPT_FIELDS: tuple[str, ...] = ("conversation", "answer_a", "answer_b")
+
+
+class Compare(_Strict):
+    """Counterfactual comparisons: for ``share`` of requests, also ask the decision's other model(s).
+
+    After the served answer is complete (never delaying the client, never for blocked requests or
+    error answers), the gateway sends the same, already redacted body to the other candidate(s) of
+    the decision (the knob's other model; the other ``multi_model`` candidates), and the ``judge``
+    model (a configured model name) scores each pair in both orders to cancel position bias (win 1,
+    tie 0.5, loss 0, averaged) into feedback with ``source: judge``. At most ``max_concurrency``
+    comparisons run at once and at most ``budget_usd_per_hour`` is spent on them over any rolling
+    hour (estimated from the configured prices; ``null``: no cap); requests over either are skipped
+    and counted. Served requests come first: while they keep the gateway's event loop busy, a
+    comparison waits (in flight) before calling anyone. ``prompt`` replaces the judge's prompt: a
+    text with ``{conversation}``, ``{answer_a}`` and ``{answer_b}``.
+    """
+
+    share: float = Field(ge=0.0, le=1.0)
+    judge: str = Field(min_length=1)
+    max_concurrency: int = Field(default=4, ge=1)
+    budget_usd_per_hour: float | None = Field(default=None, ge=0.0)
+    prompt: str | None = Field(default=None, min_length=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _placeholders(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        missing = [name for name in JUDGE_PROMPT_FIELDS if "{" + name + "}" not in value]
+        if missing:
+            raise ValueError(f"the judge prompt needs the placeholder(s) {', '.join('{' + m + '}' for m in missing)}")
+        try:
+            value.format(**{name: "" for name in JUDGE_PROMPT_FIELDS})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"the judge prompt is not a valid template (use {{{{ and }}}} for braces): {exc}") from exc
+        return value
+
+
+class Explore(_Strict):
+    """Exploration for off-policy evaluation: a share ``epsilon`` of the knob's decisions is made
+    uniformly at random between the strong and the weak model (decided by a hash of the request
+    id, so it is reproducible). The served model's probability under the policy (``1 - epsilon/2``
+    for the knob's choice, ``epsilon/2`` for the other) is logged as the decision's propensity, so
+    offline evaluation can use inverse-propensity estimates. Rule-forced routes and blocks are
+    never explored; offline replay turns exploration off."""
+
+    epsilon: float = Field(ge=0.0, le=1.0)
+
+
+class RecordSettings(_Strict):
+    """What the decision log keeps of a request's conversation, for retraining.
+
+    ``embedding``: the conversation's embedding (with the encoder's id), kept when the route's policy
+    encoded it anyway (a knob or a head signal). ``text``: the messages themselves (JSON), only when
+    the operator opts in, deleted ``text_retention_days`` after the request. Never written to logs.
+    """
+
+    embedding: bool = True
+    text: bool = False
+    text_retention_days: float = Field(default=30.0, gt=0.0)
+
+
+class ImplicitSettings(_Strict):
+    """Implicit feedback the gateway records by itself (``source: implicit``, score 0 for the
+    request judged): a ``reask`` (a new request of the same session within ``window`` seconds of an
+    answer whose last user turn is at least ``similarity`` alike, as word sets), a ``regenerate``
+    (the same conversation re-sent up to the same last user turn), ``finish_length`` (the answer
+    was cut at the token limit) and ``upstream_error``. Only hashes of the text are kept in memory.
+    """
+
+    enabled: bool = True
+    window: float = Field(default=300.0, gt=0.0)
+    similarity: float = Field(default=0.8, gt=0.0, le=1.0)
+
+
 class RouteConfig(_Strict):
     """A virtual model (``auto`` …) and the policy that decides its requests.
 
@@ -331,12 +425,16 @@ class RouteConfig(_Strict):
     cost_quality: CostQuality | None = None
     multi_model: MultiModel | None = None
     sticky: Sticky | None = None
+    compare: Compare | None = None
+    explore: Explore | None = None
+    record: RecordSettings = Field(default_factory=RecordSettings)
+    implicit: ImplicitSettings = Field(default_factory=ImplicitSettings)
 
     @model_validator(mode="after")
     def _shape(self) -> RouteConfig:
         if self.policy == "static":
             extra = [
-                key for key in ("signals", "rules", "cost_quality", "multi_model", "sticky")
+                key for key in ("signals", "rules", "cost_quality", "multi_model", "sticky", "compare", "explore")
                 if key in self.model_fields_set
             ]
             if extra:
@@ -356,4 +454,16 @@ class RouteConfig(_Strict):
         for name in names:
             if names.count(name) > 1:
                 raise ValueError(f"rules: two rules are named {name!r}")
+        if self.compare is not None and self.cost_quality is None and self.multi_model is None:
+            raise ValueError("compare: needs cost_quality or multi_model (the other candidates to compare with)")
+        if self.explore is not None and self.cost_quality is None:
+            raise ValueError("explore: needs cost_quality (exploration picks between its strong and weak models)")
         return self
+
+    def comparison_candidates(self) -> tuple[str, ...]:
+        """The models a comparison may ask: the knob's pair, or the multi-model candidates."""
+        if self.cost_quality is not None:
+            return (self.cost_quality.strong, self.cost_quality.weak)
+        if self.multi_model is not None:
+            return self.multi_model.candidates
+        return ()

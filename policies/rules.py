@@ -9,7 +9,8 @@ One decision:
 3. run the rules from the highest priority down: ``redact`` rules accumulate PII kinds and go on,
    the first matching ``block`` raises :class:`PolicyError`, the first matching ``route``/``tier``
    decides (rule routes are explicit, so stickiness does not override them);
-4. otherwise the default decides — knob (strong if score >= threshold), utility argmax, or the
+4. otherwise the default decides — knob (strong if score >= threshold; with ``explore`` a share
+   epsilon of these decisions is made at random, its propensity logged), utility argmax, or the
    default model — and stickiness may keep the conversation on its earlier model;
 5. the :class:`Plan` lists the model, then the rule's and the route's fallbacks, with the signals,
    the redaction and a compact explanation. :meth:`RulePolicy.explain` returns the full story
@@ -19,7 +20,7 @@ One decision:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from policies.base import PolicyError
 from policies.conditions import describe, evaluate, signals_used
 from policies.config import RouteConfig, Rule
 from policies.context import RequestContext
+from policies.explore import Exploration, explore_pair
 from policies.knob import CostQualityKnob, KnobDecision, threshold_override
 from policies.plan import Plan
 from policies.signals import SignalLike, SignalProvider, resolve, signal_name
@@ -53,6 +55,8 @@ class _Outcome:
     choice: Choice | None = None
     sticky: dict[str, Any] | None = None
     error: PolicyError | None = None
+    explore: Exploration | None = None
+    propensity: float | None = None  # of the served model; None when the decision was not randomised
 
 
 class RulePolicy:
@@ -61,6 +65,8 @@ class RulePolicy:
     ``provider`` computes signals for this route; ``models`` describes the configured models
     (prices, context windows, tags) for the multi-model choice and for judging which model is
     stronger; ``historic_scores`` seeds the knob's calibration window (target-share mode).
+    ``explore=False`` turns the route's ``explore`` section off (offline replay must be
+    deterministic); :meth:`set_exploration` switches it later.
     """
 
     def __init__(
@@ -72,6 +78,7 @@ class RulePolicy:
         *,
         historic_scores: Iterable[float] = (),
         clock: Callable[[], float] = time.monotonic,
+        explore: bool = True,
     ) -> None:
         if config.policy != POLICY_NAME:
             raise ValueError(f"route {route!r} has policy {config.policy!r}, not {POLICY_NAME!r}")
@@ -108,6 +115,11 @@ class RulePolicy:
         if sticky is not None and sticky.enabled:
             self.sessions = StickySessions(sticky.ttl, sticky.max_sessions, clock)
         self._strength = sticky.order if sticky and sticky.order else ((cq.weak, cq.strong) if cq else ())
+        self.exploring = explore and config.explore is not None and config.explore.epsilon > 0.0
+
+    def set_exploration(self, enabled: bool) -> None:
+        """Turn the route's ``explore`` section on or off (a no-op when the route has none)."""
+        self.exploring = enabled and self.config.explore is not None and self.config.explore.epsilon > 0.0
 
     def use_session_store(self, store: SessionStore) -> None:
         """Keep this route's sessions in ``store`` instead of in this process (sticky routes only)."""
@@ -233,6 +245,14 @@ class RulePolicy:
                 f"{prefix}{cq.signal} {decision.score:.3f} {relation} threshold {decision.threshold:.3f} "
                 f"({decision.source}) -> {tier} model {outcome.model}"
             )
+            if self.exploring:
+                assert cfg.explore is not None
+                other = cq.weak if decision.strong else cq.strong
+                draw = explore_pair(ctx.request_id, cfg.explore.epsilon, outcome.model, other)
+                outcome.explore, outcome.model = draw, draw.served
+                outcome.propensity = draw.probability(draw.served)
+                if draw.served != draw.greedy:
+                    outcome.reason += f"; explored (epsilon {draw.epsilon:g}) -> {draw.served}"
         elif cfg.multi_model is not None and self.chooser is not None:
             mm = cfg.multi_model
             choice = self.chooser.choose(resolve(outcome.signals, mm.quality_signal), ctx.body)
@@ -272,16 +292,13 @@ class RulePolicy:
             outcome.reason += "; session store unavailable, decided without stickiness"
             return
         eligible = outcome.choice.eligible if outcome.choice is not None else None
-        if prior is None:
-            state, model = "pinned", chosen
-        elif prior == chosen:
-            state, model = "kept", chosen
-        elif eligible is not None and prior not in eligible:
-            state, model = "repinned", chosen
-        elif self._stronger(chosen, prior):
-            state, model = ("escalated", chosen) if sticky.escalate else ("kept", prior)
-        else:
-            state, model = "kept", prior
+        state, model = self._session_choice(prior, chosen, eligible)
+        if outcome.explore is not None:
+            # The session may override the draw: the served model's probability is that of every
+            # arm that leads to it given this session.
+            outcome.propensity = outcome.explore.propensity_of(
+                model, lambda arm: self._session_choice(prior, arm, eligible)[1]
+            )
         stored = True
         if commit and state in ("escalated", "repinned"):  # "pinned" was stored by claim()
             try:
@@ -299,6 +316,22 @@ class RulePolicy:
         elif state == "repinned":
             outcome.reason += f"; session moved from ineligible {prior}"
         outcome.model = model
+
+    def _session_choice(
+        self, prior: str | None, chosen: str, eligible: Collection[str] | None
+    ) -> tuple[str, str]:
+        """(state, model) of a session whose model is ``prior`` when the decision says ``chosen``."""
+        sticky = self.config.sticky
+        assert sticky is not None
+        if prior is None:
+            return "pinned", chosen
+        if prior == chosen:
+            return "kept", chosen
+        if eligible is not None and prior not in eligible:
+            return "repinned", chosen
+        if self._stronger(chosen, prior):
+            return ("escalated", chosen) if sticky.escalate else ("kept", prior)
+        return "kept", prior
 
     def _stronger(self, new: str, old: str) -> bool:
         order = self._strength
@@ -323,6 +356,9 @@ class RulePolicy:
             details["qualities"] = {e.model: None if e.quality is None else round(e.quality, 4) for e in choice.ranked}
         if outcome.sticky is not None:
             details["sticky"] = outcome.sticky["state"]
+        if outcome.explore is not None:
+            details["explore"] = outcome.explore.as_dict()
+            details["propensity"] = outcome.propensity
         return Plan(
             candidates=tuple(dict.fromkeys((outcome.model, *outcome.fallbacks))),
             policy=POLICY_NAME,

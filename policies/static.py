@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from policies.context import RequestContext
 from policies.plan import Plan
@@ -13,6 +14,7 @@ class StaticPolicy:
 
     def __init__(self, route: str, model: str, fallbacks: Sequence[str] = ()) -> None:
         self.name = f"static:{route}"
+        self.route = route
         self._plan = Plan(
             candidates=(model, *fallbacks),
             policy="static",
@@ -21,3 +23,11 @@ class StaticPolicy:
 
     async def decide(self, ctx: RequestContext) -> Plan:
         return self._plan
+
+    async def explain(self, ctx: RequestContext) -> dict[str, Any]:
+        """The fixed plan, in the shape every policy explains itself in (no signals, no rules)."""
+        plan = self._plan
+        return {
+            "route": self.route, "policy": plan.policy, "signals": {}, "rules": [], "blocked": None, "error": None,
+            "plan": plan.describe(), "model": plan.candidates[0], "reason": plan.reason,
+        }

@@ -139,6 +139,8 @@ class _Checker:
         if cfg.sticky is not None:
             for i, name in enumerate(cfg.sticky.order):
                 self.model(f"sticky.order.{i}", name)
+        if cfg.compare is not None:
+            self.model("compare.judge", cfg.compare.judge)
 
     def rules(self, cfg: RouteConfig) -> None:
         ordered = sorted(enumerate(cfg.rules), key=lambda pair: -pair[1].priority)

@@ -20,7 +20,13 @@ slow-drip          streams 6 chunks 0.25 s apart, then finishes normally
 bad-request        HTTP 400 in OpenAI's shape (must be passed through, never retried)
 truncated-stream   streams two chunks, then ends the body cleanly (chunked terminator sent) with no
                    ``data: [DONE]``: a stream cut short that no transport error reveals
+length             like ``ok`` (streamed or not), but the answer stops at the token limit
+                   (``finish_reason: "length"``)
+always-a           a judge with the strongest position bias: whatever it is shown, its verdict is
+                   ``[[A]]`` (comparisons must cancel it by asking both orders)
 =================  =============================================================================
+
+``length`` and ``always-a`` are not in ``BEHAVIOURS`` (the faults every standard model covers).
 
 "Per key" is the ``user`` field of the request, so tests do not interfere with one another.
 ``GET /stats`` reports requests seen per model and key; ``/v1/models`` lists the behaviours.
@@ -64,9 +70,8 @@ class UpstreamState:
         self.headers: list[dict[str, str]] = []
 
 
-def _completion(body: dict[str, Any], text: str) -> dict[str, Any]:
+def _completion(body: dict[str, Any], text: str, finish: str = "stop") -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
-    finish = "stop"
     if body.get("tools"):
         message = {
             "role": "assistant",
@@ -104,7 +109,7 @@ def _chunk(body: dict[str, Any], delta: dict[str, Any], finish: str | None = Non
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-def stream_events(body: dict[str, Any], words: list[str]) -> list[bytes]:
+def stream_events(body: dict[str, Any], words: list[str], finish: str = "stop") -> list[bytes]:
     """The SSE events the fake sends for a normal streamed answer (tests compare bytes against this)."""
     events = [_chunk(body, {"role": "assistant", "content": ""})]
     if body.get("tools"):
@@ -116,7 +121,7 @@ def stream_events(body: dict[str, Any], words: list[str]) -> list[bytes]:
         events.append(_chunk(body, {}, finish="tool_calls"))
     else:
         events += [_chunk(body, {"content": w}) for w in words]
-        events.append(_chunk(body, {}, finish="stop"))
+        events.append(_chunk(body, {}, finish=finish))
     if (body.get("stream_options") or {}).get("include_usage"):
         usage_chunk = {
             "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000,
@@ -153,12 +158,14 @@ def build_app(state: UpstreamState) -> Starlette:
             return Response(status_code=204)
         if model == "malformed":
             return Response(b'{"id": "chatcmpl-x", "choices": [', media_type="application/json")
+        if model == "always-a" and not stream:
+            return JSONResponse(_completion(body, "[[A]]"))
         if stream or model == "hang-body" or model in MIDSTREAM_FAULTS:
             return StreamingResponse(_stream(request, body, model), media_type="text/event-stream")
-        return JSONResponse(_completion(body, "".join(WORDS)))
+        return JSONResponse(_completion(body, "".join(WORDS), "length" if model == "length" else "stop"))
 
     async def _stream(request: Request, body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
-        events = stream_events(body, WORDS)
+        events = stream_events(body, WORDS, "length" if model == "length" else "stop")
         if model == "hang-body":
             await _sleep_until_disconnect(request, model)
             return
@@ -185,6 +192,7 @@ def build_app(state: UpstreamState) -> Starlette:
         body = orjson.loads(await request.body())
         state.requests[(body.get("model", "ok"), str(body.get("user", "")))] += 1
         state.bodies.append(body)
+        state.headers.append(dict(request.headers))  # bodies[i] and headers[i] are the same request
         return JSONResponse({
             "id": "cmpl-fake", "object": "text_completion", "created": 1700000000, "model": body["model"],
             "choices": [{"index": 0, "text": " world", "finish_reason": "length", "logprobs": None}],

@@ -1,0 +1,468 @@
+"""Training data in one table shape: labelled requests, and the loaders that produce them.
+
+A :class:`LabelledRequest` is a conversation with a quality per model (``None`` = not known), a cost
+per model, where it came from and how much it weighs. A request is *labelled for a pair* when both
+models of the pair have a quality. Every loader returns this shape, so training, evaluation and the
+promotion gate read any mix of sources the same way:
+
+- ``bundled``: the RouteLLM data (MMLU, GSM8K, MT-bench; GPT-4-1106 vs Mixtral-8x7B) from the shared
+  data directory (``$POINTSMAN_DATA_DIR`` or ``../shared/data``). MT-bench's 1-10 judge scores are
+  mapped onto [0, 1] as ``(score - 1) / 9``.
+- ``DIR``: a data directory like the shared one (``DIR/routellm/``), or a directory of labelled files
+  (every ``*.jsonl`` and ``*.csv`` in it, sorted by name).
+- ``file:PATH``: a labelled file, JSONL or CSV (by extension; see :func:`load_file`).
+- ``logs:STORE_URL``: logged traffic (``store.open_store_url``): decision records joined with their
+  feedback under metric ``quality`` (see :func:`requests_from_logs`).
+
+Qualities are in [0, 1] (1 = a perfect answer). Costs are USD per call (optional).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import hashlib
+import json
+import math
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+csv.field_size_limit(1 << 30)
+
+#: Characters of the conversation text the encoders see (serving uses the same bound).
+MAX_CHARS = 2000
+
+
+@dataclass
+class LabelledRequest:
+    """One request of the training table."""
+
+    messages: list[dict[str, Any]]
+    qualities: dict[str, float | None]
+    costs: dict[str, float]
+    source: str
+    weight: float = 1.0
+    embedding: np.ndarray | None = None  # as stored with the request (logs), with the encoder that made it
+    encoder_id: str | None = None
+    domain: str | None = None
+    request_id: str | None = None
+
+    def quality(self, model: str) -> float | None:
+        """The model's quality on this request, or None."""
+        return self.qualities.get(model)
+
+    def labelled_for(self, strong: str, weak: str) -> bool:
+        """Whether both models of the pair have a quality."""
+        return self.qualities.get(strong) is not None and self.qualities.get(weak) is not None
+
+    @property
+    def has_text(self) -> bool:
+        """Whether the conversation itself is known (not only its stored embedding)."""
+        return bool(self.messages)
+
+    def text(self) -> str:
+        """The conversation's text as the serving encoder sees it (``conversation_text``)."""
+        from classifiers.conversation import conversation_text
+
+        return conversation_text({"messages": self.messages}, max_chars=MAX_CHARS)
+
+
+@dataclass
+class LoadedSource:
+    """The rows of one ``--data`` source and a description of them for a version's ``data`` list."""
+
+    spec: str
+    rows: list[LabelledRequest]
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows left out
+
+    def describe(self) -> dict[str, Any]:
+        """``{source, sha256, rows}`` (plus what was skipped): what ``version.json`` records."""
+        out: dict[str, Any] = {"source": self.spec, "sha256": rows_hash(self.rows), "rows": len(self.rows)}
+        if self.skipped:
+            out["skipped"] = dict(self.skipped)
+        return out
+
+
+class DataError(ValueError):
+    """A source that cannot be read, with the file, line and field that is wrong."""
+
+
+def rows_hash(rows: Sequence[LabelledRequest]) -> str:
+    """sha256 over the rows' conversations, qualities, costs and weights (names the exact data)."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps(r.messages, sort_keys=True, ensure_ascii=False).encode())
+        h.update(json.dumps(sorted(r.qualities.items()), ensure_ascii=False).encode())
+        h.update(json.dumps(sorted(r.costs.items()), ensure_ascii=False).encode())
+        h.update(repr(float(r.weight)).encode())
+        if r.embedding is not None and not r.messages:
+            h.update(np.ascontiguousarray(r.embedding, dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
+def models_of(rows: Iterable[LabelledRequest]) -> list[str]:
+    """Every model with at least one known quality, sorted."""
+    return sorted({m for r in rows for m, q in r.qualities.items() if q is not None})
+
+
+def user_messages(prompt: str) -> list[dict[str, Any]]:
+    """A one-message conversation."""
+    return [{"role": "user", "content": prompt}]
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def load_source(spec: str, *, data_dir: str | Path | None = None) -> LoadedSource:
+    """Load one ``--data`` source: ``bundled``, ``logs:STORE_URL``, ``file:PATH`` or a directory.
+
+    ``data_dir`` overrides where ``bundled`` reads from (default: ``resolve_data_dir()``).
+    Raises :class:`DataError` naming the source when it cannot be read.
+    """
+    if spec == "bundled":
+        from evals.data import resolve_data_dir
+
+        root = resolve_data_dir(data_dir)
+        if not (root / "routellm").is_dir():
+            raise DataError(
+                f"--data bundled: no routellm/ under {root} (set POINTSMAN_DATA_DIR to the shared data directory)"
+            )
+        return LoadedSource(spec, load_routellm_rows(root))
+    if spec.startswith("logs:"):
+        url = spec[len("logs:") :]
+        if not url:
+            raise DataError("--data logs:STORE_URL needs a store URL, e.g. logs:sqlite:///var/lib/pointsman.db")
+        logged, skipped = load_logs(url)
+        return LoadedSource(spec, logged, skipped)
+    if spec.startswith("file:"):
+        path = Path(spec[len("file:") :]).expanduser()
+        return LoadedSource(spec, load_file(path))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if (path / "routellm").is_dir():
+            return LoadedSource(spec, load_routellm_rows(path))
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".jsonl", ".csv") and p.is_file())
+        if not files:
+            raise DataError(f"--data {spec}: a directory with neither routellm/ nor *.jsonl / *.csv labelled files")
+        rows: list[LabelledRequest] = []
+        for f in files:
+            rows.extend(load_file(f))
+        return LoadedSource(spec, rows)
+    if path.is_file():
+        return LoadedSource(spec, load_file(path))
+    raise DataError(
+        f"--data {spec}: not a source; expected bundled, logs:STORE_URL, file:PATH or an existing directory"
+    )
+
+
+def is_source_spec(spec: str) -> bool:
+    """Whether ``spec`` names labelled data rather than the legacy shared data directory (``DIR/routellm``)."""
+    if spec == "bundled" or spec.startswith(("logs:", "file:")):
+        return True
+    path = Path(spec).expanduser()
+    return path.is_file() or (path.is_dir() and not (path / "routellm").is_dir())
+
+
+# ----------------------------------------------------------------------------- bundled (RouteLLM)
+
+
+def load_routellm_rows(data_dir: Path) -> list[LabelledRequest]:
+    """RouteLLM's MMLU, GSM8K and MT-bench as labelled requests for GPT-4-1106 vs Mixtral-8x7B."""
+    from evals.data import STRONG, WEAK, load_routellm
+
+    out = []
+    for r in load_routellm(data_dir):
+        s, w = r.strong_quality, r.weak_quality
+        if r.dataset == "mt_bench":  # judge scores 1-10 onto [0, 1]
+            s, w = (s - 1.0) / 9.0, (w - 1.0) / 9.0
+        out.append(
+            LabelledRequest(
+                messages=user_messages(r.prompt),
+                qualities={STRONG: float(s), WEAK: float(w)},
+                costs={},
+                source=f"bundled:{r.dataset}",
+                domain=r.domain,
+            )
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- labelled files
+
+
+def load_file(path: Path) -> list[LabelledRequest]:
+    """A labelled JSONL or CSV file (by extension: ``.jsonl``/``.json`` or ``.csv``).
+
+    JSONL, one object per line::
+
+        {"messages": [{"role": "user", "content": "..."}],     # or "prompt": "..."
+         "scores": {"model-a": 0.9, "model-b": 0.0},           # quality in [0, 1]; null = unknown
+         "costs": {"model-a": 0.002, "model-b": 0.0001},       # optional, USD per call
+         "weight": 1.0, "source": "support-tickets", "domain": "code", "id": "req-17"}   # optional
+
+    CSV, one row per request, with a header: ``prompt`` (or ``messages``, a JSON list of messages),
+    one ``score:<model>`` column per model (an empty cell = unknown), optional ``cost:<model>``,
+    ``weight``, ``source``, ``domain`` and ``id`` columns.
+    """
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return _load_jsonl(path)
+    if suffix == ".csv":
+        return _load_csv(path)
+    raise DataError(f"{path}: unknown labelled file type {suffix!r}; expected .jsonl or .csv")
+
+
+def _default_source(path: Path) -> str:
+    return f"file:{path.name}"
+
+
+def _load_jsonl(path: Path) -> list[LabelledRequest]:
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: not JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{where}: expected a JSON object per line")
+            out.append(_row(obj, where, _default_source(path)))
+    return out
+
+
+def _load_csv(path: Path) -> list[LabelledRequest]:
+    out = []
+    with path.open(encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        score_cols = [c for c in header if c.startswith("score:")]
+        if not score_cols:
+            raise DataError(f"{path}: no score:<model> columns (header: {', '.join(header) or 'empty'})")
+        if "prompt" not in header and "messages" not in header:
+            raise DataError(f"{path}: needs a prompt or a messages column")
+        for lineno, cells in enumerate(reader, 2):
+            where = f"{path}:{lineno}"
+            obj: dict[str, Any] = {
+                "scores": {c[len("score:") :]: _cell_number(cells[c], where, c) for c in score_cols},
+                "costs": {
+                    c[len("cost:") :]: v
+                    for c in header
+                    if c.startswith("cost:") and (v := _cell_number(cells[c], where, c)) is not None
+                },
+            }
+            if cells.get("messages"):
+                try:
+                    obj["messages"] = json.loads(cells["messages"])
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{where}: column messages is not JSON ({exc.msg})") from None
+            else:
+                obj["prompt"] = cells.get("prompt") or ""
+            for key in ("weight", "source", "domain", "id"):
+                if cells.get(key):
+                    obj[key] = _cell_number(cells[key], where, key) if key == "weight" else cells[key]
+            out.append(_row(obj, where, _default_source(path)))
+    return out
+
+
+def _cell_number(cell: str | None, where: str, column: str) -> float | None:
+    if cell is None or cell.strip() == "":
+        return None
+    try:
+        return float(cell)
+    except ValueError:
+        raise DataError(f"{where}: column {column}: {cell!r} is not a number") from None
+
+
+def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledRequest:
+    """Validate one JSON-shaped row (the CSV reader builds the same shape)."""
+    if "messages" in obj:
+        messages = obj["messages"]
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise DataError(f"{where}: messages must be a non-empty list of message objects")
+    elif isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
+        messages = user_messages(obj["prompt"])
+    else:
+        raise DataError(f"{where}: needs messages (a list) or prompt (a non-empty string)")
+    scores = obj.get("scores")
+    if not isinstance(scores, dict) or not scores:
+        raise DataError(f"{where}: scores must be an object {{model: quality}} with at least one model")
+    qualities: dict[str, float | None] = {}
+    for model, q in scores.items():
+        if q is None:
+            qualities[str(model)] = None
+            continue
+        if isinstance(q, bool) or not isinstance(q, int | float) or not math.isfinite(q) or not 0.0 <= q <= 1.0:
+            raise DataError(f"{where}: scores.{model}: {q!r} is not a quality in [0, 1]")
+        qualities[str(model)] = float(q)
+    costs_raw = obj.get("costs") or {}
+    if not isinstance(costs_raw, dict):
+        raise DataError(f"{where}: costs must be an object {{model: USD per call}}")
+    costs: dict[str, float] = {}
+    for model, c in costs_raw.items():
+        if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
+            raise DataError(f"{where}: costs.{model}: {c!r} is not a cost >= 0")
+        costs[str(model)] = float(c)
+    weight = obj.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or weight < 0:
+        raise DataError(f"{where}: weight: {weight!r} is not a number >= 0")
+    source = obj.get("source") or default_source
+    domain = obj.get("domain")
+    request_id = obj.get("id")
+    return LabelledRequest(
+        messages=[dict(m) for m in messages],
+        qualities=qualities,
+        costs=costs,
+        source=str(source),
+        weight=float(weight),
+        domain=None if domain is None else str(domain),
+        request_id=None if request_id is None else str(request_id),
+    )
+
+
+# ----------------------------------------------------------------------------- logged traffic
+
+
+def load_logs(
+    url: str, *, route: str | None = None, since: float | None = None
+) -> tuple[list[LabelledRequest], dict[str, int]]:
+    """Logged traffic from the store at ``url`` (see :func:`requests_from_logs`); works inside or
+    outside a running event loop."""
+
+    async def fetch() -> list[Any]:
+        from store.url import open_store_url
+
+        store = open_store_url(url)
+        await store.open()
+        try:
+            return list(await store.logged_requests(route=route, since=since))
+        finally:
+            await store.close()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        logged = asyncio.run(fetch())
+    else:  # called from async code (a test, a notebook): run the store in a thread of its own
+        result: list[list[Any]] = []
+        errors: list[BaseException] = []
+
+        def runner() -> None:
+            try:
+                result.append(asyncio.run(fetch()))
+            except BaseException as exc:  # re-raised in the caller's thread
+                errors.append(exc)
+
+        thread = threading.Thread(target=runner, name="pointsman-load-logs")
+        thread.start()
+        thread.join()
+        if errors:
+            raise errors[0]
+        logged = result[0]
+    return requests_from_logs(logged)
+
+
+def requests_from_logs(logged: Iterable[Any]) -> tuple[list[LabelledRequest], dict[str, int]]:
+    """Turn ``store.LoggedRequest`` s into labelled requests; returns the rows and what was skipped.
+
+    Per model, the quality is the mean of every ``quality`` feedback about it: feedback with
+    ``model == ""`` is about the served answer (the record's ``model``), comparisons (judge) name
+    their model. Other metrics are ignored. The conversation comes from the stored text (JSON of the
+    messages, when the route keeps it) or, failing that, the stored embedding with its encoder id
+    (training checks the id against its encoder). Requests with no quality feedback, or with neither
+    text nor embedding, are skipped and counted.
+    """
+    rows: list[LabelledRequest] = []
+    skipped: dict[str, int] = defaultdict(int)
+    for item in logged:
+        record, conversation = item.record, item.conversation
+        scores: dict[str, list[float]] = defaultdict(list)
+        costs: dict[str, float] = {}
+        for fb in item.feedback:
+            if fb.metric != "quality":
+                continue
+            model = fb.model or record.model
+            if not model:
+                continue
+            scores[model].append(float(fb.score))
+            cost = (fb.metadata or {}).get("cost_usd")
+            if fb.model and isinstance(cost, int | float):
+                costs[fb.model] = float(cost)
+        if not scores:
+            skipped["no quality feedback"] += 1
+            continue
+        if record.model and record.cost_usd is not None:
+            costs.setdefault(record.model, float(record.cost_usd))
+        messages = _logged_messages(conversation.text) if conversation is not None and conversation.text else []
+        embedding = None
+        encoder_id = None
+        if conversation is not None and conversation.embedding:
+            embedding = np.frombuffer(conversation.embedding, dtype="<f4").astype(np.float32)
+            encoder_id = conversation.encoder_id
+        if not messages and embedding is None:
+            skipped["neither text nor embedding stored"] += 1
+            continue
+        rows.append(
+            LabelledRequest(
+                messages=messages,
+                qualities={m: float(np.mean(v)) for m, v in sorted(scores.items())},
+                costs=costs,
+                source=f"logs:{record.route}" if record.route else "logs",
+                embedding=embedding,
+                encoder_id=encoder_id,
+                domain=_signal_value(record.signals.get("domain")),
+                request_id=record.request_id,
+            )
+        )
+    return rows, dict(skipped)
+
+
+def _logged_messages(text: str) -> list[dict[str, Any]]:
+    """The messages of a stored conversation text: a JSON list of messages, a body with
+    ``messages``, or (anything else) the text as one user message."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return user_messages(text)
+    if isinstance(value, dict) and isinstance(value.get("messages"), list):
+        value = value["messages"]
+    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
+        return [dict(m) for m in value]
+    if isinstance(value, str):
+        return user_messages(value)
+    return user_messages(text)
+
+
+def _signal_value(signal: Any) -> str | None:
+    if isinstance(signal, dict):
+        signal = signal.get("value")
+    return signal if isinstance(signal, str) else None
+
+
+def encoder_matches(stored: str | None, encoder_id: str) -> bool:
+    """Whether an embedding stored under ``stored`` was made by the encoder ``encoder_id``.
+
+    The stored id may carry the encoder's name or a version around the id (``static:minilm-static-256``,
+    ``minilm-static-256@1``): the id must be one of its ``:``/``@``-separated parts.
+    """
+    if not stored:
+        return False
+    if stored == encoder_id:
+        return True
+    parts = stored.replace("@", ":").split(":")
+    return encoder_id in parts
+
+
+def load_sources(specs: Sequence[str], *, data_dir: str | Path | None = None) -> list[LoadedSource]:
+    """Load every ``--data`` source in order."""
+    return [load_source(spec, data_dir=data_dir) for spec in specs]

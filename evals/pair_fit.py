@@ -1,0 +1,369 @@
+"""Fit a difficulty head for one model pair from labelled requests (``pointsman train``).
+
+Method: **ridge regression on the quality gain ``strong - weak``, warm-started by a prior data set as
+pseudo-rows, hyperparameters by cross-validation, Platt-calibrated.**
+
+- Target: the gain ``strong_q - weak_q`` (not the binary "strong better"): it ranks prompts by expected
+  gain, which is what APGR rewards, and it also learns from the prompts where the weak model wins.
+- Features: ``build_features(embeddings, texts)`` standardised (weighted mean/std over the new rows and
+  the prior at its default weight).
+- Prior (:class:`PairPrior`, e.g. the bundled RouteLLM data): its rows enter the least-squares problem
+  with a *total* weight of ``m`` pseudo-rows (``m`` in :data:`PRIOR_ROWS`), whatever its size. A fixed
+  pseudo-row count (not a share of the new data) is a Bayesian prior: it dominates at 50 labelled
+  requests and fades as the new data grows.
+- Penalty ``alpha`` (on the sum of squared errors, so it also fades with more rows) and ``m`` are chosen
+  by 5-fold cross-validation on the new rows only (the prior is in every training fold, never in a
+  validation fold), minimising out-of-fold squared error of the gain. Squared error is chosen over the
+  ranking metric itself because it is far less noisy on small folds; see the measurements below.
+- Exported as a ``logreg`` head (coef/intercept = the ridge's), so serving is one dot product. The raw
+  probability ``sigmoid(gain estimate)`` is mapped by Platt scaling, fitted on the chosen
+  configuration's out-of-fold scores against "strong strictly better" (gain > 0), so column 1 is
+  P(strong better) and the ranking is unchanged. Platt is skipped (``method: none``) when that label is
+  constant or the fitted slope is not positive.
+- Deterministic given ``seed`` (it only draws the fold assignment).
+
+Why (``bench/adaptation_research.py``; RouterBench-train GPT-4 vs Mixtral, an out-of-distribution mix of
+ARC / MBPP / Winogrande; 600 held-out prompts; mean APGR over 10 draws; random 0.50, shipped router
+0.567; see /work/issue11/ADAPTATION.md for the full table with CIs) at 50 / 200 / 800 / 1600 labelled
+requests, static encoder:
+
+- plain logistic regression on MiniLM embeddings (the reference): 0.56 / 0.57 / 0.58 / 0.60
+- this ridge-gain fit without a prior: ~0.56 / 0.58 / 0.61 / 0.61
+- with the RouteLLM prior (this method): ~0.61 / 0.61 / 0.63 / 0.64
+
+The prior is worth +0.03-0.05 at small n. Selecting ``(m, alpha)`` by out-of-fold APGR instead of
+squared error lost ~0.01-0.02 everywhere (selection noise on small folds); logistic regression on the
+binary label, kNN gain and the shipped head's logit as an extra feature were all below ridge-gain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from classifiers.heads.head import Head
+
+LABELS = ("weak_ok", "strong_needed")
+#: Total weight of the prior, in pseudo-rows, tried by cross-validation.
+PRIOR_ROWS: tuple[float, ...] = (300.0, 1000.0, 3000.0)
+#: The prior weight used for standardisation (shared by every configuration) and when n is too small to CV.
+DEFAULT_PRIOR_ROWS = 1000.0
+#: Ridge penalties tried with a prior (strong: the prior carries the direction) and without one.
+ALPHAS_WITH_PRIOR: tuple[float, ...] = (3e3, 1e4, 3e4, 1e5)
+ALPHAS_NO_PRIOR: tuple[float, ...] = (3e2, 1e3, 3e3, 1e4, 3e4, 1e5)
+DEFAULT_ALPHA = 1e4
+#: How strongly the prior is tilted towards the new traffic (see :func:`_focus_weights`), tried by CV.
+PRIOR_FOCUS: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0)
+DEFAULT_FOCUS = 2.0
+#: What the prior's weight is by default, for manifests (``--prior-weight`` overrides it, see the fit).
+PRIOR_WEIGHT = "chosen by 5-fold CV among 300, 1000 and 3000 pseudo-rows (evals.pair_fit.PRIOR_ROWS)"
+FOLDS = 5
+MIN_ROWS_FOR_CV = 10
+
+
+@dataclass(frozen=True)
+class PairPrior:
+    """Labelled rows used as a prior (warm start), e.g. the bundled data.
+
+    ``x`` must be built like the new rows' features (same encoder, ``build_features``); qualities on the
+    same scale as the new data (``[0, 1]``). ``weight`` is relative within the prior: the prior's total
+    weight is set by the fit (:data:`PRIOR_ROWS`).
+    """
+
+    x: np.ndarray
+    strong_q: np.ndarray
+    weak_q: np.ndarray
+    weight: np.ndarray
+
+
+@dataclass
+class _Moments:
+    """Weighted sufficient statistics of (z, y): enough for a ridge fit with an unpenalised intercept."""
+
+    w: float
+    z: np.ndarray  # sum w z
+    zz: np.ndarray  # sum w z z^T
+    y: float  # sum w y
+    zy: np.ndarray  # sum w z y
+
+    @classmethod
+    def of(cls, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> _Moments:
+        wz = z * w[:, None]
+        return cls(float(w.sum()), wz.sum(axis=0), z.T @ wz, float(w @ y), wz.T @ y)
+
+    def plus(self, other: _Moments, scale: float) -> _Moments:
+        return _Moments(
+            self.w + scale * other.w,
+            self.z + scale * other.z,
+            self.zz + scale * other.zz,
+            self.y + scale * other.y,
+            self.zy + scale * other.zy,
+        )
+
+    def ridge(self, alphas: tuple[float, ...]) -> list[tuple[np.ndarray, float]]:
+        """(coef, intercept) per penalty: one eigendecomposition of the centred Gram matrix for all."""
+        mz, my = self.z / self.w, self.y / self.w
+        gram = self.zz - np.outer(self.z, mz)
+        rhs = self.zy - self.z * my
+        vals, vecs = np.linalg.eigh((gram + gram.T) / 2)
+        proj = vecs.T @ rhs
+        out = []
+        for a in alphas:
+            coef = vecs @ (proj / (np.maximum(vals, 0.0) + a))
+            out.append((coef, my - float(mz @ coef)))
+        return out
+
+
+def _standardiser(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = np.average(x, axis=0, weights=w)
+    scale = np.sqrt(np.average((x - mean) ** 2, axis=0, weights=w))
+    scale[scale < 1e-8] = 1.0
+    return mean, scale
+
+
+def rank_gain(scores: np.ndarray, gain: np.ndarray, weight: np.ndarray) -> float:
+    """Weighted mean of ``gain * (percentile(score) - 0.5)``: the area under the routing curve, unnormalised.
+
+    Sending the top ``s`` share of prompts to the strong model over every ``s`` in [0, 1] routes prompt
+    ``i`` strong for a share ``percentile_i`` of the sweep, so the quality curve's area is
+    ``mean(weak) + mean(gain * percentile)``: this is APGR's numerator up to constants, without dividing
+    by the (noisy, possibly tiny) strong-weak gap of a small sample.
+    """
+    from scipy.stats import rankdata
+
+    # Tied scores share their average rank: a constant scorer earns exactly 0 (random routing).
+    pct = (rankdata(scores) - 0.5) / len(scores)
+    return float(np.average(gain * (pct - 0.5), weights=weight))
+
+
+Config = tuple[float, float, float]  # (prior focus beta, prior weight in rows, ridge alpha)
+Fit = tuple[np.ndarray, float]  # (coef, intercept)
+
+
+def _name(cfg: Config) -> str:
+    return f"focus={cfg[0]:g},prior_rows={cfg[1]:g},alpha={cfg[2]:g}"
+
+
+def _embedding_columns(x: np.ndarray) -> int:
+    """Leading columns of ``x`` that hold the unit-norm embedding (``build_features`` puts it first).
+
+    The cheap text statistics (``CHEAP_FEATURE_NAMES``) are either appended or absent; an embedding row
+    is unit-norm, or zero for a text with no known token (static encoder). 0 when neither layout fits.
+    """
+    from classifiers.heads.features import CHEAP_FEATURE_NAMES
+
+    for dim in (x.shape[1] - len(CHEAP_FEATURE_NAMES), x.shape[1]):
+        if dim <= 0:
+            continue
+        norms = np.linalg.norm(x[:, :dim], axis=1)
+        if np.all((np.abs(norms - 1.0) < 1e-3) | (norms < 1e-6)):
+            return dim
+    return 0
+
+
+def _fold_similarity(prior_emb: np.ndarray, emb: np.ndarray, folds: np.ndarray | None) -> np.ndarray:
+    """(prior rows, folds) matrix: each prior row's highest cosine similarity to the new rows of each fold.
+
+    One column (all new rows) without folds. Chunked over the prior to bound memory.
+    """
+    groups = [np.ones(len(emb), dtype=bool)] if folds is None else [folds == f for f in range(FOLDS)]
+    out = np.full((len(prior_emb), len(groups)), -1.0)
+    e = emb.astype(np.float32)
+    for start in range(0, len(prior_emb), 4096):
+        sims = prior_emb[start : start + 4096].astype(np.float32) @ e.T
+        for j, g in enumerate(groups):
+            if g.any():
+                out[start : start + 4096, j] = sims[:, g].max(axis=1)
+    return out
+
+
+def _focus_weights(similarity: np.ndarray, base: np.ndarray, beta: float) -> np.ndarray:
+    """Prior row weights tilted towards the new traffic: ``base * exp(beta * z)``, normalised to sum 1.
+
+    ``z`` is the row's similarity to its nearest new prompt, standardised over the prior rows, so
+    ``beta`` means the same for any encoder: ``beta = 2`` weighs a row one standard deviation closer to
+    the traffic ``e^2 = 7.4`` times more. This is importance weighting for covariate shift: the prior's
+    prompts that look like the user's traffic speak for it.
+    """
+    sd = float(similarity.std())
+    zs = (similarity - similarity.mean()) / sd if sd > 0 else np.zeros_like(similarity)
+    w = base * np.exp(beta * (zs - zs.max()))
+    return w / w.sum()
+
+
+def _folds(n: int, k: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).permutation(np.arange(n) % k)
+
+
+def fit_pair_difficulty(
+    x: np.ndarray,
+    strong_q: np.ndarray,
+    weak_q: np.ndarray,
+    weight: np.ndarray,
+    *,
+    seed: int,
+    prior: PairPrior | None = None,
+    prior_weight: float | None = None,
+    focus: float | None = None,
+    embedding_dim: int | None = None,
+    select: str = "mse",
+) -> tuple[Head, dict[str, Any]]:
+    """Fit the pair's difficulty head; column 1 of ``predict_proba`` ranks prompts by need for ``strong``.
+
+    Args:
+        x: Features, ``classifiers.heads.build_features(embeddings, texts)``.
+        strong_q, weak_q: Per-row quality of the strong and the weak model, in [0, 1].
+        weight: Per-row weight (>= 0, not all 0).
+        seed: Fixes the fold assignment, and so the whole fit.
+        prior: Rows used as a warm start (see :class:`PairPrior`).
+        prior_weight: Fix the prior's total weight instead of choosing it: this many times the new
+            rows' total weight (``0`` turns the prior off). Default: chosen by cross-validation.
+        focus: Fix how strongly the prior is focused on the new traffic (``beta`` of
+            :func:`_focus_weights`; ``0`` = every prior row at its own weight). Default: chosen by CV
+            among :data:`PRIOR_FOCUS`.
+        embedding_dim: How many leading columns of ``x`` are the unit-norm embedding (the focus
+            measures cosine similarity on them). Default: detected (:func:`_embedding_columns`).
+        select: Cross-validation criterion: ``"mse"`` (out-of-fold squared error of the gain; the
+            default) or ``"rank"`` (out-of-fold :func:`rank_gain`, kept for the research comparison).
+
+    Returns:
+        The head (kind ``logreg``, labels ``("weak_ok", "strong_needed")``) and a report: the method,
+        the chosen ``alpha`` and ``prior_weight_rows``, the prior's size ``prior_rows``, the
+        out-of-fold squared error per configuration (``cv_mse``), the out-of-fold ranking score
+        (:func:`rank_gain`) of the chosen one, row counts, calibration.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    strong_q = np.asarray(strong_q, dtype=np.float64)
+    weak_q = np.asarray(weak_q, dtype=np.float64)
+    weight = np.asarray(weight, dtype=np.float64)
+    n = len(x)
+    if not (len(strong_q) == len(weak_q) == len(weight) == n):
+        raise ValueError("x, strong_q, weak_q and weight must have the same number of rows")
+    if n < 2:
+        raise ValueError(f"need at least 2 labelled rows, got {n}")
+    if prior_weight is not None and prior_weight < 0:
+        raise ValueError(f"prior_weight must be >= 0, got {prior_weight}")
+    if select not in ("mse", "rank"):
+        raise ValueError(f"select must be 'mse' or 'rank', got {select!r}")
+    if (weight < 0).any() or weight.sum() <= 0:
+        raise ValueError("weights must be >= 0 and not all 0")
+    gain = strong_q - weak_q
+    has_prior = prior is not None and len(prior.x) > 0 and prior_weight != 0
+    folds = _folds(n, FOLDS, seed) if n >= MIN_ROWS_FOR_CV else None
+
+    # Standardise over the new rows plus the prior at its default weight (one scale for every config).
+    focus_grid: tuple[float, ...] = (0.0,)
+    if prior is not None and has_prior:
+        px = np.asarray(prior.x, dtype=np.float64)
+        if px.shape[1] != x.shape[1]:
+            raise ValueError(f"prior has {px.shape[1]} features, the data {x.shape[1]}")
+        pw = np.asarray(prior.weight, dtype=np.float64)
+        pw = pw / pw.sum()
+        pg = np.asarray(prior.strong_q, dtype=np.float64) - np.asarray(prior.weak_q, dtype=np.float64)
+        mean, scale = _standardiser(np.vstack([x, px]), np.concatenate([weight, pw * DEFAULT_PRIOR_ROWS]))
+        zp = (px - mean) / scale
+        grid_m: tuple[float, ...] = PRIOR_ROWS if prior_weight is None else (prior_weight * float(weight.sum()),)
+        alphas = ALPHAS_WITH_PRIOR
+        dim = _embedding_columns(x) if embedding_dim is None else embedding_dim
+        if dim > 0:
+            focus_grid = PRIOR_FOCUS if focus is None else (focus,)
+            sims = _fold_similarity(px[:, :dim], x[:, :dim], folds)
+    else:
+        mean, scale = _standardiser(x, weight)
+        grid_m, alphas = (0.0,), ALPHAS_NO_PRIOR
+    z = (x - mean) / scale
+    prior_cache: dict[tuple[int, float], _Moments] = {}
+
+    def prior_moments(fold: int, beta: float) -> _Moments:
+        """The prior's moments (total weight 1), focused on the rows outside ``fold`` (-1: all rows)."""
+        key = (fold, beta) if beta != 0 else (-2, 0.0)  # unfocused moments do not depend on the fold
+        if key not in prior_cache:
+            w = pw
+            if beta != 0:
+                cols = [f for f in range(sims.shape[1]) if f != fold]
+                w = _focus_weights(sims[:, cols].max(axis=1), pw, beta)
+            prior_cache[key] = _Moments.of(zp, pg, w)
+        return prior_cache[key]
+
+    def solve(rows: np.ndarray, fold: int, m: float, beta: float, alist: tuple[float, ...]) -> list[Fit]:
+        mom = _Moments.of(z[rows], gain[rows], weight[rows])
+        if has_prior and m > 0:
+            mom = mom.plus(prior_moments(fold, beta), m)
+        return mom.ridge(alist)
+
+    configs = [(b, m, a) for b in focus_grid for m in grid_m for a in alphas]
+    cv_mse: dict[str, float] = {}
+    oof: dict[Config, np.ndarray] = {}
+    if folds is not None:
+        for cfg in configs:
+            oof[cfg] = np.zeros(n)
+        for f in range(FOLDS):
+            train, test = folds != f, folds == f
+            if weight[train].sum() <= 0:
+                continue
+            for b in focus_grid:
+                for m in grid_m:
+                    for a, (coef, icpt) in zip(alphas, solve(train, f, m, b, alphas), strict=True):
+                        oof[(b, m, a)][test] = z[test] @ coef + icpt
+        for cfg in configs:
+            cv_mse[_name(cfg)] = float(np.average((oof[cfg] - gain) ** 2, weights=weight))
+        if select == "mse":
+            best = min(configs, key=lambda c: cv_mse[_name(c)])  # exact ties: the first in grid order
+        else:
+            best = max(configs, key=lambda c: rank_gain(oof[c], gain, weight))
+    else:
+        best = (
+            focus_grid[0] if len(focus_grid) == 1 else DEFAULT_FOCUS,
+            grid_m[0] if len(grid_m) == 1 else DEFAULT_PRIOR_ROWS,
+            DEFAULT_ALPHA,
+        )
+    b_best, m_best, a_best = best
+    coef, intercept = solve(np.ones(n, dtype=bool), -1, m_best, b_best, (a_best,))[0]
+    head = Head(
+        kind="logreg",
+        labels=LABELS,
+        params={
+            "mean": mean,
+            "scale": scale,
+            "coef": coef.reshape(1, -1).astype(np.float32),
+            "intercept": np.array([intercept], dtype=np.float64),
+        },
+        config={
+            "n_classes": 2,
+            "fit": "ridge",
+            "target": "gain",
+            "alpha": a_best,
+            "prior_weight_rows": m_best,
+            "prior_focus": b_best,
+        },
+    )
+    scores = oof.get(best)
+    head.calibration = _platt_on_scores(scores, gain > 0, weight) if scores is not None else {"method": "none"}
+    report: dict[str, Any] = {
+        "method": "ridge-gain" + ("+prior" if has_prior else ""),
+        "alpha": a_best,
+        "prior_weight_rows": m_best,  # the prior's total weight, in rows of the new data's scale
+        "prior_weight": "cv" if prior_weight is None or not has_prior else prior_weight,
+        "prior_focus": b_best,
+        "cv_mse": cv_mse,
+        "cv_rank_gain": rank_gain(scores, gain, weight) if scores is not None else None,
+        "folds": FOLDS if scores is not None else 0,
+        "rows": n,
+        "prior_rows": len(prior.x) if prior is not None and has_prior else 0,
+        "calibration": head.calibration["method"],
+    }
+    return head, report
+
+
+def _platt_on_scores(score: np.ndarray, y: np.ndarray, weight: np.ndarray) -> dict[str, Any]:
+    """Platt map from the head's raw probability ``sigmoid(score)`` to P(strong better)."""
+    from sklearn.linear_model import LogisticRegression
+
+    if y.min() == y.max():
+        return {"method": "none"}
+    lr = LogisticRegression(C=1e4, max_iter=1000).fit(score.reshape(-1, 1), y.astype(int), sample_weight=weight)
+    a, b = float(lr.coef_[0, 0]), float(lr.intercept_[0])
+    # logit(sigmoid(score)) == score, so Head's Platt form sigmoid(a * logit(p) + b) applies as is.
+    return {"method": "platt", "a": a, "b": b} if a > 0 else {"method": "none"}

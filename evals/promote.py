@@ -1,0 +1,330 @@
+"""``pointsman promote VERSION --registry DIR --data HELDOUT [--margin 0]``: the promotion gate.
+
+The candidate version and the router serving now (the registry's active version; with none active,
+the shipped artifacts) score the same held-out labelled prompts. For every pair head of the candidate
+(per encoder it was trained for), the baseline is the active router's head for that pair, or its
+generic difficulty head when it has none for the pair (what a route would fall back to). The figure is
+APGR on the prompts labelled for both models of the pair and scorable by both heads; the test is a
+paired bootstrap of the APGR difference (the same resampled prompts for both routers, seeded, at
+least 1,000 resamples). The version is promoted only when, for every pair, the lower end of the 95%
+CI of ``APGR(candidate) - APGR(active)`` exceeds ``--margin``.
+
+The verdict and its numbers are written into the registry either way (``verdicts.json`` of the
+version; on promotion also ``active.json``). Exit code: 0 promoted, 1 refused, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from classifiers.heads import Head, load_head
+from classifiers.registry import RouterRegistry, is_registry, resolve_routers_dir
+from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
+from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
+
+Log = Callable[[str], None]
+MIN_RESAMPLES = 1000
+DEFAULT_RESAMPLES = 2000
+#: Fewer held-out prompts than this for a pair cannot support a verdict.
+MIN_HELDOUT_ROWS = 10
+
+
+class GateError(ValueError):
+    """The gate cannot be run as asked (unknown version, no usable held-out prompts): a usage error."""
+
+
+@dataclass
+class Comparison:
+    """One pair's figures on the held-out prompts."""
+
+    strong: str
+    weak: str
+    encoder: str
+    rows: int
+    apgr_candidate: float
+    apgr_active: float
+    diff: float
+    ci_low: float
+    ci_high: float
+    candidate_ci: tuple[float, float]
+    active_ci: tuple[float, float]
+    baseline_head: str
+    resamples_used: int
+    passed: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready numbers."""
+        return {
+            "strong": self.strong,
+            "weak": self.weak,
+            "encoder": self.encoder,
+            "rows": self.rows,
+            "apgr_candidate": _r(self.apgr_candidate),
+            "apgr_active": _r(self.apgr_active),
+            "apgr_diff": _r(self.diff),
+            "apgr_diff_ci95": [_r(self.ci_low), _r(self.ci_high)],
+            "apgr_candidate_ci95": [_r(v) for v in self.candidate_ci],
+            "apgr_active_ci95": [_r(v) for v in self.active_ci],
+            "baseline_head": self.baseline_head,
+            "resamples_used": self.resamples_used,
+            "passed": self.passed,
+        }
+
+
+@dataclass
+class Verdict:
+    """The gate's decision and everything it was based on."""
+
+    version: str
+    against: str
+    promoted: bool
+    margin: float
+    resamples: int
+    seed: int
+    data: list[dict[str, Any]]
+    comparisons: list[Comparison] = field(default_factory=list)
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """What goes into the registry."""
+        return {
+            "decision": "promoted" if self.promoted else "refused",
+            "version": self.version,
+            "against": self.against,
+            "margin": self.margin,
+            "test": "paired bootstrap of the APGR difference over held-out prompts, 95% percentile CI; "
+            "promote when the CI's lower end exceeds the margin for every pair",
+            "resamples": self.resamples,
+            "seed": self.seed,
+            "data": self.data,
+            "comparisons": [c.as_dict() for c in self.comparisons],
+            "reason": self.reason,
+        }
+
+
+def _r(v: float) -> float | None:
+    return None if not np.isfinite(v) else round(float(v), 4)
+
+
+def paired_bootstrap(
+    new: np.ndarray, old: np.ndarray, strong: np.ndarray, weak: np.ndarray, *, resamples: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """APGR of ``new`` and of ``old`` on the same ``resamples`` bootstrap resamples of the prompts.
+
+    Resamples on which APGR is undefined (the two models tie on average) come back as NaN.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(new)
+    a = np.empty(resamples)
+    b = np.empty(resamples)
+    for i in range(resamples):
+        idx = rng.integers(0, n, n)
+        a[i] = safe_apgr(new[idx], strong[idx], weak[idx])
+        b[i] = safe_apgr(old[idx], strong[idx], weak[idx])
+    return a, b
+
+
+def _percentiles(values: np.ndarray) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
+    if len(finite) == 0:
+        return float("nan"), float("nan")
+    return float(np.percentile(finite, 2.5)), float(np.percentile(finite, 97.5))
+
+
+def _baseline_head(heads: Any, strong: str, weak: str) -> tuple[Head | None, str]:
+    head = heads.pairs.get((strong, weak))
+    if head is not None:
+        return head, str(head.manifest.get("name", f"{strong} vs {weak}"))
+    if heads.difficulty is not None:
+        return heads.difficulty, str(heads.difficulty.manifest.get("name", "difficulty"))
+    return None, "none"
+
+
+def compare_pair(
+    candidate: Head,
+    baseline: Head,
+    baseline_name: str,
+    data: Embedded,
+    strong: str,
+    weak: str,
+    encoder: str,
+    *,
+    margin: float,
+    resamples: int,
+    seed: int,
+) -> Comparison:
+    """Both heads on the held-out prompts labelled for the pair; paired bootstrap of the difference."""
+    labelled = np.array([r.labelled_for(strong, weak) for r in data.rows], dtype=bool)
+    sub = data.subset(np.flatnonzero(labelled))
+    x_new, ok_new = head_features(candidate, sub)
+    x_old, ok_old = head_features(baseline, sub)
+    both = ok_new & ok_old
+    # Rows each head can score, restricted to the rows both can (the comparison must be paired).
+    s_new = candidate.predict_proba(x_new)[:, 1][both[ok_new]]
+    s_old = baseline.predict_proba(x_old)[:, 1][both[ok_old]]
+    rows = [r for r, keep in zip(sub.rows, both, strict=True) if keep]
+    if len(rows) < MIN_HELDOUT_ROWS:
+        raise GateError(
+            f"{strong} vs {weak} [{encoder}]: {len(rows)} held-out prompts labelled for both models and scorable "
+            f"by both routers; need at least {MIN_HELDOUT_ROWS}"
+        )
+    qs = np.array([r.qualities[strong] for r in rows], dtype=np.float64)
+    qw = np.array([r.qualities[weak] for r in rows], dtype=np.float64)
+    apgr_new, apgr_old = safe_apgr(s_new, qs, qw), safe_apgr(s_old, qs, qw)
+    boot_new, boot_old = paired_bootstrap(s_new, s_old, qs, qw, resamples=resamples, seed=seed)
+    diffs = boot_new - boot_old
+    lo, hi = _percentiles(diffs)
+    comparison = Comparison(
+        strong=strong,
+        weak=weak,
+        encoder=encoder,
+        rows=len(rows),
+        apgr_candidate=apgr_new,
+        apgr_active=apgr_old,
+        diff=apgr_new - apgr_old,
+        ci_low=lo,
+        ci_high=hi,
+        candidate_ci=_percentiles(boot_new),
+        active_ci=_percentiles(boot_old),
+        baseline_head=baseline_name,
+        resamples_used=int(np.isfinite(diffs).sum()),
+    )
+    comparison.passed = bool(np.isfinite(lo) and lo > margin)
+    return comparison
+
+
+def run_gate(
+    registry_dir: Path,
+    version: str,
+    sources: Sequence[str],
+    *,
+    margin: float = 0.0,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    progress: bool = True,
+    log: Log = print,
+) -> Verdict:
+    """Compare ``version`` with the active router, write the verdict into the registry, return it.
+
+    Raises :class:`GateError` / :class:`evals.labelled.DataError` for usage errors (nothing written).
+    """
+    from classifiers.provider import load_router_heads
+    from evals.embeddings import get_encoder
+
+    if resamples < MIN_RESAMPLES:
+        raise GateError(f"--resamples must be at least {MIN_RESAMPLES}")
+    if not is_registry(registry_dir):
+        raise GateError(f"{registry_dir} is not a router registry (no registry.json)")
+    registry = RouterRegistry(registry_dir)
+    try:
+        info = registry.info(version)
+    except KeyError as exc:
+        raise GateError(str(exc.args[0])) from None
+    baseline = resolve_routers_dir(registry_dir)
+    if baseline.version == version:
+        raise GateError(f"{version} is already the active version of {registry_dir}")
+    if not info.pairs:
+        raise GateError(f"{version} has no pair difficulty head to compare")
+    loaded: list[LoadedSource] = [load_source(spec) for spec in sources]
+    rows: list[LabelledRequest] = [r for src in loaded for r in src.rows]
+    log(
+        f"promotion gate: {version} against {baseline.version} on {len(rows)} held-out requests "
+        f"({', '.join(sources)}), {resamples} paired bootstrap resamples, margin {margin:g}"
+    )
+    verdict = Verdict(version, baseline.version, False, margin, resamples, seed, [s.describe() for s in loaded])
+    for encoder_name in sorted({p.get("encoder", "static") for p in info.pairs}):
+        encoder = get_encoder(encoder_name)
+        data = embed_rows(rows, encoder, progress=progress)
+        if data.dropped:
+            log(f"  {data.dropped} held-out requests have neither text nor a {encoder.id} embedding: left out")
+        active_heads = load_router_heads(encoder_name, registry_dir)
+        for pair in info.pairs:
+            if pair.get("encoder", "static") != encoder_name:
+                continue
+            strong, weak = pair["strong"], pair["weak"]
+            candidate = load_head(info.path / pair["artifact"])
+            base, base_name = _baseline_head(active_heads, strong, weak)
+            if base is None:
+                raise GateError(f"the active router has no difficulty head for encoder {encoder_name}")
+            comparison = compare_pair(
+                candidate, base, base_name, data, strong, weak, encoder_name,
+                margin=margin, resamples=resamples, seed=seed,
+            )
+            verdict.comparisons.append(comparison)
+            log(_comparison_line(comparison))
+    verdict.promoted = all(c.passed for c in verdict.comparisons)
+    failing = [c for c in verdict.comparisons if not c.passed]
+    current = resolve_routers_dir(registry_dir).version
+    if verdict.promoted and current != baseline.version:
+        # Someone promoted another version while this gate ran: its numbers are against a router
+        # that no longer serves. Refuse; run the gate again.
+        verdict.promoted = False
+        verdict.reason = f"the active version changed during the gate ({baseline.version} -> {current}); run it again"
+    elif verdict.promoted:
+        verdict.reason = "every pair's 95% CI lower end of the APGR difference exceeds the margin " + ", ".join(
+            f"{c.strong} vs {c.weak} [{c.encoder}]: {_r(c.ci_low)} > {margin:g}" for c in verdict.comparisons
+        )
+    else:
+        verdict.reason = "95% CI lower end of the APGR difference not above the margin for " + ", ".join(
+            f"{c.strong} vs {c.weak} [{c.encoder}]: {_r(c.ci_low)} <= {margin:g}" for c in failing
+        )
+    if verdict.promoted:
+        registry.promote(version, verdict.as_dict())
+    else:
+        registry.record_verdict(version, verdict.as_dict())
+    return verdict
+
+
+def _comparison_line(c: Comparison) -> str:
+    return (
+        f"  {c.strong} (strong) vs {c.weak} (weak) [{c.encoder}], {c.rows} prompts: APGR {c.apgr_candidate:.3f} "
+        f"(candidate) vs {c.apgr_active:.3f} (active, {c.baseline_head}); difference {c.diff:+.3f} "
+        f"[95% CI {c.ci_low:+.3f} to {c.ci_high:+.3f}]"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point: 0 promoted, 1 refused, 2 usage error."""
+    parser = argparse.ArgumentParser(
+        prog="pointsman promote",
+        description="Promote a registry version when it beats the active router on held-out labelled prompts "
+        "(paired bootstrap of the APGR difference; promoted only when the 95%% CI's lower end exceeds the margin). "
+        "Exit code 0 promoted, 1 refused, 2 usage error.",
+    )
+    parser.add_argument("version", help="the registry version to promote, e.g. v0002-1a2b3c4d")
+    parser.add_argument("--registry", required=True, help="the router registry directory")
+    parser.add_argument(
+        "--data", action="append", required=True, metavar="HELDOUT",
+        help="held-out labelled data (repeatable): file:PATH, logs:STORE_URL, bundled or DIR; "
+        "never the data the version was trained on",
+    )
+    parser.add_argument("--margin", type=float, default=0.0, help="APGR difference the CI's lower end must exceed")
+    parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
+                        help=f"paired bootstrap resamples (>= {MIN_RESAMPLES}; default {DEFAULT_RESAMPLES})")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        verdict = run_gate(
+            Path(args.registry), args.version, args.data, margin=args.margin, resamples=args.resamples,
+            seed=args.seed, progress=not args.no_progress,
+        )
+    except (GateError, DataError) as exc:
+        print(f"pointsman promote: {exc}", file=sys.stderr)
+        return 2
+    if verdict.promoted:
+        print(f"PROMOTED: {verdict.version} is now the active version of {args.registry} "
+              f"(was {verdict.against}). {verdict.reason}")
+        return 0
+    print(f"REFUSED: {verdict.version} stays inactive; {verdict.against} stays active. {verdict.reason}")
+    return 1

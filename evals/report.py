@@ -1,0 +1,480 @@
+"""The numbers of a ``pointsman eval`` report: a replayed route against baselines on the same requests.
+
+Input: a :class:`PairTable`, one row per evaluated request with the strong and weak models' quality
+and cost, the route's knob score (or the model a rule pinned it to) and its decision at the configured
+knob. Output: :func:`compute_report`'s JSON-ready dict, which :mod:`evals.report_render` turns into
+Markdown and HTML and :mod:`evals.report_plots` into PNGs.
+
+Baselines, computed in the same run on the same rows:
+
+- **random**: uniform random scores through the same threshold sweep, ``draws`` times: the mean curve
+  and the 95% band of its APGR (what a router must clear to be better than a coin);
+- **always-weak / always-strong**: the two ends (PGR 0 and 1);
+- **oracle**: sends to the strong model exactly the requests where it gains most (needs both models'
+  qualities: direct rows only);
+- **kNN**: cosine k-nearest-neighbours over the requests' embeddings, scoring a request by its
+  neighbours' mean quality gain (strong - weak), cross-fitted (k folds: each fold is scored by the
+  others), so it is the "just remember similar requests" router trained on this very data.
+
+Headline numbers carry a percentile bootstrap 95% CI over the rows (paired across routers: the
+``router - kNN`` difference has its own interval). Estimators: ``direct`` when a row has both models'
+labelled quality; ``ips`` (inverse propensity) for a logged row that only shows the served model's
+outcome, with the probability the logging policy gave it (exploration).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from evals.metrics import (
+    CurvePoint,
+    aiq,
+    apgr,
+    bootstrap,
+    cpt,
+    ece,
+    ips_qualities,
+    oracle_curve,
+    percentile_ci,
+    random_curves,
+    reliability,
+    routing_curve,
+    upper_frontier,
+)
+from evals.replay import Replay, pair_arrays, pair_usable
+
+NUM_RESULTS = 10  # RouteLLM's 10 quantile bins: 11 points per curve
+ROUTERS = ("router", "knn", "oracle")
+
+
+@dataclass
+class PairTable:
+    """Row-aligned arrays over the evaluated requests (see the module docstring)."""
+
+    strong_q: np.ndarray  # quality of the strong model (IPS rows: the inverse-propensity value)
+    weak_q: np.ndarray
+    strong_cost: np.ndarray  # per request, in the report's cost basis
+    weak_cost: np.ndarray
+    scores: np.ndarray  # the knob's score; NaN where a rule pinned the model
+    pins: np.ndarray  # +1 strong whatever the threshold, -1 weak, 0 the knob decides
+    knob_strong: np.ndarray  # the decision at the configured knob
+    sources: np.ndarray
+    domains: np.ndarray
+    direct: np.ndarray  # True: both qualities labelled; False: IPS row
+    embeddings: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.strong_q)
+
+    def take(self, idx: np.ndarray, *, numbers_only: bool = False) -> PairTable:
+        """The rows ``idx`` (a resample or a group). ``numbers_only``: leave out the groups and the
+        embeddings (a bootstrap resample needs neither, and copying them dominates its cost)."""
+        empty = np.empty(0, dtype=object)
+        return PairTable(
+            strong_q=self.strong_q[idx], weak_q=self.weak_q[idx], strong_cost=self.strong_cost[idx],
+            weak_cost=self.weak_cost[idx], scores=self.scores[idx], pins=self.pins[idx],
+            knob_strong=self.knob_strong[idx], direct=self.direct[idx],
+            sources=empty if numbers_only else self.sources[idx], domains=empty if numbers_only else self.domains[idx],
+            embeddings=None if numbers_only or self.embeddings is None else self.embeddings[idx],
+        )
+
+
+# ----------------------------------------------------------------------------- building the table
+
+
+def build_table(
+    rows: Sequence[Any],
+    replay: Replay,
+    strong: str,
+    weak: str,
+    *,
+    prices: tuple[float, float] = (0.0, 0.0),
+    embeddings: np.ndarray | None = None,
+) -> tuple[PairTable, dict[str, int], dict[str, str]]:
+    """The rows a pairwise report can evaluate, with what was left out and the cost basis.
+
+    ``rows`` are :class:`evals.labelled.LabelledRequest` s aligned with ``replay.decisions``; ``strong``
+    and ``weak`` are the models' names in the data (their quality keys). A row is evaluated when the
+    route decided it between the pair and either both qualities are known (direct) or it is a logged
+    row with the served model's quality and the propensity of that choice (``served_model`` and
+    ``propensity`` attributes: inverse-propensity). ``prices`` are the two models' configured prices
+    (USD per million tokens, input + output), used when the rows carry no costs.
+    Returns (table, excluded reason -> count, cost basis ``{"kind", "text"}``).
+    """
+    scores, pins, knob_strong = pair_arrays(replay)
+    usable = pair_usable(replay)
+    excluded: dict[str, int] = {}
+    keep: list[int] = []
+    qs: list[float] = []
+    qw: list[float] = []
+    direct: list[bool] = []
+    for i, (row, decision) in enumerate(zip(rows, replay.decisions, strict=True)):
+        reason = None
+        if decision.by == "blocked":
+            reason = "blocked by a rule"
+        elif decision.by == "error":
+            reason = "no decision (policy error)"
+        elif not usable[i]:
+            reason = "routed to a model outside the pair"
+        else:
+            s, w = row.qualities.get(strong), row.qualities.get(weak)
+            served, p = getattr(row, "served_model", None), getattr(row, "propensity", None)
+            if s is not None and w is not None:
+                qs.append(float(s))
+                qw.append(float(w))
+                direct.append(True)
+            elif served in (strong, weak) and p and row.qualities.get(served) is not None:
+                s_ips, w_ips = ips_qualities(np.array([served == strong]), np.array([row.qualities[served]]),
+                                             np.array([float(p)]))
+                qs.append(float(s_ips[0]))
+                qw.append(float(w_ips[0]))
+                direct.append(False)
+            else:
+                reason = f"no quality for both {strong} and {weak}"
+        if reason is None:
+            keep.append(i)
+        else:
+            excluded[reason] = excluded.get(reason, 0) + 1
+    idx = np.array(keep, dtype=int)
+    kept = [rows[i] for i in keep]
+    if kept and all(strong in r.costs and weak in r.costs for r in kept):
+        sc = np.array([r.costs[strong] for r in kept])
+        wc = np.array([r.costs[weak] for r in kept])
+        basis = {"kind": "labelled", "unit": "USD per request", "text": "the data's per-request costs"}
+    elif any(p > 0 for p in prices):
+        from policies.utility import estimate_tokens
+
+        tokens = np.array([estimate_tokens({"messages": r.messages}) for r in kept], dtype=float)
+        sc, wc = tokens * prices[0] / 1e6, tokens * prices[1] / 1e6
+        basis = {"kind": "prices", "unit": "USD per request (estimated)",
+                 "text": "the configured prices (input + output per million tokens) times the request's "
+                         "estimated tokens (the data has no per-request costs)"}
+    else:
+        sc, wc = np.ones(len(kept)), np.zeros(len(kept))
+        basis = {"kind": "share", "unit": "strong-call share",
+                 "text": "no costs in the data and no prices in the config: cost is the strong-call share"}
+    table = PairTable(
+        strong_q=np.array(qs, dtype=float),
+        weak_q=np.array(qw, dtype=float),
+        strong_cost=np.asarray(sc, dtype=float),
+        weak_cost=np.asarray(wc, dtype=float),
+        scores=scores[idx] if len(idx) else np.array([]),
+        pins=pins[idx] if len(idx) else np.array([], dtype=int),
+        knob_strong=knob_strong[idx] if len(idx) else np.array([], dtype=bool),
+        sources=np.array([r.source for r in kept], dtype=object),
+        domains=np.array([r.domain or "unknown" for r in kept], dtype=object),
+        direct=np.array(direct, dtype=bool),
+        embeddings=None if embeddings is None or not len(idx) else np.asarray(embeddings)[idx],
+    )
+    return table, excluded, basis
+
+
+def estimator_note(table: PairTable) -> dict[str, Any]:
+    """Which estimator the numbers use, said plainly."""
+    n_direct, n_ips = int(table.direct.sum()), int((~table.direct).sum())
+    if n_ips == 0:
+        name, text = "direct", (
+            "direct: every request has both models' labelled quality, so each routing choice's outcome is "
+            "read, not estimated"
+        )
+    elif n_direct == 0:
+        name, text = "ips", (
+            "inverse propensity (IPS): logged requests show only the served model's outcome; each counts "
+            "when the replayed choice matches the served one, weighted by 1 / the probability the gateway "
+            "gave that choice (exploration). Unbiased, higher variance; the oracle is not computed"
+        )
+    else:
+        name, text = "direct+ips", (
+            f"direct on {n_direct} requests with both models' quality, inverse propensity (IPS) on {n_ips} "
+            "logged requests that show only the served model's outcome; the oracle is not computed"
+        )
+    return {"name": name, "rows_direct": n_direct, "rows_ips": n_ips, "text": text}
+
+
+# ----------------------------------------------------------------------------- kNN baseline
+
+
+def knn_scores(
+    embeddings: np.ndarray,
+    gain: np.ndarray,
+    *,
+    k: int | None = None,
+    folds: int = 5,
+    seed: int = 0,
+    progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+) -> np.ndarray:
+    """Cross-fitted kNN scores: each request's score is the mean ``gain`` of its ``k`` most cosine-similar
+    requests in the other folds (``k`` default: sqrt of the training size, between 5 and 50)."""
+    x = np.asarray(embeddings, dtype=np.float32)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    n = len(x)
+    out = np.zeros(n)
+    if n < 2:
+        return out
+    folds = max(2, min(folds, n))
+    fold = np.random.default_rng(seed).permutation(n) % folds
+    loop: Iterable[int] = range(folds)
+    if progress is not None:
+        loop = progress(loop)
+    for f in loop:
+        test, train = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
+        kk = k if k is not None else int(np.clip(round(math.sqrt(len(train))), 5, 50))
+        kk = max(1, min(kk, len(train)))
+        for start in range(0, len(test), 1024):  # bounded memory: 1024 x n similarities at a time
+            rows = test[start:start + 1024]
+            sim = x[rows] @ x[train].T
+            top = np.argpartition(-sim, kk - 1, axis=1)[:, :kk]
+            out[rows] = gain[train][top].mean(axis=1)
+    return out
+
+
+# ----------------------------------------------------------------------------- the numbers
+
+
+def _pgr(q: float, strong: float, weak: float) -> float:
+    return (q - weak) / (strong - weak) if strong != weak else float("nan")
+
+
+def _curve_numbers(curve: Sequence[CurvePoint], t: PairTable, cost_min: float, cost_max: float) -> dict[str, float]:
+    strong, weak = float(t.strong_q.mean()), float(t.weak_q.mean())
+    gap = strong != weak and len(curve) > 1
+    costs = [p.cost for p in curve] + [cost_min, cost_max]
+    quals = [p.quality for p in curve] + [weak, strong]
+    return {
+        "apgr": apgr(curve, strong, weak) if gap else float("nan"),
+        "cpt50": cpt(curve, 0.5, strong, weak) if gap else float("nan"),
+        "cpt80": cpt(curve, 0.8, strong, weak) if gap else float("nan"),
+        # Any router can degenerate to always-weak or always-strong: both ends are on its frontier.
+        "aiq": aiq(costs, quals, cost_min, cost_max),
+    }
+
+
+def _curves(t: PairTable, knn: np.ndarray | None) -> dict[str, list[CurvePoint]]:
+    cost = {"strong_cost": t.strong_cost, "weak_cost": t.weak_cost}
+    curves = {"router": routing_curve(t.scores, t.strong_q, t.weak_q, NUM_RESULTS, pinned=t.pins, **cost)}
+    if knn is not None:
+        curves["knn"] = routing_curve(knn, t.strong_q, t.weak_q, NUM_RESULTS, **cost)
+    if t.direct.all():
+        curves["oracle"] = oracle_curve(t.strong_q, t.weak_q, NUM_RESULTS, **cost)
+    return curves
+
+
+def headline(t: PairTable, knn: np.ndarray | None) -> dict[str, float]:
+    """Every headline number on the rows of ``t`` (flat keys, so a bootstrap can resample them all)."""
+    strong, weak = float(t.strong_q.mean()), float(t.weak_q.mean())
+    cost_min, cost_max = float(t.weak_cost.mean()), float(t.strong_cost.mean())
+    out: dict[str, float] = {
+        "always_weak.quality": weak, "always_strong.quality": strong,
+        "always_weak.cost": cost_min, "always_strong.cost": cost_max,
+    }
+    for name, curve in _curves(t, knn).items():
+        for key, value in _curve_numbers(curve, t, cost_min, cost_max).items():
+            out[f"{name}.{key}"] = value
+        for i, p in enumerate(curve):
+            out[f"{name}.pgr.{i}"] = _pgr(p.quality, strong, weak)
+            out[f"{name}.share.{i}"] = p.strong_share
+    sel = t.knob_strong
+    knob_q = float(np.where(sel, t.strong_q, t.weak_q).mean())
+    out.update({
+        "knob.share": float(sel.mean()),
+        "knob.quality": knob_q,
+        "knob.pgr": _pgr(knob_q, strong, weak),
+        "knob.cost": float(np.where(sel, t.strong_cost, t.weak_cost).mean()),
+    })
+    scored = np.isfinite(t.scores) & t.direct
+    out["calibration.ece"] = (
+        ece(t.scores[scored], (t.strong_q > t.weak_q)[scored]) if scored.any() else float("nan")
+    )
+    if knn is not None:
+        out["router-knn.apgr"] = out["router.apgr"] - out["knn.apgr"]
+        out["router-knn.aiq"] = out["router.aiq"] - out["knn.aiq"]
+    return out
+
+
+def _with_ci(value: float, draws: np.ndarray | None, level: float) -> dict[str, Any]:
+    lo, hi = percentile_ci(draws, level) if draws is not None else (float("nan"), float("nan"))
+    return {"value": value, "ci": [lo, hi]}
+
+
+def _progress_factory(progress: bool) -> Callable[[str, int], Callable[[Iterable[int]], Iterable[int]] | None]:
+    def make(desc: str, total: int) -> Callable[[Iterable[int]], Iterable[int]] | None:
+        if not progress:
+            return None
+        from tqdm import tqdm
+
+        return lambda it: tqdm(it, desc=desc, total=total, unit="it" if "kNN" in desc else "draw", leave=False)
+
+    return make
+
+
+def compute_report(
+    table: PairTable,
+    *,
+    meta: Mapping[str, Any],
+    draws: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    knn_k: int | None = None,
+    min_group: int = 20,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The report's numbers (JSON-ready: NaN stays float here; :func:`jsonable` turns it into null).
+
+    ``meta`` is copied in (route, data, router version, pair, threshold, estimator and cost notes …).
+    Groups (sources, domains) with fewer than ``min_group`` rows get no APGR (too few to rank).
+    """
+    bar = _progress_factory(progress)
+    n = len(table)
+    if n == 0:
+        raise ValueError("no request to evaluate")
+    knn = None
+    if table.embeddings is not None and n >= 10:
+        knn = knn_scores(table.embeddings, table.strong_q - table.weak_q, k=knn_k, seed=seed,
+                         progress=bar("kNN baseline (cross-fitted)", 5))
+    point = headline(table, knn)
+    boot = bootstrap(lambda idx: headline(table.take(idx, numbers_only=True), None if knn is None else knn[idx]),
+                     n, draws, seed,
+                     progress=bar("bootstrap", draws))
+    ci = {key: _with_ci(value, boot.get(key), level) for key, value in point.items()}
+
+    rand_apgr, rand_share, rand_quality = random_curves(
+        table.strong_q, table.weak_q, draws, seed + 1, num_results=NUM_RESULTS,
+        progress=bar("random baseline", draws),
+    )
+    strong, weak = point["always_strong.quality"], point["always_weak.quality"]
+    cost_min, cost_max = point["always_weak.cost"], point["always_strong.cost"]
+    curves = _curves(table, knn)
+    routers: dict[str, Any] = {}
+    for name, curve in curves.items():
+        entry: dict[str, Any] = {key: ci[f"{name}.{key}"] for key in ("apgr", "cpt50", "cpt80", "aiq")}
+        entry["curve"] = [
+            {"threshold": p.threshold, "share": p.strong_share, "quality": p.quality, "cost": p.cost,
+             "pgr": _pgr(p.quality, strong, weak), "pgr_ci": ci[f"{name}.pgr.{i}"]["ci"]}
+            for i, p in enumerate(curve)
+        ]
+        fx, fy = upper_frontier([p.cost for p in curve] + [cost_min, cost_max],
+                                [p.quality for p in curve] + [weak, strong])
+        entry["frontier"] = [{"cost": float(c), "quality": float(q)} for c, q in zip(fx, fy, strict=True)]
+        routers[name] = entry
+    rand_mean = rand_quality.mean(axis=0)
+    rand_lo, rand_hi = np.percentile(rand_quality, [2.5, 97.5], axis=0)
+    mean_curve = [CurvePoint(math.nan, float(x), float(q)) for x, q in zip(rand_share, rand_quality.mean(axis=0),
+                                                                          strict=True)]
+    gap = strong != weak
+    routers["random"] = {
+        "apgr": {"value": float(np.nanmean(rand_apgr)), "ci": list(percentile_ci(rand_apgr, level))},
+        "cpt50": {"value": cpt(mean_curve, 0.5, strong, weak) if gap else math.nan, "ci": [math.nan, math.nan]},
+        "cpt80": {"value": cpt(mean_curve, 0.8, strong, weak) if gap else math.nan, "ci": [math.nan, math.nan]},
+        "aiq": {"value": (strong + weak) / 2 if cost_max > cost_min else float("nan"), "ci": [math.nan, math.nan]},
+        "curve": [
+            {"share": float(s), "quality": float(q), "pgr": _pgr(float(q), strong, weak),
+             "pgr_band": [_pgr(float(lo), strong, weak), _pgr(float(hi), strong, weak)]}
+            for s, q, lo, hi in zip(rand_share, rand_mean, rand_lo, rand_hi, strict=True)
+        ],
+    }
+    routers["always_weak"] = {"quality": ci["always_weak.quality"], "cost": ci["always_weak.cost"], "share": 0.0}
+    routers["always_strong"] = {"quality": ci["always_strong.quality"], "cost": ci["always_strong.cost"],
+                                "share": 1.0}
+    scored = np.isfinite(table.scores) & table.direct
+    labels = (table.strong_q > table.weak_q)[scored]
+    report: dict[str, Any] = {
+        "format": 1,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **dict(meta),
+        "rows": {**dict(meta.get("rows", {})), "evaluated": n, "direct": int(table.direct.sum()),
+                 "ips": int((~table.direct).sum()), "pinned_by_rules": int((table.pins != 0).sum())},
+        "knob": {
+            **dict(meta.get("knob", {})),
+            "strong_share": ci["knob.share"], "quality": ci["knob.quality"], "pgr": ci["knob.pgr"],
+            "cost": ci["knob.cost"],
+        },
+        "routers": routers,
+        "calibration": {
+            "ece": ci["calibration.ece"],
+            "rows": int(scored.sum()),
+            "label": "the strong model's quality was above the weak model's",
+            "bins": [b.__dict__ for b in reliability(table.scores[scored], labels)],
+        },
+        "breakdown": {
+            "source": _breakdown(table, table.sources, knn, draws, seed, level, min_group),
+            "domain": _breakdown(table, table.domains, knn, draws, seed, level, min_group),
+        },
+        "bootstrap": {"draws": draws, "seed": seed, "level": level, "method": "percentile, rows resampled"},
+        "baselines": {
+            "random": f"uniform random scores through the same threshold sweep, {draws} draws; "
+                      f"the band is the central {level:.0%} of their APGRs",
+            "knn": "cosine kNN on the requests' embeddings, score = mean quality gain of the k nearest "
+                   "requests, cross-fitted over 5 folds" if knn is not None else "not computed (no embeddings)",
+            "oracle": "the strong model exactly where it gains most (needs both qualities)"
+                      if "oracle" in curves else "not computed: some rows only have the served model's quality",
+        },
+    }
+    # Paired differences, nested: {"router-knn": {"apgr": ..., "aiq": ...}}.
+    diffs: dict[str, dict[str, Any]] = {}
+    for key in ci:
+        if key.startswith("router-"):
+            name, metric = key.split(".", 1)
+            diffs.setdefault(name, {})[metric] = ci[key]
+    report["differences"] = diffs
+    return report
+
+
+def _breakdown(
+    table: PairTable, groups: np.ndarray, knn: np.ndarray | None, draws: int, seed: int, level: float,
+    min_group: int,
+) -> list[dict[str, Any]]:
+    """Per group: size, the two models' mean quality, the knob's strong share and PGR, and the router's
+    and kNN's APGR with a bootstrap CI (within the group's rows)."""
+    out = []
+    for group in sorted(set(groups.tolist())):
+        idx = np.flatnonzero(groups == group)
+        sub = table.take(idx)
+        sub_knn = None if knn is None else knn[idx]
+        strong, weak = float(sub.strong_q.mean()), float(sub.weak_q.mean())
+        sel = sub.knob_strong
+        knob_q = float(np.where(sel, sub.strong_q, sub.weak_q).mean())
+        row: dict[str, Any] = {
+            "group": str(group), "n": len(idx), "strong_quality": strong, "weak_quality": weak,
+            "knob_share": float(sel.mean()), "knob_pgr": _pgr(knob_q, strong, weak),
+        }
+        if len(idx) >= min_group and strong != weak:
+
+            def stat(i: np.ndarray, sub: PairTable = sub, sub_knn: np.ndarray | None = sub_knn) -> dict[str, float]:
+                t = sub.take(i, numbers_only=True)
+                s, w = float(t.strong_q.mean()), float(t.weak_q.mean())
+                if s == w:
+                    return {"router": math.nan, "knn": math.nan}
+                r = apgr(routing_curve(t.scores, t.strong_q, t.weak_q, NUM_RESULTS, pinned=t.pins), s, w)
+                k = math.nan if sub_knn is None else apgr(routing_curve(sub_knn[i], t.strong_q, t.weak_q), s, w)
+                return {"router": r, "knn": k}
+
+            full = stat(np.arange(len(idx)))
+            boot = bootstrap(stat, len(idx), min(draws, max(200, draws // 5)), seed)
+            row["apgr"] = _with_ci(full["router"], boot["router"], level)
+            row["knn_apgr"] = _with_ci(full["knn"], boot["knn"], level)
+        out.append(row)
+    return out
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with NaN and infinities as None and numpy scalars as Python numbers (strict JSON)."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [jsonable(v) for v in value.tolist()]
+    if isinstance(value, np.bool_ | bool):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    return value

@@ -1,0 +1,657 @@
+"""``pointsman train --data SRC ... --out REGISTRY``: train router heads from labelled requests into a registry.
+
+What gets trained (per encoder):
+- two models in the data (or ``--strong``/``--weak``): the difficulty head for that pair; the strong
+  model is the one with the higher mean quality over the requests labelled for both, unless named;
+- more models: the per-model quality head (``quality-labelled-<encoder>``, for ``multi_model``
+  routes) and the difficulty head of every pair with at least :data:`MIN_PAIR_ROWS` requests labelled
+  for both models.
+
+A pair head is fitted by :func:`evals.pair_fit.fit_pair_difficulty` on ``build_features(embedding,
+text)`` (embedding only when some request kept no text, only its embedding). Its in-distribution
+figure is the k-fold cross-validated APGR over *all* labelled prompts (folds by prompt hash, so a
+repeated prompt never sits on both sides), with a bootstrap 95% CI over prompts and the band a random
+router reaches on the same prompts.
+
+Warm start (``--warm-start``): the bundled RouteLLM data (GPT-4 vs Mixtral) joins every pair's fit as
+a prior at a reduced total weight (``--prior-weight``, relative to the new data's total weight). For the
+bundled pair itself that is the same task; for another pair it is a transfer assumption: prompts where
+GPT-4 beats Mixtral (multi-step math, hard reasoning) are broadly the ones where a stronger model of any
+pair helps. At a tenth of the new data's weight it steadies the first few hundred labels and fades as
+labels grow; the cross-validated figure (computed with the prior in every fold) says whether it helped.
+The version records whether the prior's pair matched.
+
+Everything is seeded: the same inputs and ``--seed`` give the same weights (``weights_sha256`` in
+``version.json``, and the hex part of the version id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from classifiers.heads import Head, build_features
+from classifiers.registry import RouterRegistry, is_registry, pair_artifact
+from evals.data.split import fold_of
+from evals.labelled import LabelledRequest, LoadedSource, encoder_matches, load_routellm_rows, models_of
+from evals.metrics import evaluate_scores
+
+Log = Callable[[str], None]
+
+#: A pair needs this many requests labelled for both models to be trained (and cross-validated).
+MIN_PAIR_ROWS = 20
+DEFAULT_FOLDS = 5
+DEFAULT_RESAMPLES = 1000
+QUALITY_SOURCE = "labelled"
+QUALITY_C_GRID: tuple[float, ...] = (0.001, 0.01, 0.1)
+#: The warm-start prior uses at most this many bundled prompts (a seeded sample of the ~15,000).
+PRIOR_MAX_ROWS = 3000
+
+
+class TrainError(ValueError):
+    """Training cannot proceed as asked (too few labels, unknown model, ...): a usage error."""
+
+
+# ----------------------------------------------------------------------------- embedding and features
+
+
+@dataclass
+class Embedded:
+    """The rows that have a vector for one encoder, their vectors and texts (None when only the
+    embedding was stored)."""
+
+    rows: list[LabelledRequest]
+    embeddings: np.ndarray
+    texts: list[str | None]
+    dropped: int = 0
+
+    @property
+    def all_text(self) -> bool:
+        """Whether every row has its text (then heads get the cheap text statistics too)."""
+        return all(t is not None for t in self.texts)
+
+    def features(self, idx: np.ndarray | None = None, cheap: bool | None = None) -> np.ndarray:
+        """``build_features`` of ``idx`` (all rows by default); ``cheap`` defaults to :attr:`all_text`."""
+        sel = np.arange(len(self.rows)) if idx is None else np.asarray(idx)
+        use_cheap = self.all_text if cheap is None else cheap
+        emb = self.embeddings[sel]
+        if not use_cheap:
+            return build_features(emb)
+        texts = [self.texts[i] for i in sel]
+        if any(t is None for t in texts):
+            raise ValueError("cheap features need every row's text")
+        return build_features(emb, [t or "" for t in texts])
+
+    def subset(self, idx: Sequence[int] | np.ndarray) -> Embedded:
+        """The rows at ``idx``."""
+        sel = np.asarray(idx, dtype=int)
+        return Embedded([self.rows[i] for i in sel], self.embeddings[sel], [self.texts[i] for i in sel])
+
+
+def embed_rows(rows: Sequence[LabelledRequest], encoder: Any, *, progress: bool = True) -> Embedded:
+    """Vectors for ``rows`` from ``encoder`` (``evals.embeddings`` contract encoder).
+
+    A stored embedding made by this encoder (its id matches) is used as is; otherwise the text is
+    encoded (cached on disk by content). Rows with neither are dropped and counted.
+    """
+    from evals.embeddings import embed_texts
+
+    keep: list[int] = []
+    texts: list[str | None] = []
+    to_encode: list[int] = []
+    vectors: dict[int, np.ndarray] = {}
+    dropped = 0
+    for i, r in enumerate(rows):
+        text = r.text() if r.has_text else None
+        stored = r.embedding
+        if stored is not None and encoder_matches(r.encoder_id, encoder.id) and stored.shape == (encoder.dim,):
+            vectors[i] = np.asarray(stored, dtype=np.float32)
+        elif text is not None:
+            to_encode.append(i)
+        else:
+            dropped += 1
+            continue
+        keep.append(i)
+        texts.append(text)
+    if to_encode:
+        text_of = dict(zip(keep, texts, strict=True))
+        encoded = embed_texts(encoder, [text_of[i] or "" for i in to_encode], progress=progress)
+        vectors.update(zip(to_encode, encoded, strict=True))
+    emb = np.stack([vectors[i] for i in keep]).astype(np.float32) if keep else np.zeros((0, encoder.dim), np.float32)
+    return Embedded([rows[i] for i in keep], emb, texts, dropped)
+
+
+def head_features(head: Head, data: Embedded) -> tuple[np.ndarray, np.ndarray]:
+    """Features for ``head`` (per its manifest's feature schema) and which rows of ``data`` have them.
+
+    A head trained with the cheap text statistics cannot score rows whose text was not stored.
+    """
+    cheap = bool(head.manifest.get("feature_schema", {}).get("cheap"))
+    ok = np.array([not cheap or t is not None for t in data.texts], dtype=bool)
+    return data.features(np.flatnonzero(ok), cheap=cheap), ok
+
+
+def row_key(r: LabelledRequest) -> str:
+    """What identifies a prompt for fold assignment: its text, else its request id or stored vector."""
+    if r.has_text:
+        return r.text()
+    if r.request_id:
+        return f"request:{r.request_id}"
+    assert r.embedding is not None
+    return "embedding:" + hashlib.sha256(np.ascontiguousarray(r.embedding, np.float32).tobytes()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def safe_apgr(scores: np.ndarray, strong: np.ndarray, weak: np.ndarray) -> float:
+    """APGR, or NaN when the two models tie on average (the gap APGR normalises by is zero)."""
+    if len(scores) < 2 or abs(float(np.mean(strong)) - float(np.mean(weak))) < 1e-12:
+        return float("nan")
+    return float(evaluate_scores(scores, strong, weak).apgr)
+
+
+def bootstrap_apgr(
+    scores: np.ndarray, strong: np.ndarray, weak: np.ndarray, *, resamples: int, seed: int
+) -> tuple[float, float]:
+    """95% percentile bootstrap CI of APGR over prompts."""
+    rng = np.random.default_rng(seed)
+    n = len(scores)
+    values = []
+    for _ in range(resamples):
+        idx = rng.integers(0, n, n)
+        values.append(safe_apgr(scores[idx], strong[idx], weak[idx]))
+    arr = np.array(values)
+    arr = arr[np.isfinite(arr)]
+    if len(arr) == 0:
+        return float("nan"), float("nan")
+    return float(np.percentile(arr, 2.5)), float(np.percentile(arr, 97.5))
+
+
+def random_band(strong: np.ndarray, weak: np.ndarray, *, resamples: int, seed: int) -> tuple[float, float]:
+    """The 95% band of APGR that random scores reach on these prompts."""
+    rng = np.random.default_rng(seed + 7919)
+    values = [safe_apgr(rng.random(len(strong)), strong, weak) for _ in range(resamples)]
+    arr = np.array(values)
+    arr = arr[np.isfinite(arr)]
+    if len(arr) == 0:
+        return float("nan"), float("nan")
+    return float(np.percentile(arr, 2.5)), float(np.percentile(arr, 97.5))
+
+
+# ----------------------------------------------------------------------------- pairs
+
+
+def choose_pairs(
+    rows: Sequence[LabelledRequest], strong: str | None, weak: str | None, *, min_rows: int = MIN_PAIR_ROWS
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (strong, weak) pairs to train and any notes about pairs left out.
+
+    Raises :class:`TrainError` when the data cannot train what was asked.
+    """
+    models = models_of(rows)
+    if (strong is None) != (weak is None):
+        raise TrainError("--strong and --weak go together")
+    if strong is not None and weak is not None:
+        for name, flag in ((strong, "--strong"), (weak, "--weak")):
+            if name not in models:
+                raise TrainError(f"{flag} {name!r} has no quality in the data (models: {', '.join(models) or 'none'})")
+        if strong == weak:
+            raise TrainError("--strong and --weak name the same model")
+        n = sum(r.labelled_for(strong, weak) for r in rows)
+        if n < min_rows:
+            raise TrainError(f"only {n} requests are labelled for both {strong} and {weak}; need {min_rows}")
+        return [(strong, weak)], []
+    if len(models) < 2:
+        raise TrainError(
+            f"the data has qualities for {len(models)} model(s) ({', '.join(models) or 'none'}); a difficulty "
+            "head needs requests labelled for two models"
+        )
+    pairs: list[tuple[str, str]] = []
+    notes: list[str] = []
+    for a, b in itertools.combinations(models, 2):
+        both = [r for r in rows if r.labelled_for(a, b)]
+        if len(both) < min_rows:
+            notes.append(f"pair {a} / {b}: {len(both)} requests labelled for both (< {min_rows}), not trained")
+            continue
+        mean_a = float(np.mean([r.qualities[a] for r in both]))
+        mean_b = float(np.mean([r.qualities[b] for r in both]))
+        pairs.append((a, b) if mean_a >= mean_b else (b, a))
+    if not pairs:
+        raise TrainError("no model pair has enough requests labelled for both models; " + "; ".join(notes))
+    return pairs, notes
+
+
+@dataclass
+class PairResult:
+    """One trained pair head and its figures."""
+
+    strong: str
+    weak: str
+    encoder: str
+    artifact: str
+    head: Head
+    metrics: dict[str, Any]
+
+
+def _pair_arrays(data: Embedded, strong: str, weak: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    idx = np.array([i for i, r in enumerate(data.rows) if r.labelled_for(strong, weak)], dtype=int)
+    qs = np.array([data.rows[i].qualities[strong] for i in idx], dtype=np.float64)
+    qw = np.array([data.rows[i].qualities[weak] for i in idx], dtype=np.float64)
+    w = np.array([data.rows[i].weight for i in idx], dtype=np.float64)
+    return idx, qs, qw, w
+
+
+def cross_validate_pair(
+    x: np.ndarray,
+    qs: np.ndarray,
+    qw: np.ndarray,
+    w: np.ndarray,
+    keys: Sequence[str],
+    *,
+    seed: int,
+    folds: int,
+    prior: Any,
+    prior_weight: float | None,
+    progress: bool,
+    label: str,
+) -> np.ndarray:
+    """Out-of-fold P(strong needed) for every row: each scored by a head that never saw its prompt."""
+    from tqdm import tqdm
+
+    fold = np.array([fold_of(k, folds, seed) for k in keys])
+    oof = np.full(len(x), np.nan)
+    for f in tqdm(range(folds), desc=f"cross-validate {label}", unit="fold", disable=not progress, file=sys.stderr):
+        test, train = fold == f, fold != f
+        if not test.any() or train.sum() < 2:
+            continue
+        head, _ = fit_pair(x[train], qs[train], qw[train], w[train], seed=seed, prior=prior, prior_weight=prior_weight)
+        oof[test] = head.predict_proba(x[test])[:, 1]
+    missing = np.isnan(oof)
+    if missing.any():  # a fold that could not be fitted (tiny data): those rows get the neutral score
+        oof[missing] = 0.5
+    return oof
+
+
+def train_pair(
+    data: Embedded,
+    strong: str,
+    weak: str,
+    encoder_name: str,
+    encoder_id: str,
+    *,
+    seed: int,
+    folds: int,
+    resamples: int,
+    prior: Any,
+    prior_weight: float | None,
+    prior_info: dict[str, Any] | None,
+    sources: list[dict[str, Any]],
+    progress: bool,
+    log: Log,
+) -> PairResult:
+    """Cross-validate, then fit on every labelled prompt, the difficulty head of ``strong`` vs ``weak``."""
+    from evals.train import created_at, feature_schema
+
+    idx, qs, qw, w = _pair_arrays(data, strong, weak)
+    sub = data.subset(idx)
+    cheap = sub.all_text
+    x = sub.features(cheap=cheap)
+    keys = [row_key(r) for r in sub.rows]
+    k = max(2, min(folds, len(idx)))
+    label = f"{strong} vs {weak} [{encoder_name}]"
+    t0 = time.perf_counter()
+    oof = cross_validate_pair(
+        x, qs, qw, w, keys, seed=seed, folds=k, prior=prior, prior_weight=prior_weight, progress=progress, label=label
+    )
+    apgr = safe_apgr(oof, qs, qw)
+    lo, hi = bootstrap_apgr(oof, qs, qw, resamples=resamples, seed=seed)
+    r_lo, r_hi = random_band(qs, qw, resamples=min(resamples, 500), seed=seed)
+    head, fit_report = fit_pair(x, qs, qw, w, seed=seed, prior=prior, prior_weight=prior_weight)
+    metrics: dict[str, Any] = {
+        "rows": len(idx),
+        "folds": k,
+        "cv_apgr": _round(apgr),
+        "cv_apgr_ci95": [_round(lo), _round(hi)],
+        "random_apgr_band95": [_round(r_lo), _round(r_hi)],
+        "bootstrap_resamples": resamples,
+        "mean_quality": {"strong": _round(float(qs.mean())), "weak": _round(float(qw.mean()))},
+        "strong_better_share": _round(float(np.mean(qs > qw))),
+        "weak_better_share": _round(float(np.mean(qw > qs))),
+        "fit": fit_report,
+        "figure": "k-fold cross-validated APGR over every labelled prompt (folds by prompt hash), "
+        "bootstrap 95% CI over prompts; random_apgr_band95 = what random scores reach on the same prompts",
+    }
+    log(
+        f"  {label}: {len(idx)} labelled prompts, {k}-fold CV APGR {_fmt(metrics['cv_apgr'])} "
+        f"[95% CI {_fmt(metrics['cv_apgr_ci95'][0])}-{_fmt(metrics['cv_apgr_ci95'][1])}] "
+        f"(random {_fmt(metrics['random_apgr_band95'][0])}-{_fmt(metrics['random_apgr_band95'][1])}) "
+        f"in {time.perf_counter() - t0:.0f}s"
+    )
+    artifact = pair_artifact(strong, weak, encoder_name)
+    head.manifest = {
+        "name": artifact,
+        "task": "difficulty",
+        "description": f"P(strong model needed) for {strong} (strong) vs {weak} (weak)",
+        "model_pair": {"strong": strong, "weak": weak},
+        "positive_label": "strong_needed",
+        "label_definition": "quality gain strong - weak on labelled requests (qualities in [0, 1])",
+        "encoder": encoder_id,
+        "feature_schema": feature_schema(encoder_id, int(data.embeddings.shape[1]), cheap),
+        "data": {
+            "sources": sources,
+            "rows": len(idx),
+            "train_sha256": hashlib.sha256(
+                "\n".join(sorted(keys)).encode() + qs.tobytes() + qw.tobytes() + w.tobytes()
+            ).hexdigest(),
+            "prior": prior_info,
+        },
+        "metrics": metrics,
+        "created_at": created_at(),
+    }
+    return PairResult(strong, weak, encoder_name, artifact, head, metrics)
+
+
+def _round(v: float) -> float | None:
+    return None if not np.isfinite(v) else round(float(v), 4)
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+# ----------------------------------------------------------------------------- quality head (> 2 models)
+
+
+def train_quality_head(
+    data: Embedded,
+    models: Sequence[str],
+    encoder_name: str,
+    encoder_id: str,
+    *,
+    seed: int,
+    folds: int,
+    sources: list[dict[str, Any]],
+    progress: bool,
+    log: Log,
+) -> Head:
+    """The per-model quality head (``multilabel``) of ``evals.quality``, from labelled requests.
+
+    Qualities are binarised at 0.5 (a judge's tie counts as not good). C is chosen by the mean
+    cross-validated AUC over models; Platt scaling per model is fitted on the out-of-fold scores.
+    """
+    from tqdm import tqdm
+
+    from classifiers.heads.fit import fit_multilabel
+    from classifiers.provider import QUALITY_ARTIFACT
+    from evals.quality import roc_auc
+    from evals.train import created_at, feature_schema
+
+    y = np.array([[np.nan if r.qualities.get(m) is None else r.qualities[m] for m in models] for r in data.rows])
+    x = data.features()
+    fold = np.array([fold_of(row_key(r), folds, seed) for r in data.rows])
+    best: tuple[float, float, np.ndarray] | None = None
+    tried: dict[str, float] = {}
+    for c in QUALITY_C_GRID:
+        oof = np.full(y.shape, np.nan)
+        for f in tqdm(range(folds), desc=f"quality head C={c:g}", unit="fold", disable=not progress, file=sys.stderr):
+            test, train = fold == f, fold != f
+            if not test.any() or not train.any():
+                continue
+            head = fit_multilabel(x[train], y[train], list(models), C=c, seed=seed)
+            oof[test] = head.raw_proba(x[test])
+        aucs = []
+        for j in range(len(models)):
+            known = ~np.isnan(y[:, j]) & ~np.isnan(oof[:, j])
+            aucs.append(roc_auc(y[known, j] > 0.5, oof[known, j]))
+        mean_auc = float(np.nanmean(aucs)) if np.isfinite(aucs).any() else float("nan")
+        tried[f"C={c:g}"] = _round(mean_auc) or 0.0
+        if best is None or (np.isfinite(mean_auc) and mean_auc > best[0]):
+            best = (mean_auc, c, oof)
+    assert best is not None
+    mean_auc, chosen, oof = best
+    head = fit_multilabel(x, y, list(models), C=chosen, seed=seed)
+    head.calibration = _platt_per_label(oof, y)
+    per_model = {}
+    for j, m in enumerate(models):
+        known = ~np.isnan(y[:, j]) & ~np.isnan(oof[:, j])
+        per_model[m] = {"cv_auc": _round(roc_auc(y[known, j] > 0.5, oof[known, j])), "rows": int(known.sum())}
+    costs = {m: [r.costs[m] for r in data.rows if m in r.costs] for m in models}
+    log(f"  quality head [{encoder_name}]: {len(models)} models, CV mean AUC {mean_auc:.3f} (C={chosen:g})")
+    head.manifest = {
+        "name": QUALITY_ARTIFACT.format(source=QUALITY_SOURCE, encoder=encoder_name),
+        "task": "quality",
+        "signal": "quality",
+        "description": "P(the model answers this conversation well), per model, from labelled requests",
+        "label_definition": "positive = the model's quality on the request > 0.5; unknown qualities skipped",
+        "encoder": encoder_id,
+        "feature_schema": feature_schema(encoder_id, int(data.embeddings.shape[1]), data.all_text),
+        "data": {"sources": sources, "rows": len(data.rows)},
+        "model_costs": {
+            "unit": "USD per call, mean over the labelled requests that give one (usable as multi_model.costs)",
+            "values": {m: float(f"{np.mean(v):.4g}") for m, v in costs.items() if v},
+        },
+        "metrics": {"cv_mean_auc": _round(mean_auc), "cv_mean_auc_by_C": tried, "chosen_C": chosen,
+                    "per_model": per_model, "folds": folds},
+        "created_at": created_at(),
+    }
+    return head
+
+
+def _platt_per_label(scores: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    from sklearn.linear_model import LogisticRegression
+
+    eps = 1e-7
+    a_list, b_list = [], []
+    for j in range(y.shape[1]):
+        known = ~np.isnan(y[:, j]) & ~np.isnan(scores[:, j])
+        target = y[known, j] > 0.5
+        a, b = 1.0, 0.0
+        if known.sum() >= 10 and target.any() and not target.all():
+            p = np.clip(scores[known, j], eps, 1 - eps)
+            lr = LogisticRegression(C=1e4, max_iter=1000).fit(np.log(p / (1 - p)).reshape(-1, 1), target.astype(int))
+            if lr.coef_[0, 0] > 0:  # a decreasing map would invert the ranking: keep the raw score
+                a, b = float(lr.coef_[0, 0]), float(lr.intercept_[0])
+        a_list.append(a)
+        b_list.append(b)
+    return {"method": "platt_per_label", "a": a_list, "b": b_list}
+
+
+# ----------------------------------------------------------------------------- the whole run
+
+
+@dataclass
+class TrainOptions:
+    """What ``pointsman train --data ...`` was asked to do."""
+
+    sources: list[str]
+    encoders: list[str]
+    out: Path
+    strong: str | None = None
+    weak: str | None = None
+    warm_start: bool = False
+    prior_weight: float | None = None
+    seed: int = 0
+    folds: int = DEFAULT_FOLDS
+    resamples: int = DEFAULT_RESAMPLES
+    data_dir: str | None = None
+    prior_rows: int = PRIOR_MAX_ROWS  # at most this many bundled prompts in the warm-start prior
+    progress: bool = True
+    argv: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainResult:
+    """The version written and whether it is active."""
+
+    version: str
+    active: bool
+    registry: Path
+    pairs: list[PairResult]
+    info: dict[str, Any]
+
+
+def _prior(
+    opts: TrainOptions, encoder: Any, strong: str, weak: str, cheap: bool, loaded_bundled: bool, log: Log
+) -> tuple[Any, dict[str, Any] | None]:
+    """The warm-start prior for one pair (bundled data as a ``PairPrior``), or (None, None)."""
+    if not opts.warm_start:
+        return None, None
+    from evals.data import STRONG, WEAK, resolve_data_dir
+    from evals.pair_fit import PRIOR_WEIGHT, PairPrior
+
+    matches = (strong, weak) == (STRONG, WEAK)
+    if matches and loaded_bundled:
+        log(f"  warm start skipped for {strong} vs {weak}: the bundled data is already training data")
+        return None, {"source": "bundled", "used": False, "reason": "bundled data is training data"}
+    root = resolve_data_dir(opts.data_dir)
+    if not (root / "routellm").is_dir():
+        raise TrainError(f"--warm-start needs the bundled data: no routellm/ under {root} (set POINTSMAN_DATA_DIR)")
+    rows = load_routellm_rows(root)
+    if len(rows) > opts.prior_rows:
+        # A seeded sample: the prior's total weight is fixed anyway, and every fit (one per CV fold
+        # and penalty) pays for each prior row.
+        keep = np.sort(np.random.default_rng(opts.seed).choice(len(rows), opts.prior_rows, replace=False))
+        rows = [rows[i] for i in keep]
+    emb = embed_rows(rows, encoder, progress=opts.progress)
+    x = emb.features(cheap=cheap)
+    qs = np.array([r.qualities[STRONG] for r in emb.rows], dtype=np.float64)
+    qw = np.array([r.qualities[WEAK] for r in emb.rows], dtype=np.float64)
+    prior = PairPrior(x=x, strong_q=qs, weak_q=qw, weight=np.ones(len(qs)))
+    info = {
+        "source": "bundled",
+        "used": True,
+        "pair": {"strong": STRONG, "weak": WEAK},
+        "matches_pair": matches,
+        "rows": len(qs),
+        "sampled_from": "a seeded sample of the bundled RouteLLM prompts (MMLU, GSM8K, MT-bench)",
+        "weight": PRIOR_WEIGHT if opts.prior_weight is None else opts.prior_weight,
+        "weight_meaning": "total weight of the prior relative to the new data's total weight",
+    }
+    return prior, info
+
+
+def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
+    """Load, embed, train and write one registry version (see the module docstring)."""
+    from evals.embeddings import get_encoder
+    from evals.labelled import load_source
+    from evals.train import created_at
+
+    registry = RouterRegistry(opts.out)
+    out = Path(opts.out)
+    if not is_registry(out) and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TrainError(
+            f"--out {out} exists and is not a router registry (no registry.json); give a registry, or a new or "
+            "empty directory"
+        )
+    if opts.prior_weight is not None:
+        _check_prior_weight_supported()
+    loaded: list[LoadedSource] = []
+    for spec in opts.sources:
+        log(f"loading {spec}")
+        src = load_source(spec, data_dir=opts.data_dir)
+        skipped = f" (skipped: {src.skipped})" if src.skipped else ""
+        log(f"  {len(src.rows)} requests, models: {', '.join(models_of(src.rows)) or 'none'}{skipped}")
+        loaded.append(src)
+    rows = [r for src in loaded for r in src.rows]
+    sources = [src.describe() for src in loaded]
+    pairs, notes = choose_pairs(rows, opts.strong, opts.weak)
+    for note in notes:
+        log(f"  {note}")
+    models = models_of(rows)
+    multi = opts.strong is None and len(models) > 2
+    parent = registry.active_version()
+    staging = registry.staging_dir()
+    results: list[PairResult] = []
+    metrics: dict[str, Any] = {"pairs": [], "quality": {}}
+    encoder_ids: dict[str, str] = {}
+    loaded_bundled = any(s == "bundled" for s in opts.sources)
+    try:
+        for name in opts.encoders:
+            log(f"[{name}] loading the encoder and embedding {len(rows)} requests")
+            encoder = get_encoder(name)
+            encoder_ids[name] = encoder.id
+            data = embed_rows(rows, encoder, progress=opts.progress)
+            if data.dropped:
+                log(f"  {data.dropped} requests have no text and no {encoder.id} embedding: left out")
+            for strong, weak in pairs:
+                idx = [i for i, r in enumerate(data.rows) if r.labelled_for(strong, weak)]
+                if len(idx) < MIN_PAIR_ROWS:
+                    raise TrainError(
+                        f"{strong} vs {weak}: only {len(idx)} labelled requests usable with encoder {name}"
+                    )
+                cheap = data.subset(idx).all_text
+                prior, prior_info = _prior(opts, encoder, strong, weak, cheap, loaded_bundled, log)
+                result = train_pair(
+                    data, strong, weak, name, encoder.id, seed=opts.seed, folds=opts.folds,
+                    resamples=opts.resamples, prior=prior, prior_weight=opts.prior_weight, prior_info=prior_info,
+                    sources=sources,
+                    progress=opts.progress, log=log,
+                )
+                result.head.save(staging / result.artifact)
+                results.append(result)
+                metrics["pairs"].append(
+                    {"strong": strong, "weak": weak, "encoder": name, "artifact": result.artifact, **result.metrics}
+                )
+            if multi:
+                head = train_quality_head(
+                    data, models, name, encoder.id, seed=opts.seed, folds=opts.folds, sources=sources,
+                    progress=opts.progress, log=log,
+                )
+                head.save(staging / str(head.manifest["name"]))
+                metrics["quality"][name] = {"artifact": head.manifest["name"], **head.manifest["metrics"]}
+        info = {
+            "parent": parent,
+            "created_at": created_at(),
+            "data": sources,
+            "metrics": metrics,
+            "encoders": list(opts.encoders),
+            "encoder_ids": encoder_ids,
+            "pairs": [{"strong": r.strong, "weak": r.weak, "artifact": r.artifact, "encoder": r.encoder}
+                      for r in results],
+            "models": models,
+            "training": {"seed": opts.seed, "folds": opts.folds, "warm_start": opts.warm_start,
+                         "prior_weight": opts.prior_weight, "argv": opts.argv},
+        }
+        version = registry.add_version(staging, info)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    active = registry.active_version() == version
+    return TrainResult(version, active, Path(opts.out), results, info)
+
+
+def _check_prior_weight_supported() -> None:
+    import inspect
+
+    from evals.pair_fit import fit_pair_difficulty
+
+    if "prior_weight" not in inspect.signature(fit_pair_difficulty).parameters:
+        raise TrainError("--prior-weight is not supported by this build's pair fitter (evals.pair_fit)")
+
+
+def fit_pair(
+    x: np.ndarray,
+    qs: np.ndarray,
+    qw: np.ndarray,
+    w: np.ndarray,
+    *,
+    seed: int,
+    prior: Any = None,
+    prior_weight: float | None = None,
+) -> tuple[Head, dict[str, Any]]:
+    """:func:`evals.pair_fit.fit_pair_difficulty`, passing ``prior_weight`` only when one was asked for."""
+    from evals.pair_fit import fit_pair_difficulty
+
+    extra: dict[str, Any] = {} if prior is None or prior_weight is None else {"prior_weight": prior_weight}
+    return fit_pair_difficulty(x, qs, qw, w, seed=seed, prior=prior, **extra)

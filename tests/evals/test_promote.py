@@ -1,0 +1,132 @@
+"""``pointsman promote``: a better version is promoted, a worse or equal one refused, the verdict and its
+numbers land in the registry either way, and usage errors exit 2. Real registries trained from real
+labelled files with the static encoder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from classifiers.provider import load_router_heads
+from classifiers.registry import RouterRegistry
+from gateway.cli import main
+from tests.evals.labelled_files import STRONG, WEAK, rows, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
+    """A registry template: v1 (active) learnt the wrong relation, v2 the right one, v3 is v2 again;
+    plus a held-out file with the right relation on prompts none of them saw."""
+    root = tmp_path_factory.mktemp("promote")
+    wrong = write_jsonl(root / "wrong.jsonl", rows(seed=2, n=120, relation="chat-needs-strong"))
+    right = write_jsonl(root / "right.jsonl", rows(seed=1, n=120))
+    heldout = write_jsonl(root / "heldout.jsonl", rows(seed=3, n=120))
+    registry = root / "template"
+    for data in (wrong, right, right):
+        code = main(["train", "--data", f"file:{data}", "--encoders", "static", "--out", str(registry),
+                     "--no-progress", "--folds", "3"])
+        assert code == 0
+    versions = [v.version for v in RouterRegistry(registry).versions()]
+    return registry, heldout, versions
+
+
+@pytest.fixture
+def registry(trained: tuple[Path, Path, list[str]], tmp_path: Path) -> Path:
+    copy = tmp_path / "routers"
+    shutil.copytree(trained[0], copy)
+    return copy
+
+
+def _promote(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["promote", *args, "--no-progress"])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_better_version_is_promoted_and_served(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, heldout, (v1, v2, _) = trained
+    assert RouterRegistry(registry).active_version() == v1
+    code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}")
+    assert code == 0, err
+    assert out.splitlines()[-1].startswith(f"PROMOTED: {v2} is now the active version")
+    active = json.loads((registry / "active.json").read_text())
+    assert active["version"] == v2 and active["previous"] == v1
+    verdict = active["verdict"]
+    assert verdict["decision"] == "promoted" and verdict["against"] == v1 and verdict["margin"] == 0.0
+    assert verdict["resamples"] == 2000 and verdict["data"][0]["rows"] == 120
+    (cmp,) = verdict["comparisons"]
+    assert (cmp["strong"], cmp["weak"], cmp["rows"]) == (STRONG, WEAK, 120)
+    assert cmp["apgr_candidate"] > 0.65 > 0.35 > cmp["apgr_active"]
+    assert cmp["apgr_diff_ci95"][0] > 0 and cmp["passed"] and cmp["resamples_used"] == 2000
+    assert f"difference {cmp['apgr_diff']:+.3f}" in out
+    assert RouterRegistry(registry).info(v2).verdicts[-1]["decision"] == "promoted"
+    assert load_router_heads("static", registry).version == v2
+
+
+def test_a_worse_version_is_refused_and_the_refusal_recorded(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, heldout, (v1, v2, _) = trained
+    reg = RouterRegistry(registry)
+    reg.promote(v2, {"decision": "promoted", "reason": "test set-up"})
+    code, out, _ = _promote(capsys, v1, "--registry", str(registry), "--data", f"file:{heldout}")
+    assert code == 1
+    assert out.splitlines()[-1].startswith(f"REFUSED: {v1} stays inactive; {v2} stays active.")
+    assert reg.active_version() == v2
+    refusal = reg.info(v1).verdicts[-1]
+    assert refusal["decision"] == "refused" and refusal["against"] == v2
+    (cmp,) = refusal["comparisons"]
+    assert cmp["apgr_diff_ci95"][1] < 0 and not cmp["passed"]
+
+
+def test_an_equal_version_is_refused(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, heldout, (_, v2, v3) = trained
+    reg = RouterRegistry(registry)
+    reg.promote(v2, {"decision": "promoted", "reason": "test set-up"})
+    assert reg.info(v2).raw["weights_sha256"] == reg.info(v3).raw["weights_sha256"]  # trained from the same data
+    code, out, _ = _promote(capsys, v3, "--registry", str(registry), "--data", f"file:{heldout}")
+    assert code == 1 and "REFUSED" in out
+    (cmp,) = reg.info(v3).verdicts[-1]["comparisons"]
+    assert cmp["apgr_diff"] == 0.0 and cmp["apgr_diff_ci95"] == [0.0, 0.0]
+    assert reg.active_version() == v2
+
+
+def test_the_margin_is_what_the_ci_must_clear(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, heldout, (v1, v2, _) = trained
+    code, out, _ = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}", "--margin", "0.99")
+    assert code == 1 and "<= 0.99" in out
+    assert RouterRegistry(registry).active_version() == v1
+    assert RouterRegistry(registry).info(v2).verdicts[-1]["margin"] == 0.99
+
+
+def test_usage_errors_exit_2_and_write_nothing(
+    registry: Path, trained: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, heldout, (v1, v2, _) = trained
+    before = sorted((p.relative_to(registry), p.read_bytes()) for p in registry.rglob("*.json"))
+    cases = [
+        (["v0042-0123abcd", "--registry", str(registry), "--data", f"file:{heldout}"], "no version 'v0042-0123abcd'"),
+        ([v1, "--registry", str(registry), "--data", f"file:{heldout}"], "already the active version"),
+        ([v2, "--registry", str(tmp_path), "--data", f"file:{heldout}"], "is not a router registry"),
+        ([v2, "--registry", str(registry), "--data", f"file:{heldout}", "--resamples", "100"], "at least 1000"),
+        ([v2, "--registry", str(registry), "--data", f"file:{tmp_path / 'missing.jsonl'}"], "no such file"),
+    ]
+    other = write_jsonl(tmp_path / "other-pair.jsonl", rows(seed=5, n=30, models=("x-large", "x-small")))
+    cases.append(([v2, "--registry", str(registry), "--data", f"file:{other}"], "0 held-out prompts labelled"))
+    for args, message in cases:
+        code, _, err = _promote(capsys, *args)
+        assert code == 2, args
+        assert message in err, (args, err)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["promote", v2, "--registry", str(registry)])  # --data missing: argparse's usage error
+    assert exit_info.value.code == 2
+    assert sorted((p.relative_to(registry), p.read_bytes()) for p in registry.rglob("*.json")) == before

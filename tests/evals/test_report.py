@@ -1,0 +1,364 @@
+"""``pointsman eval``'s numbers and files: metric functions on cases with known answers, the report
+files (JSON, Markdown, HTML with the PNGs it shows) and the command end to end on a labelled file."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from evals.metrics import (
+    CurvePoint,
+    aiq,
+    apgr,
+    bootstrap,
+    cpt,
+    ece,
+    ips_qualities,
+    oracle_curve,
+    percentile_ci,
+    random_curves,
+    reliability,
+    routing_curve,
+    upper_frontier,
+)
+from evals.report import PairTable, compute_report, headline, knn_scores
+from evals.report_render import write_report
+from gateway.cli import main as pointsman
+from tests.evals.labelled_files import rows as labelled_rows
+from tests.evals.labelled_files import write_jsonl
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def table(n: int = 400, seed: int = 0, *, informative: float = 1.0) -> PairTable:
+    """Requests whose strong-model gain is 1 exactly where a hidden feature is positive; the route's
+    score sees that feature with noise (``informative`` = 0: pure noise)."""
+    rng = np.random.default_rng(seed)
+    hidden = rng.normal(size=n)
+    strong = np.ones(n)
+    weak = (hidden < 0).astype(float)
+    score = 1 / (1 + np.exp(-(informative * hidden + rng.normal(size=n))))
+    emb = np.c_[hidden, rng.normal(size=(n, 7))]
+    return PairTable(
+        strong_q=strong, weak_q=weak, strong_cost=np.full(n, 0.01), weak_cost=np.full(n, 0.001), scores=score,
+        pins=np.zeros(n, dtype=int), knob_strong=score >= 0.5,
+        sources=np.array(["a", "b"] * (n // 2), dtype=object), domains=np.array(["x"] * n, dtype=object),
+        direct=np.ones(n, dtype=bool), embeddings=emb,
+    )
+
+
+# ----------------------------------------------------------------------------- metrics, known answers
+
+
+def test_always_weak_is_pgr_0_always_strong_pgr_1() -> None:
+    t = table()
+    for strong, expected in ((False, 0.0), (True, 1.0)):
+        t.knob_strong = np.full(len(t), strong)
+        numbers = headline(t, None)
+        assert numbers["knob.pgr"] == pytest.approx(expected)
+        assert numbers["knob.share"] == float(strong)
+        assert numbers["knob.cost"] == pytest.approx(0.01 if strong else 0.001)
+
+
+def test_random_router_scores_about_half() -> None:
+    t = table(n=2000)
+    apgrs, shares, qualities = random_curves(t.strong_q, t.weak_q, draws=200, seed=1)
+    assert np.mean(apgrs) == pytest.approx(0.5, abs=0.01)
+    lo, hi = percentile_ci(apgrs)
+    assert lo < 0.5 < hi and hi - lo < 0.1
+    assert shares == pytest.approx(np.linspace(1, 0, 11), abs=1e-3)
+    # The expected random curve is the straight line between always-weak and always-strong.
+    line = t.weak_q.mean() + shares * (t.strong_q.mean() - t.weak_q.mean())
+    assert qualities.mean(axis=0) == pytest.approx(line, abs=0.01)
+
+
+def test_oracle_apgr_by_hand_and_a_perfect_scorer_reaches_it() -> None:
+    # Ten requests, the whole gap on one: the oracle recovers it with 10% strong calls, so over the
+    # 0, 10, ..., 100% grid it loses only the first half-step: APGR = 1 - 1/(2 * 10).
+    strong = np.array([1.0] + [0.5] * 9)
+    weak = np.array([0.0] + [0.5] * 9)
+    curve = oracle_curve(strong, weak, steps=10)
+    assert apgr(curve, float(strong.mean()), float(weak.mean())) == pytest.approx(0.95)
+    # Continuous gains, all positive: a router that scores each request by its true gain is the oracle.
+    rng = np.random.default_rng(4)
+    qw = rng.random(1001) * 0.5
+    qs = qw + rng.random(1001) * 0.5
+    s, w = float(qs.mean()), float(qw.mean())
+    perfect = apgr(routing_curve(qs - qw, qs, qw), s, w)
+    oracle = apgr(oracle_curve(qs, qw), s, w)
+    assert perfect == pytest.approx(oracle, abs=0.005)
+    assert apgr(routing_curve(rng.random(1001), qs, qw), s, w) < perfect
+
+
+def test_cpt_exact_on_a_toy_curve() -> None:
+    curve = [CurvePoint(0.9, 0.0, 0.2), CurvePoint(0.5, 0.5, 0.6), CurvePoint(0.1, 1.0, 1.0)]
+    # PGR 0.5 = quality 0.6, reached at exactly 50%; PGR 0.8 = quality 0.84: 60% of the way from 50% to 100%.
+    assert cpt(curve, 0.5, strong=1.0, weak=0.2) == pytest.approx(0.5)
+    assert cpt(curve, 0.8, strong=1.0, weak=0.2) == pytest.approx(0.8)
+
+
+def test_ece_of_a_calibrated_scorer_is_near_zero_and_of_an_overconfident_one_is_its_gap() -> None:
+    rng = np.random.default_rng(2)
+    p = rng.random(200_000)
+    y = rng.random(200_000) < p
+    assert ece(p, y) < 0.01
+    bins = reliability(p, y)
+    assert [b.count for b in bins] == pytest.approx([20_000] * 10, rel=0.05)
+    assert all(abs(b.mean_predicted - b.observed) < 0.02 for b in bins)
+    # Always 0.9, right half the time: ECE 0.4 exactly, all in the last bin.
+    assert ece(np.full(100, 0.9), np.arange(100) % 2 == 0) == pytest.approx(0.4)
+
+
+def test_frontier_is_the_non_decreasing_concave_hull_and_aiq_its_mean() -> None:
+    costs = [0.0, 1.0, 2.0, 3.0, 4.0]
+    quals = [0.0, 0.2, 0.9, 0.95, 0.9]  # (1, .2) lies under the chord (0,0)-(2,.9); (4, .9) is worse than (3, .95)
+    x, y = upper_frontier(costs, quals)
+    assert list(x) == [0.0, 2.0, 3.0, 4.0]
+    assert list(y) == pytest.approx([0.0, 0.9, 0.95, 0.95])
+    # Area: 0.9 (triangle 0..2) + 0.925 (2..3) + 0.95 (3..4) = 2.775 over a range of 4.
+    assert aiq(costs, quals, 0.0, 4.0) == pytest.approx(2.775 / 4)
+    # Mixing always-weak and always-strong: a straight line, AIQ = the mean of the two ends.
+    assert aiq([1.0, 3.0], [0.4, 0.8], 1.0, 3.0) == pytest.approx(0.6)
+
+
+def test_pinned_requests_keep_their_model_at_every_threshold() -> None:
+    scores = np.array([0.1, 0.2, 0.3, 0.4, np.nan, np.nan])
+    pins = np.array([0, 0, 0, 0, 1, -1])
+    strong = np.array([1.0, 0, 1, 1, 1, 0])
+    weak = np.array([1.0, 0, 0, 0, 0, 1])
+    curve = routing_curve(scores, strong, weak, 2, pinned=pins)
+    # Edges from the four scored requests only; request 4 always strong, request 5 always weak.
+    assert [p.threshold for p in curve] == pytest.approx([0.1, 0.25, 0.4])
+    assert [p.strong_share for p in curve] == pytest.approx([5 / 6, 3 / 6, 1 / 6])
+    assert [p.quality for p in curve] == pytest.approx([5 / 6, 5 / 6, 3 / 6])
+    # No pins: exactly RouteLLM's sweep.
+    free = routing_curve(scores[:4], strong[:4], weak[:4], 2)
+    assert [p.strong_share for p in free] == pytest.approx([1.0, 0.5, 0.0])
+
+
+def test_ips_estimates_a_policy_from_logs_that_only_show_the_served_model() -> None:
+    rng = np.random.default_rng(5)
+    n = 200_000
+    qs, qw = (rng.random(n) < 0.8).astype(float), (rng.random(n) < 0.5).astype(float)
+    # Logging policy: strong with probability 0.3 (exploration); only the served outcome is seen.
+    served_strong = rng.random(n) < 0.3
+    reward = np.where(served_strong, qs, qw)
+    s_col, w_col = ips_qualities(served_strong, reward, np.where(served_strong, 0.3, 0.7))
+    assert s_col.mean() == pytest.approx(qs.mean(), abs=0.01)  # always-strong, estimated
+    assert w_col.mean() == pytest.approx(qw.mean(), abs=0.01)
+    target = rng.random(n) < 0.5  # any fixed policy
+    assert np.where(target, s_col, w_col).mean() == pytest.approx(np.where(target, qs, qw).mean(), abs=0.01)
+
+
+def test_bootstrap_is_paired_and_its_interval_covers_the_mean() -> None:
+    x = np.random.default_rng(6).normal(1.0, 1.0, 500)
+    draws = bootstrap(lambda i: {"mean": x[i].mean(), "twice": 2 * x[i].mean()}, len(x), 400, seed=0)
+    lo, hi = percentile_ci(draws["mean"])
+    assert lo < x.mean() < hi and hi - lo == pytest.approx(2 * 1.96 / math.sqrt(500), rel=0.2)
+    assert draws["twice"] == pytest.approx(2 * draws["mean"])  # same resample for every key
+
+
+def test_knn_is_cross_fitted_and_ranks_by_neighbours_gain() -> None:
+    t = table(n=400)
+    assert t.embeddings is not None
+    scores = knn_scores(t.embeddings, t.strong_q - t.weak_q, k=10)
+    s, w = float(t.strong_q.mean()), float(t.weak_q.mean())
+    assert apgr(routing_curve(scores, t.strong_q, t.weak_q), s, w) > 0.6
+    # Cross-fitted: a request's own label never scores it (duplicated rows would otherwise get 1.0).
+    one = np.eye(4)[[0, 0, 1, 1, 2, 2, 3, 3]].astype(float)
+    gain = np.array([1.0, 0, 1, 0, 1, 0, 1, 0])
+    assert set(knn_scores(one, gain, k=1, folds=8).tolist()) <= {0.0, 1.0}
+    assert not np.array_equal(knn_scores(one, gain, k=1, folds=8), gain)
+
+
+# ----------------------------------------------------------------------------- the report files
+
+
+def _report(t: PairTable, **kwargs: Any) -> dict[str, Any]:
+    meta = {"route": "auto", "router_version": "test", "pair": {"strong": "big", "weak": "small"},
+            "estimator": {"name": "direct", "text": "direct"}, "cost_basis": {"kind": "labelled", "text": "labelled"},
+            "knob": {"threshold": 0.5, "threshold_source": "config"}, "data": [{"source": "test", "rows": len(t)}]}
+    return compute_report(t, meta=meta, draws=100, seed=0, **kwargs)
+
+
+def test_report_numbers_put_a_good_router_above_random_and_a_blind_one_inside_its_band() -> None:
+    good = _report(table(n=600, informative=3.0))
+    blind = _report(table(n=600, informative=0.0))
+    band = good["routers"]["random"]["apgr"]["ci"]
+    assert good["routers"]["router"]["apgr"]["ci"][0] > band[1]
+    assert band[0] < blind["routers"]["router"]["apgr"]["value"] < band[1]
+    for name in ("router", "knn", "oracle"):
+        for key in ("apgr", "cpt50", "cpt80", "aiq"):
+            lo, hi = good["routers"][name][key]["ci"]
+            assert lo <= good["routers"][name][key]["value"] <= hi, (name, key)
+    assert good["routers"]["oracle"]["apgr"]["value"] >= good["routers"]["router"]["apgr"]["value"]
+    knob = good["knob"]
+    assert knob["strong_share"]["value"] == pytest.approx(np.mean(table(n=600, informative=3.0).knob_strong))
+    assert {g["group"] for g in good["breakdown"]["source"]} == {"a", "b"}
+    assert "router-knn" in good["differences"]
+
+
+def test_report_files_are_written_and_the_html_shows_existing_pngs(tmp_path: Path) -> None:
+    t = table(n=300)
+    t.pins[:10] = 1  # a rule routed some requests: the report says so
+    t.scores[:10] = np.nan
+    paths = write_report(_report(t), tmp_path / "out", [{"index": 0, "model": "big", "score": None}])
+    out = tmp_path / "out"
+    data = json.loads((out / "report.json").read_text())  # strict JSON: NaN became null
+    assert "NaN" not in (out / "report.json").read_text()
+    assert data["rows"]["pinned_by_rules"] == 10
+    page = (out / "report.html").read_text()
+    images = re.findall(r'<img src="([^"]+)"', page)
+    assert set(images) == {"pgr_curve.png", "frontier.png", "reliability.png", "breakdown.png"}
+    for name in images:
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+        assert (out / name).stat().st_size > 10_000
+    markdown = (out / "report.md").read_text()
+    assert all(f"]({name})" in markdown for name in images)
+    for text in (page, markdown):
+        assert "APGR" in text and "CPT(50)" in text and "AIQ" in text and "ECE" in text
+        assert "random" in text and "kNN" in text and "oracle" in text and "always-weak" in text
+    assert "estimator" in page and "direct" in page
+    assert (out / "decisions.jsonl").read_text().count("\n") == 1
+    assert paths["html"] == out / "report.html"
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def eval_config(path: Path, **cost_quality: Any) -> Path:
+    path.write_text(yaml.safe_dump({
+        "backends": [{"name": "fake", "base_url": "http://127.0.0.1:9/v1", "models": [
+            {"name": "big-model", "input_cost_per_mtok": 10, "output_cost_per_mtok": 30},
+            {"name": "small-model", "input_cost_per_mtok": 0.5, "output_cost_per_mtok": 1.5},
+        ]}],
+        "classifiers": {"encoder": "static"},
+        "routes": [{
+            "name": "auto", "policy": "rules",
+            "signals": {"keywords": {"greet": {"keywords": ["say hello"]}}},
+            "rules": [{"name": "hello-small", "when": {"signal": "greet", "op": "truthy"},
+                       "action": {"route": "small-model"}}],
+            "cost_quality": {"signal": "difficulty", "strong": "big-model", "weak": "small-model",
+                             **(cost_quality or {"target_strong_share": 0.4})},
+            "sticky": {"ttl": 600},
+        }],
+    }))
+    return path
+
+
+def test_pointsman_eval_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    items = labelled_rows(seed=7, n=240)
+    for i, item in enumerate(items):
+        item["source"] = "tickets" if i % 2 else "chat"
+    data = write_jsonl(tmp_path / "labels.jsonl", items)
+    config = eval_config(tmp_path / "config.yaml")
+    out = tmp_path / "report"
+    code = pointsman(["eval", "--config", str(config), "--route", "auto", "--data", f"file:{data}",
+                      "--out", str(out), "--bootstrap", "200", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "APGR" in printed and str(out / "report.html") in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["rows"]["evaluated"] == 240
+    assert report["pair"] == {"strong": "big-model", "weak": "small-model", "strong_data": "big-model",
+                              "weak_data": "small-model"}
+    assert report["estimator"]["name"] == "direct"
+    assert report["cost_basis"]["kind"] == "labelled"
+    assert report["knob"]["target_share"] == 0.4
+    assert report["knob"]["threshold_source"] == "target share over the replayed set"
+    # The rule's requests are pinned to the weak model; the knob sends ~40% of the others strong.
+    said_hello = sum("Say hello" in item["prompt"] for item in items)
+    assert report["rows"]["decided_by"]["rule"] == said_hello > 0
+    assert report["rows"]["pinned_by_rules"] == said_hello
+    knob_decided = 240 - said_hello
+    assert report["knob"]["strong_share"]["value"] * 240 == pytest.approx(0.4 * knob_decided, abs=1.5)
+    assert {g["group"] for g in report["breakdown"]["source"]} == {"tickets", "chat"}
+    for name in ("router", "knn", "oracle", "random"):
+        assert report["routers"][name]["apgr"]["value"] is not None
+    decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
+    assert len(decisions) == 240 and {d["by"] for d in decisions} == {"knob", "rule"}
+    for name in report["plots"].values():
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_pointsman_eval_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_jsonl(tmp_path / "labels.jsonl", labelled_rows(seed=1, n=30, models=("model-a", "model-b"))
+                       + labelled_rows(seed=2, n=5, models=("model-c", "model-d")))
+    config = eval_config(tmp_path / "config.yaml", threshold=0.5)
+    base = ["eval", "--config", str(config), "--data", f"file:{data}", "--out", str(tmp_path / "o"),
+            "--bootstrap", "20", "--no-progress"]
+    assert pointsman([*base, "--route", "nope"]) == 2
+    assert "routes: auto" in capsys.readouterr().err
+    # Four models and none named like the route's: the user must say which pair to evaluate.
+    assert pointsman(base) == 2
+    err = capsys.readouterr().err
+    assert "--strong" in err and "model-a" in err
+    assert pointsman([*base, "--strong", "model-x", "--weak", "model-b"]) == 2
+    assert "--strong model-x" in capsys.readouterr().err
+    assert pointsman([*base, "--data", "file:/nonexistent.jsonl"]) == 2
+    assert "nonexistent" in capsys.readouterr().err
+    assert pointsman([*base, "--strong", "model-a", "--weak", "model-b"]) == 0
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    # Rows labelled for another pair are left out, and the report says how many and why.
+    assert report["rows"]["evaluated"] == 30
+    assert report["rows"]["excluded"] == {"no quality for both model-a and model-b": 5}
+
+
+def test_logged_rows_with_propensities_are_evaluated_by_inverse_propensity() -> None:
+    from evals.labelled import LabelledRequest
+    from evals.replay import Replay, ReplayDecision
+    from evals.report import build_table, estimator_note
+
+    rows, decisions = [], []
+    for i in range(40):
+        labelled = i < 20
+        row = LabelledRequest(messages=[{"role": "user", "content": f"q{i}"}],
+                              qualities={"big": 1.0, "small": 0.0} if labelled else {"small": 0.5},
+                              costs={}, source="logs:auto")
+        if not labelled:  # a logged request: only the served (weak) answer was scored, explored with p 0.25
+            row.served_model, row.propensity = "small", 0.25  # type: ignore[attr-defined]
+        rows.append(row)
+        decisions.append(ReplayDecision(index=i, model="big" if i % 2 else "small", by="knob", score=(i % 2) * 0.9,
+                                        reason=""))
+    rows.append(LabelledRequest(messages=[{"role": "user", "content": "x"}], qualities={"small": 1.0}, costs={},
+                                source="logs:auto"))  # no propensity: cannot be estimated without bias
+    decisions.append(ReplayDecision(index=40, model="small", by="knob", score=0.1, reason=""))
+    replay = Replay(route="auto", router_version="v", decisions=decisions, strong="big", weak="small", threshold=0.5)
+    t, excluded, basis = build_table(rows, replay, "big", "small")
+    assert len(t) == 40 and excluded == {"no quality for both big and small": 1}
+    assert basis["kind"] == "share"  # no costs, no prices: cost is the strong-call share
+    # IPS rows: the served (weak) column holds reward / propensity, the other 0.
+    assert list(t.weak_q[20:]) == [2.0] * 20 and list(t.strong_q[20:]) == [0.0] * 20
+    note = estimator_note(t)
+    assert note["name"] == "direct+ips" and note["rows_ips"] == 20 and "inverse propensity" in note["text"]
+    report = compute_report(t, meta={"estimator": note}, draws=20)
+    assert "oracle" not in report["routers"] and "not computed" in report["baselines"]["oracle"]
+
+
+def test_the_pair_is_read_from_the_route_then_the_data() -> None:
+    from evals.labelled import LabelledRequest
+    from evals.report_cli import EvalError, resolve_pair
+    from policies.config import CostQuality
+
+    def rows(scores: dict[str, float]) -> list[LabelledRequest]:
+        return [LabelledRequest(messages=[{"role": "user", "content": "q"}], qualities=dict(scores), costs={},
+                                source="s")]
+
+    named = CostQuality(strong="big-model", weak="small-model")
+    assert resolve_pair(named, rows({"big-model": 1, "small-model": 0, "x": 1}), None, None) == (
+        "big-model", "small-model")
+    mapped = CostQuality(strong="big-model", weak="small-model",
+                         difficulty_models={"big-model": "gpt-4", "small-model": "mixtral"})
+    assert resolve_pair(mapped, rows({"gpt-4": 1, "mixtral": 0, "x": 1}), None, None) == ("gpt-4", "mixtral")
+    # Two other models: the better one on average is the strong one.
+    assert resolve_pair(named, rows({"m-a": 0.2, "m-b": 0.9}), None, None) == ("m-b", "m-a")
+    assert resolve_pair(named, rows({"m-a": 0.2, "m-b": 0.9}), "m-a", None) == ("m-a", "m-b")
+    with pytest.raises(EvalError, match="same model"):
+        resolve_pair(named, rows({"m-a": 0.2, "m-b": 0.9}), "m-a", "m-a")

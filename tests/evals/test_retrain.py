@@ -1,0 +1,329 @@
+"""``pointsman train --data ... --out REGISTRY``: labelled files (JSONL, CSV) and logged traffic in, a
+registry version out, served by ``load_router_heads``. Real files, a real SQLite store, the real
+static encoder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from classifiers.conversation import conversation_text
+from classifiers.heads import build_features
+from classifiers.provider import load_router_heads
+from classifiers.registry import RouterRegistry
+from evals.labelled import DataError, load_source
+from gateway.cli import main
+from tests.evals.labelled_files import STRONG, WEAK, prompts, rows, write_csv, write_jsonl
+
+TRAIN = ["--encoders", "static", "--no-progress"]
+
+
+def _train(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["train", *args, *TRAIN])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _p_strong(heads: Any, pair: tuple[str, str], texts: list[str]) -> np.ndarray:
+    from evals.embeddings import get_encoder
+
+    encoder = get_encoder("static")
+    rendered = [conversation_text({"messages": [{"role": "user", "content": t}]}) for t in texts]
+    head = heads.pairs[pair]
+    cheap = bool(head.manifest["feature_schema"]["cheap"])
+    x = build_features(encoder.encode(rendered), rendered if cheap else None)
+    return np.asarray(head.predict_proba(x)[:, 1])
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("labelled") / "labels.jsonl"
+    return write_jsonl(path, rows(seed=1, n=160))
+
+
+def test_train_from_a_labelled_file_writes_the_active_version_and_serves_it(
+    tmp_path: Path, labelled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "routers"
+    code, stdout, stderr = _train(capsys, "--data", f"file:{labelled}", "--out", str(out))
+    assert code == 0, stderr
+    registry = RouterRegistry(out)
+    (info,) = registry.versions()
+    assert registry.active_version() == info.version
+    assert f"wrote router version {info.version}" in stdout and "active version (its first)" in stdout
+    # Strong = the model with the higher mean quality (big-model answers everything well).
+    assert info.pairs == [{"strong": STRONG, "weak": WEAK, "artifact": "difficulty-big-model--small-model-static",
+                           "encoder": "static"}]
+    assert info.parent is None and info.created_at and info.encoders == ["static"]
+    (data,) = info.data
+    assert data["source"] == f"file:{labelled}" and data["rows"] == 160 and len(data["sha256"]) == 64
+    (pair,) = info.metrics["pairs"]
+    lo, hi = pair["cv_apgr_ci95"]
+    assert pair["rows"] == 160 and pair["folds"] == 5 and lo <= pair["cv_apgr"] <= hi
+    # The prompt decides who is needed, so the cross-validated figure clears the random band.
+    assert pair["cv_apgr"] > 0.65 and lo > pair["random_apgr_band95"][1]
+    assert f"CV APGR {pair['cv_apgr']:.3f}" in stdout
+    # Served: the registry as routers_dir gives the pair head, which sends math to the strong model.
+    heads = load_router_heads("static", out)
+    assert heads.version == info.version and set(heads.pairs) == {(STRONG, WEAK)}
+    held = prompts(seed=99, n=40)
+    p = _p_strong(heads, (STRONG, WEAK), [t for t, _ in held])
+    is_math = np.array([m for _, m in held])
+    assert p[is_math].mean() > p[~is_math].mean() + 0.3
+
+
+def test_a_second_training_is_inactive_reproducible_and_names_its_parent(
+    tmp_path: Path, labelled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "routers"
+    assert _train(capsys, "--data", f"file:{labelled}", "--out", str(out), "--folds", "3")[0] == 0
+    code, stdout, _ = _train(capsys, "--data", f"file:{labelled}", "--out", str(out), "--folds", "3")
+    assert code == 0
+    registry = RouterRegistry(out)
+    first, second = registry.versions()
+    assert registry.active_version() == first.version
+    assert second.parent == first.version
+    assert f"pointsman promote {second.version} --registry {out}" in stdout
+    # Same inputs and seed: the same weights, byte for byte.
+    assert first.raw["weights_sha256"] == second.raw["weights_sha256"]
+    assert first.version.split("-")[1] == second.version.split("-")[1]
+    assert second.raw["training"]["seed"] == 0 and second.raw["training"]["folds"] == 3
+
+
+def test_strong_and_weak_can_be_named(tmp_path: Path, labelled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "routers"
+    data = f"file:{labelled}"
+    named = ["--strong", WEAK, "--weak", STRONG, "--folds", "2"]
+    code, _, stderr = _train(capsys, "--data", data, "--out", str(out), *named)
+    assert code == 0, stderr
+    heads = load_router_heads("static", out)
+    assert set(heads.pairs) == {(WEAK, STRONG)}
+    code, _, stderr = _train(capsys, "--data", data, "--out", str(out), "--strong", "gpt-9", "--weak", WEAK)
+    assert code == 2 and "--strong 'gpt-9' has no quality in the data" in stderr
+
+
+def test_csv_loads_like_the_same_rows_in_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    items = rows(seed=4, n=60)
+    items[0]["weight"] = 2.5
+    items[1]["scores"][WEAK] = None  # unknown: an empty cell in CSV
+    jsonl = load_source(f"file:{write_jsonl(tmp_path / 'labels.jsonl', items)}").rows
+    csv_rows = load_source(f"file:{write_csv(tmp_path / 'labels.csv', items)}").rows
+    assert [(r.messages, r.qualities, r.costs, r.weight) for r in csv_rows] == [
+        (r.messages, r.qualities, r.costs, r.weight) for r in jsonl
+    ]
+    assert csv_rows[1].qualities == {STRONG: 1.0, WEAK: None} and not csv_rows[1].labelled_for(STRONG, WEAK)
+    # A CSV file trains like any other source.
+    code, _, stderr = _train(capsys, "--data", f"file:{tmp_path / 'labels.csv'}", "--out", str(tmp_path / "routers"))
+    assert code == 0, stderr
+    # A directory of labelled files is a source too (both files, sorted by name).
+    assert len(load_source(str(tmp_path)).rows) == 120
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt": "hi", "scores": {"a": 1.5, "b": 0}}', "scores.a: 1.5 is not a quality in [0, 1]"),
+        ('{"scores": {"a": 1, "b": 0}}', "needs messages (a list) or prompt"),
+        ('{"prompt": "hi", "scores": {}}', "scores must be an object"),
+        ('{"prompt": "hi", "scores": {"a": 1}, "weight": -1}', "weight: -1 is not a number >= 0"),
+        ("not json", "not JSON"),
+    ],
+)
+def test_bad_labelled_lines_name_the_file_line_and_field(
+    tmp_path: Path, line: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "ok", "scores": {"a": 1, "b": 0}}\n' + line + "\n")
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: ") as err:
+        load_source(f"file:{path}")
+    assert message in str(err.value)
+    code, _, stderr = _train(capsys, "--data", f"file:{path}", "--out", str(tmp_path / "routers"))
+    assert code == 2 and message in stderr
+
+
+def test_csv_without_score_columns_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text("prompt,quality\nhello,1\n")
+    with pytest.raises(DataError, match=r"no score:<model> columns"):
+        load_source(f"file:{path}")
+
+
+def test_more_than_two_models_train_the_quality_head_and_every_pair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    items = rows(seed=2, n=120)
+    rng = np.random.default_rng(0)
+    for r in items:  # a middle model: right on half the prompts the weak one gets wrong
+        r["scores"]["mid-model"] = r["scores"][STRONG] if rng.random() < 0.5 else r["scores"][WEAK]
+        r["costs"]["mid-model"] = 0.003
+    path = write_jsonl(tmp_path / "three.jsonl", items)
+    out = tmp_path / "routers"
+    code, stdout, stderr = _train(capsys, "--data", f"file:{path}", "--out", str(out), "--folds", "3")
+    assert code == 0, stderr
+    heads = load_router_heads("static", out)
+    assert set(heads.pairs) == {(STRONG, "mid-model"), (STRONG, WEAK), ("mid-model", WEAK)}
+    assert heads.quality is not None and heads.quality.labels == ("big-model", "mid-model", "small-model")
+    assert heads.quality.manifest["model_costs"]["values"] == {STRONG: 0.01, "mid-model": 0.003, WEAK: 0.0005}
+    assert "quality head [static]: quality-labelled-static" in stdout
+
+
+def test_an_existing_directory_that_is_not_a_registry_is_refused(
+    tmp_path: Path, labelled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mine.txt").write_text("x")
+    code, _, stderr = _train(capsys, "--data", f"file:{labelled}", "--out", str(tmp_path))
+    assert code == 2 and "not a router registry" in stderr
+
+
+def test_todays_calls_keep_rebuilding_the_shipped_artifacts() -> None:
+    import argparse
+
+    from evals.train import _labelled_mode
+
+    def ns(**kw: Any) -> argparse.Namespace:
+        base = {"data": None, "strong": None, "weak": None, "warm_start": False, "prior_weight": None, "out": None}
+        return argparse.Namespace(**{**base, **kw})
+
+    from evals.data import resolve_data_dir
+
+    shared = resolve_data_dir()
+    assert not _labelled_mode(ns())
+    assert not _labelled_mode(ns(out="./routers"))
+    if (shared / "routellm").is_dir():
+        assert not _labelled_mode(ns(data=[str(shared)]))
+    assert _labelled_mode(ns(data=["bundled"], out="./routers"))
+    assert _labelled_mode(ns(data=["file:x.jsonl"]))
+    assert _labelled_mode(ns(data=["logs:sqlite:///x.db"]))
+
+
+# --- logged traffic --------------------------------------------------------------------------------
+
+
+def _write_store(path: Path, records: list[Any], feedback: list[Any]) -> None:
+    from store import open_store_url
+
+    async def write() -> None:
+        store = open_store_url(f"sqlite:///{path}")
+        await store.open()
+        try:
+            await store.write_batch(records)
+            await store.write_feedback(feedback)
+        finally:
+            await store.close()
+
+    asyncio.run(write())
+
+
+def _record(request_id: str, model: str, conversation: Any) -> Any:
+    from store import DecisionRecord
+
+    return DecisionRecord(
+        request_id=request_id, created_at=1_700_000_000.0, endpoint="chat.completions", route="auto",
+        requested_model="auto", model=model, status=200, cost_usd=0.0005 if model == WEAK else 0.01,
+        signals={"domain": {"value": "math"}}, conversation=conversation,
+    )
+
+
+def _conversation(request_id: str, *, text: str | None, embedding: np.ndarray | None) -> Any:
+    from store import ConversationRecord
+
+    return ConversationRecord(
+        request_id=request_id, created_at=1_700_000_000.0, encoder_id="minilm-static-256" if embedding is not None
+        else None, embedding=None if embedding is None else embedding.astype("<f4").tobytes(),
+        text=None if text is None else json.dumps([{"role": "user", "content": text}]),
+    )
+
+
+def test_logs_join_feedback_per_model_and_skip_what_cannot_train(tmp_path: Path) -> None:
+    from store import FeedbackRecord
+
+    db = tmp_path / "pointsman.db"
+    records = [
+        _record("r1", WEAK, _conversation("r1", text="What is 12 * 13?", embedding=None)),
+        _record("r2", STRONG, _conversation("r2", text="Say hi to Anna.", embedding=None)),
+        _record("r3", WEAK, _conversation("r3", text="No feedback on this one.", embedding=None)),
+        _record("r4", WEAK, None),  # feedback, but nothing of the conversation kept
+    ]
+    feedback = [
+        FeedbackRecord("r1", 0.0, source="user"),  # about the served answer: small-model
+        FeedbackRecord("r1", 1.0, source="judge", model=STRONG, metadata={"cost_usd": 0.02}),
+        FeedbackRecord("r1", 1.0, source="judge", model=WEAK),  # a second opinion on small-model: averaged
+        FeedbackRecord("r1", 0.2, metric="helpfulness", source="user"),  # another metric: ignored
+        FeedbackRecord("r2", 1.0, source="user"),
+        FeedbackRecord("r4", 1.0, source="user"),
+    ]
+    _write_store(db, records, feedback)
+    src = load_source(f"logs:sqlite:///{db}")
+    by_id = {r.request_id: r for r in src.rows}
+    assert set(by_id) == {"r1", "r2"}
+    assert by_id["r1"].qualities == {STRONG: 1.0, WEAK: 0.5}
+    assert by_id["r1"].costs == {STRONG: 0.02, WEAK: 0.0005}
+    assert by_id["r1"].messages == [{"role": "user", "content": "What is 12 * 13?"}]
+    assert by_id["r1"].labelled_for(STRONG, WEAK) and not by_id["r2"].labelled_for(STRONG, WEAK)
+    assert by_id["r1"].domain == "math" and by_id["r1"].source == "logs:auto"
+    assert src.skipped == {"no quality feedback": 1, "neither text nor embedding stored": 1}
+    assert src.describe()["skipped"] == src.skipped
+
+
+def test_train_from_logs_uses_stored_embeddings_when_the_text_was_not_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from evals.embeddings import get_encoder
+    from store import FeedbackRecord
+
+    encoder = get_encoder("static")
+    items = rows(seed=8, n=120)
+    texts = [r["prompt"] for r in items]
+    vectors = encoder.encode([conversation_text({"messages": [{"role": "user", "content": t}]}) for t in texts])
+    records, feedback = [], []
+    for i, (item, vector) in enumerate(zip(items, vectors, strict=True)):
+        rid = f"req-{i}"
+        keep_text = i % 2 == 0  # half the routes keep text; the others only the embedding
+        conversation = _conversation(rid, text=item["prompt"] if keep_text else None, embedding=vector)
+        served = WEAK if i % 3 else STRONG
+        records.append(_record(rid, served, conversation))
+        feedback.append(FeedbackRecord(rid, item["scores"][served], source="user"))
+        other = STRONG if served == WEAK else WEAK
+        feedback.append(FeedbackRecord(rid, item["scores"][other], source="judge", model=other))
+    db = tmp_path / "pointsman.db"
+    _write_store(db, records, feedback)
+    out = tmp_path / "routers"
+    code, _, stderr = _train(capsys, "--data", f"logs:sqlite:///{db}", "--out", str(out))
+    assert code == 0, stderr
+    heads = load_router_heads("static", out)
+    head = heads.pairs[(STRONG, WEAK)]
+    # Some requests have only their embedding: the head reads the embedding alone (no text statistics).
+    assert head.manifest["feature_schema"]["cheap"] == []
+    (pair,) = RouterRegistry(out).versions()[0].metrics["pairs"]
+    assert pair["rows"] == 120 and pair["cv_apgr"] > 0.6
+    assert RouterRegistry(out).versions()[0].data[0]["source"] == f"logs:sqlite:///{db}"
+
+
+def test_warm_start_uses_the_bundled_data_as_a_prior(tmp_path: Path, labelled: Path) -> None:
+    from evals.retrain import TrainOptions, train_registry_version
+    from tests.conftest import routing_data_dir
+
+    routing_data_dir("routellm")
+    out = tmp_path / "routers"
+    # The command's path with a smaller prior sample (the CLI's default is 3,000 prompts) to stay quick.
+    opts = TrainOptions(sources=[f"file:{labelled}"], encoders=["static"], out=out, warm_start=True, folds=2,
+                        prior_rows=600, progress=False)
+    result = train_registry_version(opts, log=lambda _: None)
+    (info,) = RouterRegistry(out).versions()
+    assert info.version == result.version and info.raw["training"]["warm_start"] is True
+    (pair,) = info.metrics["pairs"]
+    assert pair["fit"]["prior_rows"] == 600 and pair["cv_apgr"] > 0.6
+    prior = load_router_heads("static", out).pairs[(STRONG, WEAK)].manifest["data"]["prior"]
+    assert prior["used"] and prior["source"] == "bundled" and prior["matches_pair"] is False
+    assert prior["rows"] == 600
+
+
+def test_a_prior_weight_without_a_prior_is_a_usage_error(tmp_path: Path, labelled: Path) -> None:
+    with pytest.raises(SystemExit) as usage:
+        main(["train", "--data", f"file:{labelled}", "--out", str(tmp_path / "r"), "--prior-weight", "0.2", *TRAIN])
+    assert usage.value.code == 2

@@ -1,0 +1,313 @@
+"""``POST /v1/feedback`` black-box through a gateway subprocess: answers served by a fake upstream,
+feedback posted with httpx, rows read from the gateway's real SQLite store."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam
+
+from gateway.auth import hash_key
+from tests.fakes.upstream import FakeUpstream
+from tests.gatewayproc import REPO, GatewayProcess
+from tests.store.test_migrations import build_v1_sqlite
+
+KEYS = {"team-a": "sk-team-a-0123456789", "team-b": "sk-team-b-9876543210"}
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
+LABELS = {"good": 1.0, "meh": 0.5, "bad": 0.0}
+NEVER_ISSUED = "psm-" + "0" * 32
+
+
+def gateway_config(upstream: FakeUpstream, keys: dict[str, str], **sections: Any) -> dict[str, Any]:
+    return {
+        "auth": {"api_keys": [{"name": name, "sha256": hash_key(key)} for name, key in keys.items()]},
+        "backends": [{
+            "name": "fake",
+            "base_url": upstream.base_url,
+            "health": {"enabled": False},
+            "models": [{"name": "fake-ok", "upstream_name": "ok"}],
+        }],
+        "routes": [{"name": "auto", "model": "fake-ok"}],
+        "feedback": {"labels": LABELS, "write_timeout": 30.0},
+        **sections,
+    }
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    proc = GatewayProcess(gateway_config(upstream, KEYS), tmp_path_factory.mktemp("gw-feedback")).start()
+    yield proc
+    proc.terminate()
+
+
+def serve(gateway: GatewayProcess, tenant: str = "team-a") -> str:
+    """One chat completion through the gateway; its request id."""
+    client = OpenAI(base_url=gateway.base_url, api_key=KEYS[tenant], max_retries=0, timeout=30)
+    raw = client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    return str(raw.headers["x-pointsman-request-id"])
+
+
+def post(gateway: GatewayProcess, body: Any, tenant: str | None = "team-a", key: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key or KEYS[tenant or 'team-a']}"} if tenant or key else {}
+    if isinstance(body, bytes):
+        return httpx.post(f"{gateway.base_url}/feedback", content=body, headers=headers, timeout=60)
+    return httpx.post(f"{gateway.base_url}/feedback", json=body, headers=headers, timeout=60)
+
+
+def feedback_rows(db: Path, request_id: str | None = None) -> list[dict[str, Any]]:
+    """Feedback rows posted through the API. Implicit signals the gateway records on its own
+    (source "implicit", written asynchronously) are left out: they are not what these tests post."""
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        if request_id is None:
+            return [dict(r) for r in conn.execute("SELECT * FROM feedback WHERE source != 'implicit'")]
+        sql = "SELECT * FROM feedback WHERE request_id = ? AND source != 'implicit' ORDER BY metric, source, model"
+        return [dict(r) for r in conn.execute(sql, (request_id,))]
+    finally:
+        conn.close()
+
+
+def assert_error(response: httpx.Response, status: int, code: str | None = None, param: str | None = None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code, error
+    if param is not None:
+        assert error["param"] == param, error
+
+
+# --- accepted feedback ---------------------------------------------------------------------------
+
+
+def test_score_thumbs_and_label_are_stored_before_the_answer(gateway: GatewayProcess) -> None:
+    request_id = serve(gateway)
+    response = post(gateway, {"request_id": request_id, "score": 0.75, "comment": "close enough"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "feedback" and body["id"].startswith("fb-")
+    assert (body["request_id"], body["metric"], body["score"], body["source"]) == (request_id, "quality", 0.75, "user")
+    assert body["model"] is None and body["comment"] == "close enough"
+    # The 200 came after the commit: the row is there now, no waiting.
+    [row] = feedback_rows(gateway.db_path, request_id)
+    assert (row["score"], row["tenant"], row["comment"], row["model"]) == (0.75, "team-a", "close enough", "")
+
+    assert post(gateway, {"request_id": request_id, "thumbs": "down", "metric": "tone"}).status_code == 200
+    assert post(gateway, {"request_id": request_id, "thumbs": True, "metric": "style"}).status_code == 200
+    assert post(gateway, {"request_id": request_id, "label": "meh", "metric": "facts"}).status_code == 200
+    judged = post(gateway, {"request_id": request_id, "score": 1, "source": "judge", "model": "fake-ok"})
+    assert judged.status_code == 200 and judged.json()["model"] == "fake-ok"
+    rows = {(r["metric"], r["source"], r["model"]): (r["score"], r["label"]) for r in feedback_rows(
+        gateway.db_path, request_id)}
+    assert rows == {
+        ("facts", "user", ""): (0.5, "meh"),
+        ("quality", "judge", "fake-ok"): (1.0, None),
+        ("quality", "user", ""): (0.75, None),
+        ("style", "user", ""): (1.0, "up"),
+        ("tone", "user", ""): (0.0, "down"),
+    }
+
+
+def test_repeats_are_idempotent(gateway: GatewayProcess) -> None:
+    request_id = serve(gateway)
+    ids = {post(gateway, {"request_id": request_id, "thumbs": "up"}).json()["id"] for _ in range(3)}
+    assert len(ids) == 1
+    assert len(feedback_rows(gateway.db_path, request_id)) == 1
+    # A changed mind replaces the row under the same id.
+    again = post(gateway, {"request_id": request_id, "thumbs": "down"})
+    assert again.json()["id"] in ids
+    [row] = feedback_rows(gateway.db_path, request_id)
+    assert row["score"] == 0.0
+
+
+# --- 404, 401, 400 -------------------------------------------------------------------------------
+
+
+def test_unknown_and_foreign_request_ids_are_404(gateway: GatewayProcess) -> None:
+    request_id = serve(gateway, "team-a")
+    gateway.decision(request_id)  # flushed: the store knows it too, not only this process
+    before = len(feedback_rows(gateway.db_path))
+    never = post(gateway, {"request_id": NEVER_ISSUED, "score": 1.0})
+    assert_error(never, 404, "request_not_found", "request_id")
+    foreign = post(gateway, {"request_id": request_id, "score": 1.0}, tenant="team-b")
+    assert_error(foreign, 404, "request_not_found", "request_id")
+    # Another tenant's id reads exactly like one never issued (only the id in the message differs).
+    assert foreign.json()["error"]["type"] == never.json()["error"]["type"] == "invalid_request_error"
+    assert len(feedback_rows(gateway.db_path)) == before
+    assert post(gateway, {"request_id": request_id, "score": 1.0}, tenant="team-a").status_code == 200
+
+
+def test_no_or_wrong_api_key_is_401(gateway: GatewayProcess) -> None:
+    request_id = serve(gateway)
+    assert_error(post(gateway, {"request_id": request_id, "score": 1.0}, tenant=None), 401, "invalid_api_key")
+    assert_error(post(gateway, {"request_id": request_id, "score": 1.0}, key="sk-nope"), 401, "invalid_api_key")
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"score": 1.5}, "score"),
+    ({"score": -0.01}, "score"),
+    ({"score": "high"}, "score"),
+    ({"score": True}, "score"),
+    ({"score": 0.5, "thumbs": "up"}, "thumbs"),
+    ({"thumbs": "up", "label": "good"}, "label"),
+    ({}, "score"),
+    ({"thumbs": "sideways"}, "thumbs"),
+    ({"thumbs": 1}, "thumbs"),
+    ({"label": "superb"}, "label"),
+    ({"score": 1, "metric": "not an identifier!"}, "metric"),
+    ({"score": 1, "metric": "x" * 65}, "metric"),
+    ({"score": 1, "source": "implicit"}, "source"),
+    ({"score": 1, "comment": "x" * 2001}, "comment"),
+    ({"score": 1, "comment": 42}, "comment"),
+    ({"score": 1, "model": ["a"]}, "model"),
+    ({"score": 1, "scroe": 1}, "scroe"),
+])
+def test_bad_values_are_400_naming_the_param(gateway: GatewayProcess, body: dict[str, Any], param: str) -> None:
+    request_id = serve(gateway)
+    response = post(gateway, {"request_id": request_id, **body})
+    assert_error(response, 400, param=param)
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert feedback_rows(gateway.db_path, request_id) == []
+
+
+@pytest.mark.parametrize("body", [{"score": 1}, {"request_id": 7, "score": 1}, {"request_id": "", "score": 1}])
+def test_missing_request_id_is_400(gateway: GatewayProcess, body: dict[str, Any]) -> None:
+    assert_error(post(gateway, body), 400, param="request_id")
+
+
+@pytest.mark.parametrize("raw", [b"", b"not json", b"[1, 2]", b'{"request_id": "a", "request_id": "b", "score": 1}'])
+def test_malformed_bodies_are_400(gateway: GatewayProcess, raw: bytes) -> None:
+    assert_error(post(gateway, raw), 400)
+
+
+# --- load ----------------------------------------------------------------------------------------
+
+
+async def test_a_thousand_concurrent_posts_leave_exactly_a_thousand_rows(gateway: GatewayProcess) -> None:
+    # aiohttp rather than httpx here: httpx.AsyncClient manages ~50 requests/s at this concurrency
+    # on this machine (aiohttp ~500), which would make this test take a minute.
+    request_ids = await asyncio.to_thread(lambda: [serve(gateway) for _ in range(20)])
+    before = len(feedback_rows(gateway.db_path))
+    bodies = [
+        {"request_id": rid, "score": (i % 10) / 10, "metric": f"m{i}"}
+        for rid in request_ids for i in range(50)
+    ]
+    headers = {"Authorization": f"Bearer {KEYS['team-a']}"}
+    async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=200)) as session:
+
+        async def post_all(items: list[dict[str, Any]]) -> set[int]:
+            async def one(body: dict[str, Any]) -> int:
+                async with session.post(f"{gateway.base_url}/feedback", json=body) as response:
+                    await response.read()
+                    return response.status
+
+            return set(await asyncio.gather(*(one(body) for body in items)))
+
+        assert await post_all(bodies) == {200}
+        assert len(feedback_rows(gateway.db_path)) - before == 1000
+        # Repeats posted concurrently with new keys: only the new keys add rows.
+        more = [{"request_id": rid, "thumbs": "up", "metric": "extra"} for rid in request_ids]
+        assert await post_all(bodies[:200] + more) == {200}
+        assert len(feedback_rows(gateway.db_path)) - before == 1020
+        async with session.get(f"{gateway.url}/metrics") as response:
+            metrics = await response.text()
+    accepted = next(line for line in metrics.splitlines()
+                    if line.startswith('pointsman_feedback_total{outcome="accepted"}'))
+    assert float(accepted.split()[-1]) >= 1220
+
+
+# --- store outage --------------------------------------------------------------------------------
+
+
+def test_store_outage_is_503_and_nothing_is_acknowledged(gateway: GatewayProcess) -> None:
+    """Another process holds the SQLite write lock (a backup, a long manual transaction): the
+    feedback cannot be written, so the answer is 503 with Retry-After, never a 200."""
+    request_id = serve(gateway)
+    gateway.decision(request_id)
+    holder = sqlite3.connect(gateway.db_path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # takes the write lock; readers still read (WAL)
+        response = post(gateway, {"request_id": request_id, "score": 0.25})
+        assert_error(response, 503, "store_unavailable")
+        assert response.headers["retry-after"] == "1"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert feedback_rows(gateway.db_path, request_id) == []
+    retried = post(gateway, {"request_id": request_id, "score": 0.25})
+    assert retried.status_code == 200, retried.text
+    assert [r["score"] for r in feedback_rows(gateway.db_path, request_id)] == [0.25]
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert 'pointsman_feedback_total{outcome="unavailable"} 1.0' in metrics
+
+
+# --- ids not flushed yet, and ids from before an upgrade -----------------------------------------
+
+
+def test_an_id_not_yet_flushed_is_known(upstream: FakeUpstream, tmp_path: Path) -> None:
+    config = gateway_config(upstream, KEYS)
+    proc = GatewayProcess(config, tmp_path)
+    config["store"] = {"kind": "sqlite", "path": str(proc.db_path), "flush_interval": 60, "batch_size": 10_000}
+    proc = GatewayProcess(config, tmp_path).start()
+    try:
+        request_id = serve(proc)
+        assert post(proc, {"request_id": request_id, "thumbs": "up"}).status_code == 200
+        assert proc.decisions() == []  # the decision record is still queued in the gateway
+        assert [r["score"] for r in feedback_rows(proc.db_path, request_id)] == [1.0]
+        assert_error(post(proc, {"request_id": request_id, "thumbs": "up"}, tenant="team-b"), 404, "request_not_found")
+    finally:
+        assert proc.terminate() == 0
+    assert [d["request_id"] for d in proc.decisions()] == [request_id]  # flushed at shutdown
+
+
+def test_a_v1_database_is_upgraded_and_its_requests_take_feedback(upstream: FakeUpstream, tmp_path: Path) -> None:
+    """The gateway starts on a database written by the first schema; the old rows stay and old
+    request ids (found in the store, not in the process) take feedback, tenant-scoped."""
+    keys = {"acme": "sk-acme-0123456789", "globex": "sk-globex-0123456789"}
+    proc = GatewayProcess(gateway_config(upstream, keys), tmp_path)
+    build_v1_sqlite(str(proc.db_path))
+    proc.start()
+    try:
+        assert len(proc.decisions()) == 5
+        ok = post(proc, {"request_id": "old-1", "score": 0.0, "metric": "speed"}, key=keys["acme"])
+        assert ok.status_code == 200, ok.text
+        assert_error(post(proc, {"request_id": "old-1", "score": 0.0}, key=keys["globex"]), 404, "request_not_found")
+        new_id = OpenAI(base_url=proc.base_url, api_key=keys["globex"], max_retries=0).chat.completions \
+            .with_raw_response.create(model="auto", messages=MESSAGES).headers["x-pointsman-request-id"]
+        assert post(proc, {"request_id": new_id, "label": "good"}, key=keys["globex"]).status_code == 200
+    finally:
+        assert proc.terminate() == 0
+    assert len(proc.decisions()) == 6
+    rows = feedback_rows(proc.db_path, "old-1")
+    assert [(r["metric"], r["score"], r["tenant"]) for r in rows] == [("quality", 1.0, "acme"), ("speed", 0.0, "acme")]
+
+    # pointsman forget, on the same database.
+    def forget(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "forget", "--store", f"sqlite://{proc.db_path}", *args],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )
+
+    by_id = forget("--request-id", "old-1")
+    assert by_id.returncode == 0, by_id.stderr
+    assert by_id.stdout.strip() == "forgot request 'old-1': deleted 1 decisions, 2 feedback rows, 0 conversations"
+    by_tenant = forget("--tenant", "globex", "--purge-expired")
+    assert by_tenant.returncode == 0, by_tenant.stderr
+    assert by_tenant.stdout.splitlines() == [
+        "forgot tenant 'globex': deleted 3 decisions, 1 feedback rows, 0 conversations",
+        "purged the text of 0 conversations past their retention",
+    ]
+    assert {d["request_id"] for d in proc.decisions()} == {"old-0", "old-2"}
+    nothing = forget()
+    assert nothing.returncode == 2 and "--tenant" in nothing.stderr

@@ -1,0 +1,123 @@
+"""A running gateway picks up a registry promotion without a restart, and survives a broken version.
+
+The real gateway subprocess serves ``classifiers.routers_dir: <registry>``; versions are written and
+promoted through the registry API while it runs (what ``pointsman train`` / ``pointsman promote`` do).
+Each version's pair head gives a known P(strong needed), so which version decided is visible in the
+chosen model as well as in ``/v1/route``, the ``x-pointsman-router`` header, the decision record and
+``/metrics``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from classifiers.registry import RouterRegistry
+from tests.fakes.routers import add_version, break_version
+from tests.fakes.upstream import FakeUpstream
+from tests.gatewayproc import GatewayProcess
+from tests.polling import eventually
+
+MESSAGES: list[Any] = [{"role": "user", "content": "Summarise the plot of Hamlet in two sentences."}]
+STRONG, WEAK = {("big", "small"): 0.9}, {("big", "small"): 0.1}
+
+
+def gateway_config(upstream: FakeUpstream, registry: Path) -> dict[str, Any]:
+    return {
+        "backends": [{
+            "name": "fake", "base_url": upstream.base_url, "health": {"enabled": False},
+            "models": [{"name": "big", "upstream_name": "ok"}, {"name": "small", "upstream_name": "ok"}],
+        }],
+        "routes": [{"name": "auto", "policy": "rules",
+                    "cost_quality": {"strong": "big", "weak": "small", "threshold": 0.5}}],
+        "classifiers": {"encoder": "static", "routers_dir": str(registry), "reload_interval": 0.1},
+    }
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> RouterRegistry:
+    registry = RouterRegistry(tmp_path_factory.mktemp("registry") / "routers")
+    add_version(registry, STRONG)  # the first version becomes active
+    return registry
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    upstream: FakeUpstream, registry: RouterRegistry, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    proc = GatewayProcess(gateway_config(upstream, registry.root), tmp_path_factory.mktemp("gw-reload")).start()
+    yield proc
+    proc.terminate()
+
+
+def dry_run(gateway: GatewayProcess) -> dict[str, Any]:
+    response = httpx.post(f"{gateway.base_url}/route", json={"model": "auto", "messages": MESSAGES}, timeout=30)
+    assert response.status_code == 200, response.text
+    explanation: dict[str, Any] = response.json()
+    return explanation
+
+
+def serve(gateway: GatewayProcess) -> tuple[str, str, str]:
+    """One chat completion: (model that answered, x-pointsman-router, request id)."""
+    client = OpenAI(base_url=gateway.base_url, api_key="sk-client", max_retries=0, timeout=30)
+    raw = client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    headers = raw.headers
+    return headers["x-pointsman-model"], headers["x-pointsman-router"], headers["x-pointsman-request-id"]
+
+
+def metric(gateway: GatewayProcess, pattern: str) -> float | None:
+    text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    found = re.search(rf"^{pattern} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def test_a_promotion_reaches_the_running_gateway(gateway: GatewayProcess, registry: RouterRegistry) -> None:
+    first = registry.active_version()
+    assert first is not None
+    before = dry_run(gateway)
+    assert (before["router_version"], before["model"]) == (first, "big")
+    model, router, request_id = serve(gateway)
+    assert (model, router) == ("big", first)
+    assert gateway.decision(request_id)["router_version"] == first
+
+    second = add_version(registry, WEAK)
+    assert dry_run(gateway)["router_version"] == first  # added, not promoted: nothing changes
+    registry.promote(second, {"decision": "promoted", "reason": "test"})
+
+    eventually(lambda: dry_run(gateway)["router_version"] == second, "the promoted version serves /v1/route")
+    after = dry_run(gateway)
+    assert after["model"] == "small"
+    assert after["signals"]["difficulty"]["value"] == pytest.approx(0.1)
+    model, router, request_id = serve(gateway)
+    assert (model, router) == ("small", second)
+    assert gateway.decision(request_id)["router_version"] == second
+    assert metric(gateway, rf'pointsman_router_info\{{version="{second}"\}}') == 1.0
+    assert metric(gateway, r'pointsman_router_reloads_total\{result="ok"\}') == 1.0
+    assert gateway.proc is not None and gateway.proc.poll() is None  # the same process throughout
+
+
+def test_a_broken_version_keeps_the_old_router_serving(gateway: GatewayProcess, registry: RouterRegistry) -> None:
+    serving, model = registry.active_version(), dry_run(gateway)["model"]
+    failures = metric(gateway, r'pointsman_router_reloads_total\{result="failed"\}') or 0.0
+    broken = add_version(registry, STRONG)
+    break_version(registry, broken)
+    registry.promote(broken, {"decision": "promoted", "reason": "test"})
+
+    eventually(lambda: metric(gateway, r'pointsman_router_reloads_total\{result="failed"\}') == failures + 1,
+               "the failed reload is counted")
+    assert dry_run(gateway)["router_version"] == serving
+    assert serve(gateway)[:2] == (model, serving)
+    assert metric(gateway, rf'pointsman_router_info\{{version="{serving}"\}}') == 1.0
+    assert "router reload failed" in gateway.log() and "does not match the manifest" in gateway.log()
+
+    # The watcher lives on: the next good promotion is picked up.
+    fixed = add_version(registry, STRONG)
+    registry.promote(fixed, {"decision": "promoted", "reason": "test"})
+    eventually(lambda: dry_run(gateway)["router_version"] == fixed, "a later good version serves")
+    assert serve(gateway)[:2] == ("big", fixed)
