@@ -54,9 +54,10 @@ DEFAULT_PRIOR_ROWS = 1000.0
 ALPHAS_WITH_PRIOR: tuple[float, ...] = (3e3, 1e4, 3e4, 1e5)
 ALPHAS_NO_PRIOR: tuple[float, ...] = (3e2, 1e3, 3e3, 1e4, 3e4, 1e5)
 DEFAULT_ALPHA = 1e4
-#: How strongly the prior is tilted towards the new traffic (see :func:`_focus_weights`), tried by CV.
-PRIOR_FOCUS: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0)
-DEFAULT_FOCUS = 2.0
+#: How strongly the prior is tilted towards the new traffic (see :func:`_focus_weights`). Off by
+#: default: measured, a focus of 6 helped the static encoder at 50-100 requests (+0.03-0.05 APGR) but
+#: cost MiniLM 0.01-0.03 at 200-800, and choosing it by CV (0 or 6) was no better than leaving it off.
+DEFAULT_FOCUS = 0.0
 #: What the prior's weight is by default, for manifests (``--prior-weight`` overrides it, see the fit).
 PRIOR_WEIGHT = "chosen by 5-fold CV among 300, 1000 and 3000 pseudo-rows (evals.pair_fit.PRIOR_ROWS)"
 FOLDS = 5
@@ -180,17 +181,20 @@ def _fold_similarity(prior_emb: np.ndarray, emb: np.ndarray, folds: np.ndarray |
 
 
 def _focus_weights(similarity: np.ndarray, base: np.ndarray, beta: float) -> np.ndarray:
-    """Prior row weights tilted towards the new traffic: ``base * exp(beta * z)``, normalised to sum 1.
+    """Prior row weights tilted towards the new traffic: ``base * exp(beta * (u - 1))``, normalised to sum 1.
 
-    ``z`` is the row's similarity to its nearest new prompt, standardised over the prior rows, so
-    ``beta`` means the same for any encoder: ``beta = 2`` weighs a row one standard deviation closer to
-    the traffic ``e^2 = 7.4`` times more. This is importance weighting for covariate shift: the prior's
-    prompts that look like the user's traffic speak for it.
+    ``u`` in (0, 1) is the rank of the row's similarity to its nearest new prompt among the prior's
+    rows. Ranks, not raw similarities, so ``beta`` means the same for any encoder and a few outliers
+    (a prior prompt identical to one shared preamble) cannot take all the weight: ``beta = 6`` weighs
+    the closest rows ``e^6 = 403`` times more than the farthest and keeps an effective sample size of
+    ~1/3 of the prior. This is importance weighting for covariate shift: the prior's prompts that look
+    like the user's traffic speak for it.
     """
-    sd = float(similarity.std())
-    zs = (similarity - similarity.mean()) / sd if sd > 0 else np.zeros_like(similarity)
-    w = base * np.exp(beta * (zs - zs.max()))
-    return w / w.sum()
+    from scipy.stats import rankdata
+
+    u = (rankdata(similarity) - 0.5) / len(similarity)
+    w = base * np.exp(beta * (u - 1.0))
+    return np.asarray(w / w.sum())
 
 
 def _folds(n: int, k: int, seed: int) -> np.ndarray:
@@ -206,7 +210,7 @@ def fit_pair_difficulty(
     seed: int,
     prior: PairPrior | None = None,
     prior_weight: float | None = None,
-    focus: float | None = None,
+    focus: float = DEFAULT_FOCUS,
     embedding_dim: int | None = None,
     select: str = "mse",
 ) -> tuple[Head, dict[str, Any]]:
@@ -220,9 +224,8 @@ def fit_pair_difficulty(
         prior: Rows used as a warm start (see :class:`PairPrior`).
         prior_weight: Fix the prior's total weight instead of choosing it: this many times the new
             rows' total weight (``0`` turns the prior off). Default: chosen by cross-validation.
-        focus: Fix how strongly the prior is focused on the new traffic (``beta`` of
-            :func:`_focus_weights`; ``0`` = every prior row at its own weight). Default: chosen by CV
-            among :data:`PRIOR_FOCUS`.
+        focus: How strongly the prior is focused on the new traffic (``beta`` of
+            :func:`_focus_weights`; ``0``, the default, keeps every prior row at its own weight).
         embedding_dim: How many leading columns of ``x`` are the unit-norm embedding (the focus
             measures cosine similarity on them). Default: detected (:func:`_embedding_columns`).
         select: Cross-validation criterion: ``"mse"`` (out-of-fold squared error of the gain; the
@@ -245,6 +248,8 @@ def fit_pair_difficulty(
         raise ValueError(f"need at least 2 labelled rows, got {n}")
     if prior_weight is not None and prior_weight < 0:
         raise ValueError(f"prior_weight must be >= 0, got {prior_weight}")
+    if focus < 0:
+        raise ValueError(f"focus must be >= 0, got {focus}")
     if select not in ("mse", "rank"):
         raise ValueError(f"select must be 'mse' or 'rank', got {select!r}")
     if (weight < 0).any() or weight.sum() <= 0:
@@ -267,8 +272,8 @@ def fit_pair_difficulty(
         grid_m: tuple[float, ...] = PRIOR_ROWS if prior_weight is None else (prior_weight * float(weight.sum()),)
         alphas = ALPHAS_WITH_PRIOR
         dim = _embedding_columns(x) if embedding_dim is None else embedding_dim
-        if dim > 0:
-            focus_grid = PRIOR_FOCUS if focus is None else (focus,)
+        if dim > 0 and focus != 0:
+            focus_grid = (focus,)
             sims = _fold_similarity(px[:, :dim], x[:, :dim], folds)
     else:
         mean, scale = _standardiser(x, weight)
@@ -314,11 +319,7 @@ def fit_pair_difficulty(
         else:
             best = max(configs, key=lambda c: rank_gain(oof[c], gain, weight))
     else:
-        best = (
-            focus_grid[0] if len(focus_grid) == 1 else DEFAULT_FOCUS,
-            grid_m[0] if len(grid_m) == 1 else DEFAULT_PRIOR_ROWS,
-            DEFAULT_ALPHA,
-        )
+        best = (focus_grid[0], grid_m[0] if len(grid_m) == 1 else DEFAULT_PRIOR_ROWS, DEFAULT_ALPHA)
     b_best, m_best, a_best = best
     coef, intercept = solve(np.ones(n, dtype=bool), -1, m_best, b_best, (a_best,))[0]
     head = Head(
@@ -366,4 +367,11 @@ def _platt_on_scores(score: np.ndarray, y: np.ndarray, weight: np.ndarray) -> di
     lr = LogisticRegression(C=1e4, max_iter=1000).fit(score.reshape(-1, 1), y.astype(int), sample_weight=weight)
     a, b = float(lr.coef_[0, 0]), float(lr.intercept_[0])
     # logit(sigmoid(score)) == score, so Head's Platt form sigmoid(a * logit(p) + b) applies as is.
-    return {"method": "platt", "a": a, "b": b} if a > 0 else {"method": "none"}
+    if a > 0:
+        return {"method": "platt", "a": a, "b": b}
+    # The out-of-fold scores do not separate the label (few or noisy rows). The raw sigmoid of a
+    # small gain estimate sits just above 0.5, so a 0.5 threshold would send nearly everything to the
+    # strong model: keep the ranking (slope 1) and centre the probabilities on the observed rate.
+    rate = float(np.clip(np.average(y, weights=weight), 1e-3, 1 - 1e-3))
+    centre = float(np.average(score, weights=weight))
+    return {"method": "platt", "a": 1.0, "b": float(np.log(rate / (1 - rate)) - centre), "fallback": "base_rate"}
