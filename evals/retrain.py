@@ -477,7 +477,7 @@ class TrainOptions:
     out: Path
     strong: str | None = None
     weak: str | None = None
-    warm_start: bool = False
+    warm_start: bool | None = None  # None: on when the bundled data is found
     prior_weight: float | None = None
     seed: int = 0
     folds: int = DEFAULT_FOLDS
@@ -503,7 +503,7 @@ def _prior(
     opts: TrainOptions, encoder: Any, strong: str, weak: str, cheap: bool, loaded_bundled: bool, log: Log
 ) -> tuple[Any, dict[str, Any] | None]:
     """The warm-start prior for one pair (bundled data as a ``PairPrior``), or (None, None)."""
-    if not opts.warm_start:
+    if opts.warm_start is False:
         return None, None
     from evals.data import STRONG, WEAK, resolve_data_dir
     from evals.pair_fit import PRIOR_WEIGHT, PairPrior
@@ -514,6 +514,9 @@ def _prior(
         return None, {"source": "bundled", "used": False, "reason": "bundled data is training data"}
     root = resolve_data_dir(opts.data_dir)
     if not (root / "routellm").is_dir():
+        if opts.warm_start is None:  # the default: train without a prior, and say so
+            log(f"  no warm start for {strong} vs {weak}: no bundled data (routellm/) under {root}")
+            return None, {"source": "bundled", "used": False, "reason": f"no routellm/ under {root}"}
         raise TrainError(f"--warm-start needs the bundled data: no routellm/ under {root} (set POINTSMAN_DATA_DIR)")
     rows = load_routellm_rows(root)
     if len(rows) > opts.prior_rows:

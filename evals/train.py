@@ -304,8 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weak", help="labelled --data: the pair's weak model")
     parser.add_argument(
         "--warm-start",
-        action="store_true",
-        help="labelled --data: use the bundled RouteLLM data as a prior at reduced weight (for any pair)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="labelled --data: use the bundled RouteLLM data as a prior at reduced weight (for any pair); "
+        "default: on when the bundled data is found (+0.03-0.05 APGR at 50-800 labelled requests on "
+        "out-of-distribution traffic, bench/adaptation.py); --no-warm-start: off",
     )
     parser.add_argument("--prior-weight", type=float, metavar="W",
                         help="with --warm-start: the prior's total weight relative to the new data's")
@@ -334,8 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("labelled --data needs --out REGISTRY_DIR (the router registry to add a version to)")
         if args.folds < 2:
             parser.error("--folds must be at least 2")
-        if args.prior_weight is not None and (args.prior_weight < 0 or not args.warm_start):
-            parser.error("--prior-weight needs --warm-start and a value >= 0")
+        if args.prior_weight is not None and (args.prior_weight < 0 or args.warm_start is False):
+            parser.error("--prior-weight needs the warm start (not --no-warm-start) and a value >= 0")
         return _train_labelled(args, encoders, list(argv) if argv is not None else sys.argv[1:])
     data_dir = resolve_data_dir(args.data[0] if args.data else None)
     if args.quality:
@@ -362,7 +365,7 @@ def _labelled_mode(args: argparse.Namespace) -> bool:
     return (
         len(sources) > 1
         or any(is_source_spec(s) for s in sources)
-        or bool(args.strong or args.weak or args.warm_start or args.prior_weight is not None)
+        or bool(args.strong or args.weak or args.warm_start is not None or args.prior_weight is not None)
         or (bool(args.out) and is_registry(args.out))
     )
 

@@ -106,6 +106,7 @@ def feedback_rows(db: Path, source: str) -> int:
         return int(conn.execute("SELECT count(*) FROM feedback WHERE source = ?", (source,)).fetchone()[0])
 
 
+@pytest.mark.timeout(600)  # three trainings (with the default warm start), two replays, a promotion
 def test_the_gateway_learns_from_its_own_traffic(world: dict[str, Any]) -> None:
     gateway: GatewayProcess = world["gateway"]
     registry: Path = world["registry"]

@@ -186,7 +186,7 @@ def test_todays_calls_keep_rebuilding_the_shipped_artifacts() -> None:
     from evals.train import _labelled_mode
 
     def ns(**kw: Any) -> argparse.Namespace:
-        base = {"data": None, "strong": None, "weak": None, "warm_start": False, "prior_weight": None, "out": None}
+        base = {"data": None, "strong": None, "weak": None, "warm_start": None, "prior_weight": None, "out": None}
         return argparse.Namespace(**{**base, **kw})
 
     from evals.data import resolve_data_dir
@@ -325,5 +325,6 @@ def test_warm_start_uses_the_bundled_data_as_a_prior(tmp_path: Path, labelled: P
 
 def test_a_prior_weight_without_a_prior_is_a_usage_error(tmp_path: Path, labelled: Path) -> None:
     with pytest.raises(SystemExit) as usage:
-        main(["train", "--data", f"file:{labelled}", "--out", str(tmp_path / "r"), "--prior-weight", "0.2", *TRAIN])
+        main(["train", "--data", f"file:{labelled}", "--out", str(tmp_path / "r"), "--prior-weight", "0.2",
+              "--no-warm-start", *TRAIN])
     assert usage.value.code == 2
