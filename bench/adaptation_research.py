@@ -340,6 +340,96 @@ def paired_vs(
     return point, float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
 
 
+def resplit(d: Data, holdout_seed: int) -> Data:
+    """The same rows and features with another held-out split (prompt hash with ``holdout_seed``)."""
+    unit = np.array([prompt_unit(p, holdout_seed) for p in d.prompts])
+    order = np.argsort(unit, kind="stable")
+    return Data(
+        prompts=d.prompts,
+        texts=d.texts,
+        task=d.task,
+        strong=d.strong,
+        weak=d.weak,
+        hold=np.sort(order[:HOLDOUT]),
+        pool=np.sort(order[HOLDOUT:]),
+        holdout_seed=holdout_seed,
+        x=d.x,
+        emb=d.emb,
+        shipped=d.shipped,
+        prior=d.prior,
+    )
+
+
+def run_splits(
+    d: Data, meths: dict[str, Method], draws: int, sizes: Sequence[int], seeds: Sequence[int]
+) -> tuple[dict[str, dict[int, list[float]]], dict[str, list[float]]]:
+    """Mean APGR over draws per held-out split: method -> size -> [per split]; shipped -> [per split]."""
+    out: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in meths}
+    shipped: dict[str, list[float]] = {f"shipped [{e}]": [] for e in d.shipped}
+    for seed in seeds:
+        t0 = time.time()
+        ds = resplit(d, seed)
+        for e, sc in ds.shipped.items():
+            shipped[f"shipped [{e}]"].append(apgr(sc[ds.hold], ds))
+        for name, method in meths.items():
+            for n in sizes:
+                vals = []
+                for r in range(draws):
+                    perm = np.random.default_rng(1000 + r).permutation(ds.pool)
+                    vals.append(apgr(method(ds, np.sort(perm[:n]), r), ds))
+                out[name][n].append(float(np.mean(vals)))
+        print(f"split {seed} done ({time.time() - t0:.0f}s)", flush=True)
+    return out, shipped
+
+
+def report_splits(
+    out: dict[str, dict[int, list[float]]],
+    shipped: dict[str, list[float]],
+    sizes: Sequence[int],
+    seeds: Sequence[int],
+    draws: int,
+    chosen: Sequence[str],
+) -> str:
+    """Mean over held-out splits [95% t-interval over splits]; paired differences for the chosen methods."""
+    lines = [
+        f"{len(seeds)} held-out splits (prompt-hash seeds {seeds[0]}-{seeds[-1]}, {HOLDOUT} prompts each), "
+        f"{draws} draws per size and split. Cells: mean APGR [95% t-interval over splits].",
+        "",
+        "Shipped router: "
+        + "; ".join(
+            f"{k} {np.mean(v):.3f} [{t_interval(v)[1]:.3f}, {t_interval(v)[2]:.3f}]" for k, v in shipped.items()
+        ),
+        "",
+        "| method | " + " | ".join(str(n) for n in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    for name, per in out.items():
+        cells = [
+            f"{t_interval(per[n])[0]:.3f} [{t_interval(per[n])[1]:.3f}, {t_interval(per[n])[2]:.3f}]" for n in sizes
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name in chosen:
+        if name not in out:
+            continue
+        refs = {k: {n: v for n in sizes} for k, v in shipped.items()}
+        if BASELINE in out:
+            refs[BASELINE] = out[BASELINE]
+        lines += [
+            "",
+            f"{name} minus a reference, paired by split: mean [95% t-interval over splits]",
+            "",
+            "| reference | " + " | ".join(str(n) for n in sizes) + " |",
+            "|---|" + "---|" * len(sizes),
+        ]
+        for ref_name, ref in refs.items():
+            cells = []
+            for n in sizes:
+                m, lo, hi = t_interval(np.subtract(out[name][n], ref[n]).tolist())
+                cells.append(f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+            lines.append(f"| {ref_name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def run(d: Data, meths: dict[str, Method], draws: int, sizes: Sequence[int]) -> dict[str, dict[int, list[np.ndarray]]]:
     """Held-out scores per method, size and draw."""
     out: dict[str, dict[int, list[np.ndarray]]] = {}
@@ -410,6 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--chosen", default="", help="|-separated methods to compare with the shipped router")
     ap.add_argument("--no-prior", action="store_true", help="skip the RouteLLM prior (faster start)")
     ap.add_argument("--holdout-seed", type=int, default=HOLDOUT_SEED)
+    ap.add_argument("--splits", default="", help="e.g. 13-20: repeat over these held-out splits and average")
     ap.add_argument("--prior-sample", type=int, default=0, help="use a seeded sample of this many RouteLLM rows")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
@@ -429,8 +520,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         meths = {n: m for n, m in meths.items() if any(k in n for k in keys)}
     if args.no_prior:
         meths = {n: m for n, m in meths.items() if "prior" not in n}
-    results = run(d, meths, args.draws, sizes)
-    text = report(d, results, sizes, [c for c in args.chosen.split("|") if c], args.draws)
+    chosen = [c for c in args.chosen.split("|") if c]
+    if args.splits:
+        lo, _, hi = args.splits.partition("-")
+        seeds = list(range(int(lo), int(hi or lo) + 1))
+        per_split, shipped = run_splits(d, meths, args.draws, sizes, seeds)
+        text = report_splits(per_split, shipped, sizes, seeds, args.draws, chosen)
+    else:
+        results = run(d, meths, args.draws, sizes)
+        text = report(d, results, sizes, chosen, args.draws)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
