@@ -15,6 +15,14 @@ Run as a script by :class:`gateway.local_model.LocalModelServer` (``python -P <t
   into AMX / repacked buffers when the CPU advertises those features. Some hypervisors advertise AMX
   but fault on its first instruction (``ldtilecfg``), which kills the server with SIGSEGV on the
   first multi-token prompt (seen on this project's Firecracker VMs). Plain CPU buffers work everywhere.
+* **Logprobs without every prompt token's logits.** llama-cpp-python answers ``logprobs`` only for a
+  model loaded with ``logits_all``, and then has llama.cpp compute the vocabulary logits of every
+  prompt token, which completion logprobs never read (they read the row before each generated token:
+  the prompt's last row, then each generated token's). :func:`_last_row_logits` evaluates every batch
+  with logits for its last token only and stores that row where the stock code would, so a request
+  that does not ask for logprobs costs what it costs without them, and one that does gets the same
+  numbers. (``echo`` with logprobs, which reads the prompt rows too, is not something the gateway
+  sends.)
 """
 
 from __future__ import annotations
@@ -63,9 +71,32 @@ def _plain_cpu_buffers() -> None:
     bindings.llama_model_default_params = params
 
 
+def _last_row_logits() -> None:
+    import llama_cpp.llama as llama
+    import numpy as np
+
+    def evaluate(self: llama.Llama, tokens: list[int]) -> None:
+        """``Llama.eval`` (llama-cpp-python 0.3) computing and keeping only each batch's last logits row."""
+        self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+        for start in range(0, len(tokens), self.n_batch):
+            batch = tokens[start : min(len(tokens), start + self.n_batch)]
+            n_past, n_tokens = self.n_tokens, len(batch)
+            self._batch.set_batch(batch=batch, n_past=n_past, logits_all=False)
+            self._ctx.decode(self._batch)
+            self.input_ids[n_past : n_past + n_tokens] = batch
+            if self._logits_all:  # else ``scores`` has n_batch rows and nothing reads it
+                last = np.ctypeslib.as_array(self._ctx.get_logits_ith(-1), shape=(self._n_vocab,))
+                self.scores[n_past + n_tokens - 1, :] = last
+            self.n_tokens += n_tokens
+            self._requires_eval = False
+
+    llama.Llama.eval = evaluate  # type: ignore[method-assign]
+
+
 def main() -> None:
     _die_with_parent()
     _plain_cpu_buffers()
+    _last_row_logits()
     _settings_from_config_file_only()
     from llama_cpp.server.__main__ import main as serve
 

@@ -15,9 +15,12 @@ Behaviour of the child worth knowing:
 * With embeddings on, ``POST /v1/embeddings`` returns mean-pooled 576-dimensional hidden states of the
   same model (not normalised; each input truncated to 512 tokens). Chat is unaffected; the child
   uses ~50 MB more memory (~290 MB RSS instead of ~240 MB).
-* ``logprobs`` are refused with a 500 (the context keeps logits for the last token only; keeping all
-  would cost up to ~400 MB at ``n_ctx=2048``). Streams carry no usage chunk, whatever
-  ``stream_options`` says.
+* ``logprobs`` / ``top_logprobs`` work when ``local_model.logprobs`` is on (the default), as a cascade's
+  confidence source needs. The stock server would then compute the vocabulary logits of every prompt
+  token (``logits_all``: ~28 M multiply-adds a token for SmolLM2, and up to ~400 MB of scores at
+  ``n_ctx=2048``); the child computes only each batch's last row instead (see ``_llama_child.py``),
+  which is all that completion logprobs read. Off: logprob requests are refused with a 500.
+  Streams carry no usage chunk, whatever ``stream_options`` says.
 """
 
 from __future__ import annotations
@@ -286,7 +289,7 @@ class LocalModelServer:
             "n_threads_batch": cfg.n_threads,
             # chat_format stays unset: llama-cpp-python then renders the GGUF's own chat template
             # (ChatML) and stops on its eos token <|im_end|>.
-            "logits_all": False,
+            "logits_all": cfg.logprobs,  # with the child's last-row-only evaluation, see _llama_child.py
             "use_mlock": False,  # containers often cap RLIMIT_MEMLOCK; the file is mmapped anyway
             "embedding": self._embeddings,
             "verbose": False,

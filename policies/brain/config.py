@@ -74,6 +74,9 @@ class LocalModelConfig(_Strict):
     # collapses whenever the other core is busy (measured 44-48 tok/s with 1 thread, steady).
     n_threads: int = Field(default=1, ge=1)
     embeddings: bool = Field(default=True, description="also serve /v1/embeddings as <model_name>-embed")
+    # Token logprobs (a cascade's confidence source). The child keeps only the logits of each batch's
+    # last token, so answers that do not ask for logprobs cost what they did before.
+    logprobs: bool = Field(default=True, description="answer logprobs / top_logprobs requests")
     startup_timeout: float = Field(default=120.0, gt=0)
 
 

@@ -79,6 +79,44 @@ async def test_streamed_chat_completion(client: AsyncOpenAI) -> None:
     assert finish_reasons and finish_reasons[-1] in ("stop", "length")
 
 
+async def test_logprobs_match_the_stock_full_logits_evaluation(client: AsyncOpenAI) -> None:
+    """The child computes only each batch's last logits row; the numbers must be the stock ones."""
+    completion = await client.chat.completions.create(
+        model="smollm2-135m", messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2
+    )
+    served = completion.choices[0].logprobs
+    assert served is not None and served.content
+    assert all(len(token.top_logprobs) == 2 for token in served.content)
+    assert all(token.top_logprobs[0].logprob >= token.top_logprobs[1].logprob for token in served.content)
+
+    from llama_cpp import Llama  # in this process: the stock evaluation of every prompt token's logits
+
+    stock = Llama(model_path=str(smollm2_gguf_path()), n_ctx=512, n_threads=1, logits_all=True, verbose=False)
+    reference = stock.create_chat_completion(
+        messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2
+    )["choices"][0]
+    expected = reference["logprobs"]["content"]
+    assert completion.choices[0].message.content == reference["message"]["content"]
+    assert [t.token for t in served.content] == [t["token"] for t in expected]
+    assert [t.logprob for t in served.content] == pytest.approx([float(t["logprob"]) for t in expected], abs=1e-3)
+
+
+async def test_streamed_logprobs(client: AsyncOpenAI) -> None:
+    # llama-cpp-python returns logprobs only when top_logprobs is given too (``logprobs=top_logprobs``).
+    stream = await client.chat.completions.create(
+        model="smollm2-135m", messages=MESSAGES, max_tokens=8, temperature=0, stream=True, logprobs=True,
+        top_logprobs=1,
+    )
+    logprobs = [
+        token.logprob
+        async for chunk in stream
+        for choice in chunk.choices
+        if choice.logprobs and choice.logprobs.content
+        for token in choice.logprobs.content
+    ]
+    assert logprobs and all(value <= 0.0 for value in logprobs)
+
+
 async def test_concurrent_streams_queue_instead_of_cutting_each_other_off(client: AsyncOpenAI) -> None:
     """The stock server ends a running stream when another request arrives; ours must not."""
 
