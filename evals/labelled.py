@@ -12,7 +12,9 @@ promotion gate read any mix of sources the same way:
   (every ``*.jsonl`` and ``*.csv`` in it, sorted by name).
 - ``file:PATH``: a labelled file, JSONL or CSV (by extension; see :func:`load_file`).
 - ``logs:STORE_URL``: logged traffic (``store.open_store_url``): decision records joined with their
-  feedback under metric ``quality`` (see :func:`requests_from_logs`).
+  feedback under metric ``quality`` (see :func:`requests_from_logs`). The same fetch also yields the
+  *logged single-outcome* rows off-policy evaluation reads (the served model, its propensity and its
+  answer's outcome: :func:`evals.offpolicy.outcomes_from_logs`) as :attr:`LoadedSource.logged`.
 
 Qualities are in [0, 1] (1 = a perfect answer). Costs are USD per call (optional).
 """
@@ -29,9 +31,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from evals.offpolicy import LoggedOutcome
 
 csv.field_size_limit(1 << 30)
 
@@ -80,6 +85,9 @@ class LoadedSource:
     spec: str
     rows: list[LabelledRequest]
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows left out
+    # ``logs:`` sources only: every request with an outcome of its served answer (off-policy rows).
+    logged: list[LoggedOutcome] = field(default_factory=list)
+    logged_skipped: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         """``{source, sha256, rows}`` (plus what was skipped): what ``version.json`` records."""
@@ -119,10 +127,11 @@ def user_messages(prompt: str) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- dispatch
 
 
-def load_source(spec: str, *, data_dir: str | Path | None = None) -> LoadedSource:
+def load_source(spec: str, *, data_dir: str | Path | None = None, metric: str = "quality") -> LoadedSource:
     """Load one ``--data`` source: ``bundled``, ``logs:STORE_URL``, ``file:PATH`` or a directory.
 
-    ``data_dir`` overrides where ``bundled`` reads from (default: ``resolve_data_dir()``).
+    ``data_dir`` overrides where ``bundled`` reads from (default: ``resolve_data_dir()``); ``metric``
+    is the feedback metric a ``logs:`` source reads (default ``quality``).
     Raises :class:`DataError` naming the source when it cannot be read.
     """
     if spec == "bundled":
@@ -138,8 +147,12 @@ def load_source(spec: str, *, data_dir: str | Path | None = None) -> LoadedSourc
         url = spec[len("logs:") :]
         if not url:
             raise DataError("--data logs:STORE_URL needs a store URL, e.g. logs:sqlite:///var/lib/pointsman.db")
-        logged, skipped = load_logs(url)
-        return LoadedSource(spec, logged, skipped)
+        from evals.offpolicy import outcomes_from_logs
+
+        logged = fetch_logged(url)
+        labelled, skipped = requests_from_logs(logged, metric=metric)
+        outcomes, outcome_skipped = outcomes_from_logs(logged, metric=metric)
+        return LoadedSource(spec, labelled, skipped, logged=outcomes, logged_skipped=outcome_skipped)
     if spec.startswith("file:"):
         path = Path(spec[len("file:") :]).expanduser()
         return LoadedSource(spec, load_file(path))
@@ -334,10 +347,15 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
 
 
 def load_logs(
-    url: str, *, route: str | None = None, since: float | None = None
+    url: str, *, route: str | None = None, since: float | None = None, metric: str = "quality"
 ) -> tuple[list[LabelledRequest], dict[str, int]]:
-    """Logged traffic from the store at ``url`` (see :func:`requests_from_logs`); works inside or
-    outside a running event loop."""
+    """Logged traffic from the store at ``url`` as labelled requests (see :func:`requests_from_logs`)."""
+    return requests_from_logs(fetch_logged(url, route=route, since=since), metric=metric)
+
+
+def fetch_logged(url: str, *, route: str | None = None, since: float | None = None) -> list[Any]:
+    """Every ``store.LoggedRequest`` of the store at ``url`` (``DecisionStore.logged_requests``);
+    works inside or outside a running event loop."""
 
     async def fetch() -> list[Any]:
         from store.url import open_store_url
@@ -352,7 +370,7 @@ def load_logs(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        logged = asyncio.run(fetch())
+        return asyncio.run(fetch())
     else:  # called from async code (a test, a notebook): run the store in a thread of its own
         result: list[list[Any]] = []
         errors: list[BaseException] = []
@@ -368,16 +386,17 @@ def load_logs(
         thread.join()
         if errors:
             raise errors[0]
-        logged = result[0]
-    return requests_from_logs(logged)
+        return result[0]
 
 
-def requests_from_logs(logged: Iterable[Any]) -> tuple[list[LabelledRequest], dict[str, int]]:
+def requests_from_logs(
+    logged: Iterable[Any], *, metric: str = "quality"
+) -> tuple[list[LabelledRequest], dict[str, int]]:
     """Turn ``store.LoggedRequest`` s into labelled requests; returns the rows and what was skipped.
 
-    Per model, the quality is the mean of every ``quality`` feedback about it: feedback with
-    ``model == ""`` is about the served answer (the record's ``model``), comparisons (judge) name
-    their model. Other metrics are ignored. The conversation comes from the stored text (JSON of the
+    Per model, the quality is the mean of every ``metric`` (default ``quality``) feedback about it:
+    feedback with ``model == ""`` is about the served answer (the record's ``model``), comparisons
+    (judge) name their model. Other metrics are ignored. The conversation comes from the stored text (JSON of the
     messages, when the route keeps it) or, failing that, the stored embedding with its encoder id
     (training checks the id against its encoder). Requests with no quality feedback, or with neither
     text nor embedding, are skipped and counted.
@@ -389,7 +408,7 @@ def requests_from_logs(logged: Iterable[Any]) -> tuple[list[LabelledRequest], di
         scores: dict[str, list[float]] = defaultdict(list)
         costs: dict[str, float] = {}
         for fb in item.feedback:
-            if fb.metric != "quality":
+            if fb.metric != metric:
                 continue
             model = fb.model or record.model
             if not model:
@@ -399,7 +418,7 @@ def requests_from_logs(logged: Iterable[Any]) -> tuple[list[LabelledRequest], di
             if fb.model and isinstance(cost, int | float):
                 costs[fb.model] = float(cost)
         if not scores:
-            skipped["no quality feedback"] += 1
+            skipped[f"no {metric} feedback"] += 1
             continue
         if record.model and record.cost_usd is not None:
             costs.setdefault(record.model, float(record.cost_usd))

@@ -16,6 +16,7 @@ choice as serving, without calling any backend. Replay is stateless and determin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -150,6 +151,12 @@ async def replay_route(
         threshold_source=source,
         target_share=target,
     )
+
+
+def subset(replay: Replay, indices: Iterable[int]) -> Replay:
+    """The same replay restricted to the decisions at ``indices`` (in that order): the rows of one
+    estimator when several sets of requests were replayed together, at one knob setting."""
+    return dataclasses.replace(replay, decisions=[replay.decisions[i] for i in indices])
 
 
 def share_threshold(scores: Iterable[float], share: float) -> float:

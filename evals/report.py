@@ -17,9 +17,10 @@ Baselines, computed in the same run on the same rows:
   others), so it is the "just remember similar requests" router trained on this very data.
 
 Headline numbers carry a percentile bootstrap 95% CI over the rows (paired across routers: the
-``router - kNN`` difference has its own interval). Estimators: ``direct`` when a row has both models'
-labelled quality; ``ips`` (inverse propensity) for a logged row that only shows the served model's
-outcome, with the probability the logging policy gave it (exploration).
+``router - kNN`` difference has its own interval). Every number here is ``direct``: read from rows with
+both models' labelled quality. Logged rows that only show the served model's outcome are estimated
+separately, by inverse propensity (:mod:`evals.offpolicy`); :func:`estimator_block` says which
+estimator produced which part of the report.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from evals.metrics import (
     bootstrap,
     cpt,
     ece,
-    ips_qualities,
     oracle_curve,
     percentile_ci,
     random_curves,
@@ -57,7 +57,7 @@ ROUTERS = ("router", "knn", "oracle")
 class PairTable:
     """Row-aligned arrays over the evaluated requests (see the module docstring)."""
 
-    strong_q: np.ndarray  # quality of the strong model (IPS rows: the inverse-propensity value)
+    strong_q: np.ndarray  # quality of the strong model
     weak_q: np.ndarray
     strong_cost: np.ndarray  # per request, in the report's cost basis
     weak_cost: np.ndarray
@@ -66,7 +66,8 @@ class PairTable:
     knob_strong: np.ndarray  # the decision at the configured knob
     sources: np.ndarray
     domains: np.ndarray
-    direct: np.ndarray  # True: both qualities labelled; False: IPS row
+    direct: np.ndarray  # True: both qualities labelled (all of build_table's rows); False rows only
+    # estimate a quality and stay out of the oracle and the calibration
     embeddings: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -101,10 +102,9 @@ def build_table(
 
     ``rows`` are :class:`evals.labelled.LabelledRequest` s aligned with ``replay.decisions``; ``strong``
     and ``weak`` are the models' names in the data (their quality keys). A row is evaluated when the
-    route decided it between the pair and either both qualities are known (direct) or it is a logged
-    row with the served model's quality and the propensity of that choice (``served_model`` and
-    ``propensity`` attributes: inverse-propensity). ``prices`` are the two models' configured prices
-    (USD per million tokens, input + output), used when the rows carry no costs.
+    route decided it between the pair and both qualities are known (direct). ``prices`` are the two
+    models' configured prices (USD per million tokens, input + output), used when the rows carry no
+    costs.
     Returns (table, excluded reason -> count, cost basis ``{"kind", "text"}``).
     """
     scores, pins, knob_strong = pair_arrays(replay)
@@ -124,17 +124,10 @@ def build_table(
             reason = "routed to a model outside the pair"
         else:
             s, w = row.qualities.get(strong), row.qualities.get(weak)
-            served, p = getattr(row, "served_model", None), getattr(row, "propensity", None)
             if s is not None and w is not None:
                 qs.append(float(s))
                 qw.append(float(w))
                 direct.append(True)
-            elif served in (strong, weak) and p and row.qualities.get(served) is not None:
-                s_ips, w_ips = ips_qualities(np.array([served == strong]), np.array([row.qualities[served]]),
-                                             np.array([float(p)]))
-                qs.append(float(s_ips[0]))
-                qw.append(float(w_ips[0]))
-                direct.append(False)
             else:
                 reason = f"no quality for both {strong} and {weak}"
         if reason is None:
@@ -175,26 +168,42 @@ def build_table(
     return table, excluded, basis
 
 
-def estimator_note(table: PairTable) -> dict[str, Any]:
-    """Which estimator the numbers use, said plainly."""
-    n_direct, n_ips = int(table.direct.sum()), int((~table.direct).sum())
-    if n_ips == 0:
-        name, text = "direct", (
-            "direct: every request has both models' labelled quality, so each routing choice's outcome is "
-            "read, not estimated"
-        )
-    elif n_direct == 0:
-        name, text = "ips", (
-            "inverse propensity (IPS): logged requests show only the served model's outcome; each counts "
-            "when the replayed choice matches the served one, weighted by 1 / the probability the gateway "
-            "gave that choice (exploration). Unbiased, higher variance; the oracle is not computed"
-        )
+DIRECT_NUMBERS = ("routers", "knob", "calibration", "breakdown", "differences")
+
+
+def estimator_block(
+    direct_rows: int,
+    offpolicy: Mapping[str, Any] | None,
+    *,
+    direct_missing: str = "",
+) -> dict[str, Any]:
+    """Which estimator produced which numbers of the report, with its row counts.
+
+    ``direct_rows``: rows of the direct section (0: not computed, ``direct_missing`` says why).
+    ``offpolicy``: the off-policy rows' counts and notes (:func:`evals.offpolicy.offpolicy_estimator`),
+    or None when no ``logs:`` source was given.
+    """
+    names: list[str] = []
+    if direct_rows:
+        names.append("direct")
+        direct: dict[str, Any] = {
+            "rows": direct_rows,
+            "numbers": list(DIRECT_NUMBERS),
+            "text": "direct: every evaluated request has both models' labelled quality, so each routing choice's "
+            "outcome is read, not estimated",
+        }
     else:
-        name, text = "direct+ips", (
-            f"direct on {n_direct} requests with both models' quality, inverse propensity (IPS) on {n_ips} "
-            "logged requests that show only the served model's outcome; the oracle is not computed"
-        )
-    return {"name": name, "rows_direct": n_direct, "rows_ips": n_ips, "text": text}
+        direct = {"rows": 0, "numbers": [], "text": f"not computed: {direct_missing or 'no labelled request'}"}
+    block: dict[str, Any] = {"direct": direct}
+    parts = [direct["text"] if direct_rows else f"direct section {direct['text']}"]
+    if offpolicy is not None:
+        block["offpolicy"] = dict(offpolicy)
+        if offpolicy.get("rows"):
+            names += [name for name in offpolicy.get("estimators", {}) if name != "logging"]
+        parts.append(str(offpolicy.get("text", "")))
+    block["name"] = "+".join(names) or "none"
+    block["text"] = "; ".join(p for p in parts if p)
+    return block
 
 
 # ----------------------------------------------------------------------------- kNN baseline
@@ -387,8 +396,12 @@ def compute_report(
         "format": 1,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         **dict(meta),
-        "rows": {**dict(meta.get("rows", {})), "evaluated": n, "direct": int(table.direct.sum()),
-                 "ips": int((~table.direct).sum()), "pinned_by_rules": int((table.pins != 0).sum())},
+        "rows": {
+            **dict(meta.get("rows", {})),
+            "evaluated": n,
+            "direct": int(table.direct.sum()),
+            "pinned_by_rules": int((table.pins != 0).sum()),
+        },
         "knob": {
             **dict(meta.get("knob", {})),
             "strong_share": ci["knob.share"], "quality": ci["knob.quality"], "pgr": ci["knob.pgr"],
@@ -423,6 +436,24 @@ def compute_report(
             diffs.setdefault(name, {})[metric] = ci[key]
     report["differences"] = diffs
     return report
+
+
+def offpolicy_only_report(
+    meta: Mapping[str, Any],
+    *,
+    draws: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """The frame of a report without a direct section (no labelled request): ``meta`` plus the fields
+    every report has; the caller adds the ``offpolicy`` section."""
+    return {
+        "format": 1,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **dict(meta),
+        "rows": {**dict(meta.get("rows", {})), "evaluated": 0, "direct": 0, "pinned_by_rules": 0},
+        "bootstrap": {"draws": draws, "seed": seed, "level": level, "method": "percentile, rows resampled"},
+    }
 
 
 def _breakdown(

@@ -1,12 +1,17 @@
 """``pointsman eval``: replay a route's policy over labelled requests and report it against baselines.
 
     pointsman eval --config FILE --route auto --data SOURCE [--data SOURCE ...] [--out DIR]
-                   [--strong MODEL --weak MODEL] [--routers-dir DIR] [--bootstrap N] [--seed S]
+                   [--strong MODEL --weak MODEL] [--routers-dir DIR] [--metric M] [--bootstrap N] [--seed S]
 
 Sources as in ``pointsman train`` (:func:`evals.labelled.load_source`): ``bundled``, ``logs:STORE_URL``,
 ``file:PATH`` or a directory. No backend is called: the route decides every request offline with the
 gateway's own decision code (:mod:`evals.replay`), and the report (:mod:`evals.report`) is written as
 JSON, Markdown, HTML and PNG plots into ``--out`` (default ``./pointsman-eval``).
+
+Labelled requests (both models' quality) give the *direct* section; logged requests of a ``logs:``
+source with a propensity (exploration) and an outcome of the served answer give the *off-policy*
+section (:mod:`evals.offpolicy`: IPS, SNIPS, DR). Either may be missing; with neither, the command
+says why for each and exits 2.
 """
 
 from __future__ import annotations
@@ -14,13 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from evals.report import PairTable
 
 log = logging.getLogger("pointsman.eval")
 
@@ -30,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pointsman eval",
         description="Replay a route's policy over labelled requests (no backend is called) and report APGR, "
-                    "CPT, the cost-quality frontier, AIQ and calibration next to random, always-weak, "
-                    "always-strong, oracle and kNN baselines, with bootstrap confidence intervals.",
+        "CPT, the cost-quality frontier, AIQ and calibration next to random, always-weak, "
+        "always-strong, oracle and kNN baselines, with bootstrap confidence intervals; on logged "
+        "traffic with propensities (exploration), inverse-propensity estimates of its quality, "
+        "strong-call share and cost.",
     )
     p.add_argument("--config", required=True, help="the gateway config file (its routes and classifiers)")
     p.add_argument("--route", default="auto", help="the route to replay (default auto)")
@@ -41,8 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strong", help="the strong model's name in the data (default: the route's cost_quality "
                                     "strong model, through difficulty_models when set)")
     p.add_argument("--weak", help="the weak model's name in the data (default: as --strong)")
-    p.add_argument("--routers-dir", help="router artifacts to replay with instead of classifiers.routers_dir "
-                                         "(a registry, a registry version directory or a plain directory)")
+    p.add_argument(
+        "--routers-dir",
+        help="router artifacts to replay with instead of classifiers.routers_dir "
+        "(a registry, a registry version directory or a plain directory)",
+    )
+    p.add_argument(
+        "--metric", default="quality", help="the feedback metric logs: sources are read under (default quality)"
+    )
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the resamples, folds and random baseline")
     p.add_argument("--knn-k", type=int, help="neighbours of the kNN baseline (default sqrt(n), 5..50)")
@@ -78,8 +95,148 @@ class EvalError(ValueError):
 
 
 def run(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, Any]]:
-    """Load, replay, compute and write; returns the written paths and the report."""
-    from evals.labelled import DataError, load_source
+    """Load, replay, compute and write; returns the written paths and the report.
+
+    Two sections, each from its own rows: *direct* (labelled requests with both models' quality:
+    curves, baselines, calibration) and *off-policy* (logged requests with a propensity and the served
+    answer's outcome: IPS, SNIPS and DR estimates). Either may be missing; neither is an error.
+    """
+    config, cq = _route_config(args)
+    data = _load_data(args)
+    ips_rows, ips_excluded = _ips_candidates(data.logged, cq.strong, cq.weak)
+    strong_data, weak_data, direct_missing = _direct_pair(cq, data.rows, args, bool(ips_rows))
+    direct_rows: list[Any] = []
+    unlabelled: dict[str, int] = {}
+    if strong_data is not None and weak_data is not None:
+        direct_rows = [r for r in data.rows if r.labelled_for(strong_data, weak_data)]
+        if len(direct_rows) < len(data.rows):
+            unlabelled = {f"no quality for both {strong_data} and {weak_data}": len(data.rows) - len(direct_rows)}
+        if not direct_rows:
+            direct_missing = (
+                f"no quality for both {strong_data} and {weak_data} on any of the {len(data.rows)} "
+                "labelled requests (--strong/--weak name the pair)"
+            )
+    if not direct_rows and not ips_rows:
+        raise EvalError(_nothing_to_evaluate(args, data, direct_missing, ips_excluded, cq))
+    items, logged_idx = _union(direct_rows, ips_rows)
+    replay, embeddings = asyncio.run(_replay(config, args, items, [r.text() for r in direct_rows]))
+
+    from evals.offpolicy import build_logged_table, offpolicy_estimator, offpolicy_section
+    from evals.replay import subset
+    from evals.report import build_table, compute_report, estimator_block, offpolicy_only_report
+
+    prices = (
+        config.models[cq.strong].price if cq.strong in config.models else 0.0,
+        config.models[cq.weak].price if cq.weak in config.models else 0.0,
+    )
+    table: PairTable | None = None
+    excluded: dict[str, int] = {}
+    basis: dict[str, str] = {}
+    if direct_rows:
+        assert strong_data is not None and weak_data is not None
+        table, excluded, basis = build_table(
+            direct_rows,
+            subset(replay, range(len(direct_rows))),
+            strong_data,
+            weak_data,
+            prices=prices,
+            embeddings=embeddings,
+        )
+        if len(table) == 0:
+            direct_missing = (
+                f"no request could be evaluated ({_counts(excluded) or 'none'}); the data needs "
+                f"qualities for both {strong_data} and {weak_data} (--strong/--weak name them)"
+            )
+            table = None
+    logged_table, logged_excluded, logged_basis = build_logged_table(
+        ips_rows, [replay.decisions[j] for j in logged_idx], cq.strong, cq.weak, prices=prices
+    )
+    logged_excluded = _merged(data.logged_skipped, ips_excluded, logged_excluded)
+    if table is None and len(logged_table) == 0:
+        raise EvalError(_nothing_to_evaluate(args, data, direct_missing, logged_excluded, cq))
+    by: dict[str, int] = {}
+    for d in replay.decisions:
+        by[d.by] = by.get(d.by, 0) + 1
+    logged_total = len(data.logged) + sum(data.logged_skipped.values())
+    offpolicy_note = None
+    if data.has_logs:
+        offpolicy_note = offpolicy_estimator(
+            used=len(logged_table),
+            logged=logged_total,
+            excluded=logged_excluded,
+            metric=args.metric,
+            missing=f"no logged request of {cq.strong} / {cq.weak} with a propensity and an outcome "
+            f"({_counts(logged_excluded) or 'none logged'})",
+        )
+    meta: dict[str, Any] = {
+        "route": args.route,
+        "config": str(args.config),
+        "router_version": routers_dir_version(args.routers_dir) or replay.router_version,
+        "data": data.sources,
+        "pair": {"strong": cq.strong, "weak": cq.weak, "strong_data": strong_data, "weak_data": weak_data},
+        "rows": {
+            "total": len(data.rows) + sum(data.skipped.values()),
+            "replayed": len(items),
+            "decided_by": by,
+            "excluded": _merged(data.skipped, unlabelled, excluded),
+        },
+        "knob": {
+            "threshold": replay.threshold,
+            "threshold_source": replay.threshold_source,
+            "target_share": replay.target_share,
+        },
+        "estimator": estimator_block(0 if table is None else len(table), offpolicy_note, direct_missing=direct_missing),
+        "cost_basis": basis,
+        "replay_note": "stateless: stickiness and exploration off; "
+        + (
+            "the knob's target share calibrated over every replayed request (two passes)"
+            if replay.target_share is not None
+            else "the configured fixed threshold"
+        ),
+    }
+    if table is not None:
+        report = compute_report(
+            table,
+            meta=meta,
+            draws=args.bootstrap,
+            seed=args.seed,
+            knn_k=args.knn_k,
+            min_group=args.min_group,
+            progress=not args.no_progress,
+        )
+    else:
+        report = offpolicy_only_report(meta, draws=args.bootstrap, seed=args.seed)
+    if len(logged_table):
+        report["offpolicy"] = offpolicy_section(
+            logged_table,
+            pair=(cq.strong, cq.weak),
+            metric=args.metric,
+            logged=logged_total,
+            excluded=logged_excluded,
+            basis=logged_basis,
+            draws=args.bootstrap,
+            seed=args.seed,
+        )
+    from evals.report_render import write_report
+
+    paths = write_report(report, Path(args.out), (d.as_dict() for d in replay.decisions))
+    return paths, report
+
+
+@dataclasses.dataclass
+class _Data:
+    """What the ``--data`` sources hold: labelled rows with their text, logged single-outcome rows."""
+
+    rows: list[Any]
+    logged: list[Any]
+    sources: list[dict[str, Any]]
+    skipped: dict[str, int]
+    logged_skipped: dict[str, int]
+    has_logs: bool
+
+
+def _route_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The routing config and the route's cost-quality knob."""
     from policies.brain import RoutingConfigError, load_routing_config
 
     try:
@@ -90,68 +247,136 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, Any]]:
         route = config.route(args.route)
     except KeyError as exc:
         raise EvalError(f"--route {args.route}: {exc.args[0]}") from exc
-    cq = route.cost_quality
-    if cq is None:
+    if route.cost_quality is None:
         raise EvalError(
             f"--route {args.route}: the route has no cost_quality knob; pointsman eval reports a strong/weak "
             "routing decision (set routes.<name>.cost_quality)"
         )
-    sources, rows = [], []
-    skipped: dict[str, int] = {}
+    return config, route.cost_quality
+
+
+def _load_data(args: argparse.Namespace) -> _Data:
+    """Every ``--data`` source; labelled rows without their text (only an embedding) are counted out."""
+    from evals.labelled import DataError, load_source
+
+    data = _Data(rows=[], logged=[], sources=[], skipped={}, logged_skipped={}, has_logs=False)
     for spec in args.data:
         try:
-            loaded = load_source(spec)
+            loaded = load_source(spec, metric=args.metric)
         except DataError as exc:
             raise EvalError(str(exc)) from exc
         with_text = [r for r in loaded.rows if r.has_text]
-        if len(with_text) < len(loaded.rows):
-            key = "no conversation text (only its embedding was stored)"
-            skipped[key] = skipped.get(key, 0) + len(loaded.rows) - len(with_text)
-        for reason, n in loaded.skipped.items():
-            skipped[reason] = skipped.get(reason, 0) + n
-        sources.append({"source": spec, "rows": len(loaded.rows), **({"skipped": loaded.skipped}
-                                                                     if loaded.skipped else {})})
-        rows.extend(with_text)
-    if not rows:
-        raise EvalError(f"--data {' '.join(args.data)}: no request with its conversation text to replay")
-    strong_data, weak_data = resolve_pair(cq, rows, args.strong, args.weak)
-
-    replay, embeddings = asyncio.run(_replay(config, args, rows))
-    from evals.report import build_table, compute_report, estimator_note
-
-    prices = (config.models[cq.strong].price if cq.strong in config.models else 0.0,
-              config.models[cq.weak].price if cq.weak in config.models else 0.0)
-    table, excluded, basis = build_table(rows, replay, strong_data, weak_data, prices=prices, embeddings=embeddings)
-    if len(table) == 0:
-        raise EvalError(
-            f"no request could be evaluated ({', '.join(f'{n} {w}' for w, n in excluded.items()) or 'none'}); "
-            f"the data needs qualities for both {strong_data} and {weak_data} (--strong/--weak name them)"
+        missing = len(loaded.rows) - len(with_text)
+        data.skipped = _merged(
+            data.skipped,
+            loaded.skipped,
+            {"no conversation text (only its embedding was stored)": missing} if missing else {},
         )
-    by: dict[str, int] = {}
-    for d in replay.decisions:
-        by[d.by] = by.get(d.by, 0) + 1
-    meta: dict[str, Any] = {
-        "route": args.route,
-        "config": str(args.config),
-        "router_version": replay.router_version,
-        "data": sources,
-        "pair": {"strong": cq.strong, "weak": cq.weak, "strong_data": strong_data, "weak_data": weak_data},
-        "rows": {"total": len(rows) + sum(skipped.values()), "replayed": len(rows), "decided_by": by,
-                 "excluded": {**skipped, **excluded}},
-        "knob": {"threshold": replay.threshold, "threshold_source": replay.threshold_source,
-                 "target_share": replay.target_share},
-        "estimator": estimator_note(table),
-        "cost_basis": basis,
-        "replay_note": "stateless: stickiness and exploration off; "
-                       + ("the knob's target share calibrated over the replayed requests (two passes)"
-                          if replay.target_share is not None else "the configured fixed threshold"),
-    }
-    report = compute_report(table, meta=meta, draws=args.bootstrap, seed=args.seed, knn_k=args.knn_k,
-                            min_group=args.min_group, progress=not args.no_progress)
-    from evals.report_render import write_report
+        entry: dict[str, Any] = {"source": spec, "rows": len(loaded.rows)}
+        if loaded.skipped:
+            entry["skipped"] = loaded.skipped
+        if spec.startswith("logs:"):
+            data.has_logs = True
+            entry["logged"] = len(loaded.logged)
+            if loaded.logged_skipped:
+                entry["logged_skipped"] = loaded.logged_skipped
+            data.logged_skipped = _merged(data.logged_skipped, loaded.logged_skipped)
+        data.sources.append(entry)
+        data.rows.extend(with_text)
+        data.logged.extend(loaded.logged)
+    return data
 
-    paths = write_report(report, Path(args.out), (d.as_dict() for d in replay.decisions))
-    return paths, report
+
+def _ips_candidates(logged: Sequence[Any], strong: str, weak: str) -> tuple[list[Any], dict[str, int]]:
+    """The logged rows inverse propensity can use for the pair (before replay), and why the others not."""
+    from evals.offpolicy import ips_exclusion
+
+    keep: list[Any] = []
+    excluded: dict[str, int] = {}
+    for row in logged:
+        reason = ips_exclusion(row, strong, weak)
+        if reason is None:
+            keep.append(row)
+        else:
+            excluded[reason] = excluded.get(reason, 0) + 1
+    return keep, excluded
+
+
+def _direct_pair(
+    cq: Any, rows: Sequence[Any], args: argparse.Namespace, logged_usable: bool
+) -> tuple[str | None, str | None, str]:
+    """The pair's names in the labelled data, or (None, None, why not) when the off-policy section can
+    stand alone (no labelled rows, or a pair the data does not name and the user did not ask for)."""
+    if not rows:
+        return None, None, "no labelled request (both models' quality) with its conversation text"
+    try:
+        strong, weak = resolve_pair(cq, rows, args.strong, args.weak)
+    except EvalError as exc:
+        if args.strong or args.weak or not logged_usable:
+            raise
+        return None, None, str(exc)
+    return strong, weak, ""
+
+
+def _union(direct: Sequence[Any], logged: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    """Every request to replay once: the direct rows, then the logged rows not among them (same request
+    id and conversation); returns them and each logged row's index in that list."""
+    items = list(direct)
+    seen = {r.request_id: i for i, r in enumerate(direct) if r.request_id}
+    index = []
+    for row in logged:
+        j = seen.get(row.request_id)
+        if j is None or items[j].messages != row.messages:
+            j = len(items)
+            items.append(row)
+        index.append(j)
+    return items, index
+
+
+def _merged(*counts: dict[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for key, n in c.items():
+            out[key] = out.get(key, 0) + n
+    return out
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {why}" for why, n in counts.items())
+
+
+def _nothing_to_evaluate(
+    args: argparse.Namespace, data: _Data, direct_missing: str, logged_excluded: dict[str, int], cq: Any
+) -> str:
+    """The error when neither estimator has a row, naming why for each."""
+    if not data.has_logs:
+        logged = "no logs:STORE_URL source for off-policy estimates"
+    else:
+        logged = (
+            f"no logged request of {cq.strong} / {cq.weak} has a propensity and an outcome of its served "
+            f"answer ({_counts(logged_excluded) or 'nothing logged'})"
+        )
+    return (
+        f"--data {' '.join(args.data)}: nothing to evaluate. Direct: {direct_missing}. Off-policy: {logged}. "
+        "Labelled requests need both models' quality (a file, or comparisons: routes.<name>.compare); "
+        "off-policy estimates need exploration (routes.<name>.explore.epsilon) and feedback on the answers"
+    )
+
+
+def routers_dir_version(path: str | Path | None) -> str | None:
+    """The registry version id of a ``--routers-dir`` that is a registry version directory
+    (``<registry>/versions/<id>``, read from its ``version.json``), else None (the brain's own id)."""
+    from classifiers.registry import VERSION_FILE
+
+    if not path:
+        return None
+    file = Path(path) / VERSION_FILE
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    version = raw.get("version") if isinstance(raw, dict) else None
+    return version if isinstance(version, str) and version else None
 
 
 def resolve_pair(cq: Any, rows: Sequence[Any], strong: str | None, weak: str | None) -> tuple[str, str]:
@@ -185,15 +410,18 @@ def resolve_pair(cq: Any, rows: Sequence[Any], strong: str | None, weak: str | N
     return s, w
 
 
-async def _replay(config: Any, args: argparse.Namespace, rows: Sequence[Any]) -> tuple[Any, np.ndarray | None]:
-    """Replay every row, then embed the rows for the kNN baseline with the same encoder."""
+async def _replay(
+    config: Any, args: argparse.Namespace, items: Sequence[Any], texts: Sequence[str]
+) -> tuple[Any, np.ndarray | None]:
+    """Replay every item (``messages``, ``request_id``, ``source``), then embed ``texts`` (the direct
+    rows, for the kNN baseline) with the same encoder."""
     from evals.replay import ReplayError, replay_route
     from policies.brain import RoutingConfigError, build_brain
 
     # The encoder's cache holds every replayed conversation, so the second pass (a target share) and
     # the kNN baseline's embeddings are cache hits; decisions do not depend on it.
     settings = config.classifiers
-    cache = max(settings.cache_size, min(len(rows) + 16, 1_000_000))
+    cache = max(settings.cache_size, min(len(items) + 16, 1_000_000))
     config = dataclasses.replace(config, classifiers=settings.model_copy(update={"cache_size": cache}))
     try:
         brain = build_brain(config, sticky=False, explore=False, routers_dir=args.routers_dir, watch=False)
@@ -204,12 +432,16 @@ async def _replay(config: Any, args: argparse.Namespace, rows: Sequence[Any]) ->
         progress = None if args.no_progress else _bar
         try:
             replay = await replay_route(
-                brain, args.route, [r.messages for r in rows], request_ids=[r.request_id for r in rows],
-                sources=[r.source for r in rows], progress=progress,
+                brain,
+                args.route,
+                [r.messages for r in items],
+                request_ids=[r.request_id for r in items],
+                sources=[r.source for r in items],
+                progress=progress,
             )
         except ReplayError as exc:
             raise EvalError(str(exc)) from exc
-        embeddings = await _embed(brain, config, [r.text() for r in rows], progress=not args.no_progress)
+        embeddings = (await _embed(brain, config, texts, progress=not args.no_progress)) if texts else None
     finally:
         await brain.close()
     return replay, embeddings
@@ -244,13 +476,36 @@ def summary(report: dict[str, Any]) -> str:
     """A few lines for the terminal."""
     from evals.report_render import _est
 
-    r = report["routers"]
-    lines = [f"route {report['route']} on {report['rows']['evaluated']} requests "
-             f"(estimator: {report['estimator']['name']}; router {report['router_version']})"]
-    for key, label in (("router", "route"), ("knn", "kNN"), ("random", "random"), ("oracle", "oracle")):
-        if key in r:
-            lines.append(f"  {label:<8} APGR {_est(r[key].get('apgr'))}"
-                         + (f"  CPT(50) {_est(r[key].get('cpt50'), pct=True)}" if "cpt50" in r[key] else ""))
-    k = report["knob"]
-    lines.append(f"  knob     {_est(k['strong_share'], pct=True)} strong calls, PGR {_est(k['pgr'])}")
+    lines = [f"route {report['route']} (estimator: {report['estimator']['name']}; router {report['router_version']})"]
+    r = report.get("routers")
+    if r is not None:
+        lines.append(f"direct, on {report['rows']['evaluated']} labelled requests:")
+        for key, label in (("router", "route"), ("knn", "kNN"), ("random", "random"), ("oracle", "oracle")):
+            if key in r:
+                lines.append(
+                    f"  {label:<8} APGR {_est(r[key].get('apgr'))}"
+                    + (f"  CPT(50) {_est(r[key].get('cpt50'), pct=True)}" if "cpt50" in r[key] else "")
+                )
+        k = report["knob"]
+        lines.append(f"  knob     {_est(k['strong_share'], pct=True)} strong calls, PGR {_est(k['pgr'])}")
+    else:
+        lines.append(f"direct: {report['estimator']['direct']['text']}")
+    off = report.get("offpolicy")
+    if off is not None:
+        route, logging_ = off["policies"]["router"], off["policies"]["logging"]
+        lines.append(
+            f"off-policy, on {off['rows']['used']} logged requests with propensities "
+            f"(ESS {route['ess']:.0f}; {off['rows']['without_propensity']} without a propensity left out):"
+        )
+        lines.append(
+            f"  route    {off['metric']} SNIPS {_est(route['quality']['snips'])}  "
+            f"IPS {_est(route['quality']['ips'])}  DR {_est(route['quality']['dr'])}"
+        )
+        lines.append(f"  logging  {off['metric']} {_est(logging_['quality'])} (observed)")
+        lines.append(
+            f"  route    {_est(route['strong_share']['replayed'], pct=True)} strong calls (replayed; SNIPS "
+            f"{_est(route['strong_share']['snips'], pct=True)})"
+        )
+    elif "offpolicy" in report["estimator"]:
+        lines.append(f"off-policy: {report['estimator']['offpolicy']['text']}")
     return "\n".join(lines)

@@ -51,11 +51,17 @@ def _ci(entry: Mapping[str, Any] | None) -> str:
 
 
 def _subtitle(report: Mapping[str, Any]) -> str:
+    """Route, pair, and the rows behind each estimator (direct; IPS/SNIPS/DR on logged requests)."""
     rows = report.get("rows", {})
-    estimator = report.get("estimator", {}).get("name", "direct")
     pair = report.get("pair", {})
-    return (f"route {report.get('route', '?')} · {pair.get('strong', '?')} vs {pair.get('weak', '?')} · "
-            f"{rows.get('evaluated', '?')} requests · estimator: {estimator}")
+    sizes = []
+    if "routers" in report:
+        sizes.append(f"{rows.get('evaluated', '?')} labelled requests (direct)")
+    if "offpolicy" in report:
+        sizes.append(f"{report['offpolicy']['rows']['used']} logged (IPS/SNIPS/DR)")
+    return f"route {report.get('route', '?')} · {pair.get('strong', '?')} vs {pair.get('weak', '?')} · " + (
+        " + ".join(sizes) or "?"
+    )
 
 
 def pgr_curve(report: Mapping[str, Any], path: Path) -> Path:
@@ -247,11 +253,74 @@ def _short(text: str, limit: int = 34) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def offpolicy(report: Mapping[str, Any], path: Path) -> Path | None:
+    """The off-policy estimates of mean quality (IPS, SNIPS, DR, 95% CIs) for the route, always-strong and
+    always-weak, next to the logging policy's observed mean on the same logged requests."""
+    off = report.get("offpolicy")
+    if off is None:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8.4, 4.8), layout="constrained")
+    pol = off["policies"]
+    groups = [("router", LABELS["router"]), ("always_strong", "always-strong"), ("always_weak", "always-weak")]
+    styles = {"ips": ("o", "#9bb7e0"), "snips": ("D", COLORS["router"]), "dr": ("s", "#2a9d47")}
+    ticks, labels = [], []
+    for g, (key, label) in enumerate(groups):
+        base = len(groups) - g
+        for k, (est, (marker, color)) in enumerate(styles.items()):
+            entry = pol[key]["quality"][est]
+            y = base + 0.22 * (1 - k)
+            v, (lo, hi) = _nan(entry["value"]), (_nan(x) for x in (entry.get("ci") or (None, None)))
+            if math.isnan(v):
+                continue
+            err = [[max(v - lo, 0.0) if not math.isnan(lo) else 0.0], [max(hi - v, 0.0) if not math.isnan(hi) else 0.0]]
+            ax.errorbar(
+                [v],
+                [y],
+                xerr=err,
+                fmt=marker,
+                color=color,
+                ecolor=color,
+                capsize=3,
+                ms=6,
+                label=est.upper() if g == 0 else None,
+            )
+        ticks.append(base)
+        labels.append(f"{label}\n(ESS {_fmt(pol[key]['ess'], 0)})")
+    observed = pol["logging"]["quality"]
+    ax.axvline(
+        _nan(observed["value"]),
+        color=COLORS["knob"],
+        ls="--",
+        lw=1.2,
+        label=f"logging policy, observed {_ci(observed)}",
+    )
+    band = (observed.get("ci") or (None, None))[:2]
+    if None not in band:
+        ax.axvspan(_nan(band[0]), _nan(band[1]), color=COLORS["knob"], alpha=0.08, lw=0)
+    ax.set_yticks(ticks, labels)
+    ax.grid(axis="y", visible=False)
+    ax.set_xlabel(f"mean {off.get('metric', 'quality')} (whiskers: 95% bootstrap CI)")
+    ax.set_title(
+        f"Off-policy estimates on {off['rows']['used']} logged requests with propensities\n" + _subtitle(report),
+        fontsize=11,
+    )
+    ax.legend(loc="best", framealpha=0.92, fontsize=8.5)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def write_plots(report: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
-    """Every plot the report has data for, as ``{name: file name}`` inside ``out_dir``."""
+    """Every plot the report has data for, as ``{name: file name}`` inside ``out_dir``: the direct
+    section's four when it is there, the off-policy plot when that section is."""
     out: dict[str, str] = {}
-    for name, draw in (("pgr_curve", pgr_curve), ("frontier", frontier), ("reliability", reliability),
-                       ("breakdown", breakdown)):
+    direct = (
+        (("pgr_curve", pgr_curve), ("frontier", frontier), ("reliability", reliability), ("breakdown", breakdown))
+        if "routers" in report
+        else ()
+    )
+    for name, draw in (*direct, ("offpolicy", offpolicy)):
         path = draw(report, out_dir / f"{name}.png")
         if path is not None:
             out[name] = path.name

@@ -2,7 +2,9 @@
 ``decisions.jsonl`` (the replayed decision per request), all in one directory.
 
 The HTML is self-contained apart from the PNGs beside it (inline CSS, no scripts, no network); the
-Markdown references the same PNGs, so the directory can be archived or attached as it is.
+Markdown references the same PNGs, so the directory can be archived or attached as it is. A report
+has a direct section (``routers``, ``knob``, ``calibration``, ``breakdown``), an off-policy section
+(``offpolicy``), or both; each part renders only when its section is there.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ PLOT_TITLES = {
     "frontier": "Cost-quality frontier",
     "reliability": "Calibration (reliability diagram)",
     "breakdown": "Breakdown per source / domain",
+    "offpolicy": "Off-policy estimates on logged traffic",
 }
 
 
@@ -113,8 +116,10 @@ def _verdict(report: Mapping[str, Any]) -> str:
 
 
 def _tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]], str]]:
-    """Every table of the report as (title, header, rows, note)."""
-    routers = report["routers"]
+    """Every table of the direct section as (title, header, rows, note); none without it."""
+    routers = report.get("routers")
+    if routers is None:
+        return []
     tables = []
     names = [("router", f"this route ({report.get('router_version') or 'router'})"), ("knn", "kNN (cross-fitted)"),
              ("random", "random (95% band)"), ("oracle", "oracle")]
@@ -166,6 +171,10 @@ def _tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[s
     return tables
 
 
+def _data_name(name: Any) -> str:
+    return f" (data: {name})" if name else ""
+
+
 def _facts(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = report.get("rows", {})
     pair = report.get("pair", {})
@@ -174,20 +183,154 @@ def _facts(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     facts = [
         ("route", f"{report.get('route')} (config {report.get('config', '?')})"),
         ("router version", str(report.get("router_version") or "?")),
-        ("pair", f"strong {pair.get('strong')} (data: {pair.get('strong_data')}), "
-                 f"weak {pair.get('weak')} (data: {pair.get('weak_data')})"),
-        ("data", "; ".join(f"{d['source']} ({d['rows']} rows)" for d in data) or "?"),
-        ("requests evaluated", f"{rows.get('evaluated')} of {rows.get('total', '?')}"
-                               + (f" ({rows.get('pinned_by_rules')} routed by rules)" if rows.get("pinned_by_rules")
-                                  else "")),
+        (
+            "pair",
+            f"strong {pair.get('strong')}{_data_name(pair.get('strong_data'))}, "
+            f"weak {pair.get('weak')}{_data_name(pair.get('weak_data'))}",
+        ),
+        (
+            "data",
+            "; ".join(
+                f"{d['source']} ({d['rows']} labelled rows"
+                + (f", {d['logged']} logged with an outcome" if "logged" in d else "")
+                + ")"
+                for d in data
+            )
+            or "?",
+        ),
+        (
+            "requests evaluated",
+            f"{rows.get('evaluated')} of {rows.get('total', '?')} labelled (direct)"
+            + (f" ({rows.get('pinned_by_rules')} routed by rules)" if rows.get("pinned_by_rules") else ""),
+        ),
         ("left out", ", ".join(f"{n} {why}" for why, n in excluded.items()) or "none"),
+    ]
+    off = report.get("estimator", {}).get("offpolicy")
+    if off is not None:
+        left = ", ".join(f"{n} {why}" for why, n in (off.get("excluded") or {}).items()) or "none"
+        facts.append(
+            ("logged requests (off-policy)", f"{off.get('rows')} of {off.get('rows_logged')} used; left out: {left}")
+        )
+    facts += [
         ("estimator", report.get("estimator", {}).get("text", "direct")),
-        ("cost", report.get("cost_basis", {}).get("text", "?")),
+        ("cost", report.get("cost_basis", {}).get("text", "") if report.get("routers") else ""),
         ("replay", report.get("replay_note", "")),
         ("bootstrap", f"{report['bootstrap']['draws']} resamples of the requests, percentile "
                       f"{report['bootstrap']['level']:.0%} intervals, seed {report['bootstrap']['seed']}"),
     ]
     return [(k, v) for k, v in facts if v]
+
+
+def _offpolicy_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]], str]]:
+    """The off-policy section's tables as (title, header, rows, note); none without it."""
+    off = report.get("offpolicy")
+    if off is None:
+        return []
+    pol, metric = off["policies"], off.get("metric", "quality")
+    rows = []
+    for key, label in (
+        ("router", f"this route ({report.get('router_version') or 'router'})"),
+        ("always_strong", "always-strong"),
+        ("always_weak", "always-weak"),
+    ):
+        q = pol[key]["quality"]
+        rows.append(
+            [
+                label,
+                _est(q["ips"]),
+                _est(q["snips"]),
+                _est(q["dr"]),
+                "—",
+                str(pol[key]["matched"]),
+                _num(pol[key]["ess"], 1),
+            ]
+        )
+    rows.append(
+        ["logging policy (as served)", "—", "—", "—", _est(pol["logging"]["quality"]), str(off["rows"]["used"]), "—"]
+    )
+    route, diff = pol["router"], off["differences"]["router-logging"]
+    cost_basis = off.get("cost_basis", {})
+    share_cost = cost_basis.get("kind") == "share"
+
+    def cost(entry: Mapping[str, Any]) -> str:
+        return _cost(entry, {"cost_basis": cost_basis})
+
+    knob_rows = [
+        [
+            f"mean {metric}",
+            "—",
+            _est(route["quality"]["ips"]),
+            _est(route["quality"]["snips"]),
+            _est(route["quality"]["dr"]),
+            _est(pol["logging"]["quality"]),
+        ],
+        ["difference from the logging policy", "—", _est(diff["ips"]), _est(diff["snips"]), _est(diff["dr"]), "0"],
+        [
+            "PGR (always-weak 0, always-strong 1)",
+            "—",
+            _est(route["pgr"]["ips"]),
+            _est(route["pgr"]["snips"]),
+            _est(route["pgr"]["dr"]),
+            "—",
+        ],
+        [
+            "strong calls",
+            *(_est(route["strong_share"][k], pct=True) for k in ("replayed", "ips", "snips")),
+            "—",
+            _est(pol["logging"]["strong_share"], pct=True),
+        ],
+    ]
+    if not share_cost:
+        knob_rows.append(
+            [
+                "cost per request",
+                "—",
+                cost(route["cost"]["ips"]),
+                cost(route["cost"]["snips"]),
+                "—",
+                cost(pol["logging"]["cost"]),
+            ]
+        )
+    unsupported = route.get("unsupported", 0)
+    prop = off.get("propensity", {})
+    return [
+        (
+            f"Off-policy: mean {metric} on {off['rows']['used']} logged requests",
+            ["policy", "IPS", "SNIPS", "DR", "observed", "rows matched", "ESS"],
+            rows,
+            f"Outcome: {off.get('outcome', '')}. IPS: {off['estimators']['ips']}. SNIPS: {off['estimators']['snips']}. "
+            f"DR: {off['estimators']['dr']}. ESS: effective sample size (sum w)² / sum w². "
+            f"Propensities from {_num(prop.get('min'))} to {_num(prop.get('max'))}.",
+        ),
+        (
+            "Off-policy: the route at its configured knob",
+            ["", "replayed (exact)", "IPS", "SNIPS", "DR", "logging policy (observed)"],
+            knob_rows,
+            "Replayed (exact): the route's own decisions on these requests (it is deterministic). Mean weight "
+            f"{_est(route['weight_mean'])} (1 when the propensities are right). "
+            + (
+                f"{unsupported} requests where the route's choice had probability 0 under logging: IPS cannot see "
+                "them, so its estimate is biased there. "
+                if unsupported
+                else ""
+            )
+            + f"Cost: {cost_basis.get('text', '?')}. {off.get('caveats', '')}",
+        ),
+    ]
+
+
+def _offpolicy_headline(report: Mapping[str, Any]) -> str:
+    """One sentence on the off-policy estimate, or ""."""
+    off = report.get("offpolicy")
+    if off is None:
+        return ""
+    route, logging_ = off["policies"]["router"], off["policies"]["logging"]
+    return (
+        f"Off-policy on {off['rows']['used']} logged requests: mean {off.get('metric', 'quality')} "
+        f"{_est(route['quality']['snips'])} (SNIPS; IPS {_est(route['quality']['ips'])}, DR "
+        f"{_est(route['quality']['dr'])}) against {_est(logging_['quality'])} as served, with "
+        f"{_est(route['strong_share']['replayed'], pct=True)} strong calls (ESS {_num(route['ess'], 0)})."
+    )
 
 
 # ----------------------------------------------------------------------------- Markdown
@@ -202,20 +345,22 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The report as Markdown (plots referenced by file name)."""
-    router = report["routers"].get("router", {})
-    out = [
-        f"# pointsman eval: route `{report.get('route')}`",
-        "",
-        f"**APGR {_est(router.get('apgr'))}** (random {_est(report['routers']['random']['apgr'])}), "
-        f"CPT(50) {_est(router.get('cpt50'), pct=True)}, CPT(80) {_est(router.get('cpt80'), pct=True)}, "
-        f"AIQ {_est(router.get('aiq'))}; at the configured knob {_est(report['knob']['strong_share'], pct=True)} "
-        f"strong calls recover PGR {_est(report['knob']['pgr'])}.",
-        "",
-        _verdict(report),
-        "",
-        *(f"- **{k}**: {v}" for k, v in _facts(report)),
-        "",
-    ]
+    direct = "routers" in report
+    out = [f"# pointsman eval: route `{report.get('route')}`", ""]
+    if direct:
+        router = report["routers"].get("router", {})
+        out += [
+            f"**APGR {_est(router.get('apgr'))}** (random {_est(report['routers']['random']['apgr'])}), "
+            f"CPT(50) {_est(router.get('cpt50'), pct=True)}, CPT(80) {_est(router.get('cpt80'), pct=True)}, "
+            f"AIQ {_est(router.get('aiq'))}; at the configured knob {_est(report['knob']['strong_share'], pct=True)} "
+            f"strong calls recover PGR {_est(report['knob']['pgr'])}.",
+            "",
+            _verdict(report),
+            "",
+        ]
+    if _offpolicy_headline(report):
+        out += [f"**{_offpolicy_headline(report)}**" if not direct else _offpolicy_headline(report), ""]
+    out += [*(f"- **{k}**: {v}" for k, v in _facts(report)), ""]
     plots = report.get("plots", {})
     tables = _tables(report)
     for title, header, rows, note in tables[:3]:
@@ -229,8 +374,40 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             out += [f"![{PLOT_TITLES['reliability']}]({plots['reliability']})", ""]
     if "breakdown" in plots:
         out += [f"![{PLOT_TITLES['breakdown']}]({plots['breakdown']})", ""]
-    out += ["## Baselines", "", *(f"- **{k}**: {v}" for k, v in report.get("baselines", {}).items()), ""]
+    for title, header, rows, note in _offpolicy_tables(report):
+        out += [f"## {title}", "", _md_table(header, rows), "", f"_{note}_", ""]
+    if "offpolicy" in plots:
+        out += [f"![{PLOT_TITLES['offpolicy']}]({plots['offpolicy']})", ""]
+    out += ["## Estimators", "", *(f"- **{k}**: {v}" for k, v in _estimator_lines(report)), ""]
+    if report.get("baselines"):
+        out += ["## Baselines", "", *(f"- **{k}**: {v}" for k, v in report["baselines"].items()), ""]
     return "\n".join(out)
+
+
+def _estimator_lines(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Which estimator produced which section, with its rows (the ``estimator`` block, said plainly)."""
+    block = report.get("estimator", {})
+    lines = []
+    direct = block.get("direct")
+    if direct is not None:
+        lines.append(
+            (
+                "direct",
+                f"{direct.get('rows', 0)} labelled requests; "
+                + (f"numbers: {', '.join(direct.get('numbers', []))}. " if direct.get("rows") else "")
+                + str(direct.get("text", "")),
+            )
+        )
+    off = block.get("offpolicy")
+    if off is not None:
+        lines.append(
+            (
+                "off-policy",
+                f"{off.get('rows', 0)} of {off.get('rows_logged', 0)} logged requests "
+                f"({off.get('rows_without_propensity', 0)} without a propensity); " + str(off.get("text", "")),
+            )
+        )
+    return lines
 
 
 # ----------------------------------------------------------------------------- HTML
@@ -271,34 +448,56 @@ def _figure(report: Mapping[str, Any], name: str) -> str:
 
 def render_html(report: Mapping[str, Any]) -> str:
     """The report as one HTML page (inline CSS; the plots are the PNG files beside it)."""
-    router = report["routers"].get("router", {})
     e = html.escape
-    headline = (
-        f"<b>APGR {e(_est(router.get('apgr')))}</b> (random {e(_est(report['routers']['random']['apgr']))}) · "
-        f"CPT(50) {e(_est(router.get('cpt50'), pct=True))} · CPT(80) {e(_est(router.get('cpt80'), pct=True))} · "
-        f"AIQ {e(_est(router.get('aiq')))}<br>At the configured knob: "
-        f"{e(_est(report['knob']['strong_share'], pct=True))} strong calls, PGR {e(_est(report['knob']['pgr']))}"
-    )
+    headline = ""
+    if "routers" in report:
+        router = report["routers"].get("router", {})
+        headline = (
+            f"<b>APGR {e(_est(router.get('apgr')))}</b> (random {e(_est(report['routers']['random']['apgr']))}) · "
+            f"CPT(50) {e(_est(router.get('cpt50'), pct=True))} · CPT(80) {e(_est(router.get('cpt80'), pct=True))} · "
+            f"AIQ {e(_est(router.get('aiq')))}<br>At the configured knob: "
+            f"{e(_est(report['knob']['strong_share'], pct=True))} strong calls, PGR {e(_est(report['knob']['pgr']))}"
+        )
+    if _offpolicy_headline(report):
+        headline += ("<br>" if headline else "") + e(_offpolicy_headline(report))
     facts = "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in _facts(report))
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>pointsman eval: {e(str(report.get('route')))}</title><style>{CSS}</style></head><body>",
         f"<h1>pointsman eval: route <code>{e(str(report.get('route')))}</code></h1>",
-        f'<div class="headline">{headline}</div>', f'<p class="verdict">{e(_verdict(report))}</p>',
+        f'<div class="headline">{headline}</div>',
+        f'<p class="verdict">{e(_verdict(report))}</p>' if "routers" in report else "",
         f'<dl class="facts">{facts}</dl>',
     ]
     tables = _tables(report)
     for title, header, rows, note in tables[:3]:
         parts += [f"<h2>{e(title)}</h2>", _html_table(header, rows), f'<p class="note">{e(note)}</p>']
-    parts += ["<h2>Curves</h2>", _figure(report, "pgr_curve"), _figure(report, "frontier")]
+    if tables:
+        parts += ["<h2>Curves</h2>", _figure(report, "pgr_curve"), _figure(report, "frontier")]
     for title, header, rows, note in tables[3:]:
         parts += [f"<h2>{e(title)}</h2>", _html_table(header, rows) if rows else "<p>(none)</p>",
                   f'<p class="note">{e(note)}</p>']
         if title.startswith("Calibration"):
             parts.append(_figure(report, "reliability"))
     parts.append(_figure(report, "breakdown"))
-    parts += ["<h2>Baselines</h2>", "<ul>",
-              *(f"<li><b>{e(k)}</b>: {e(v)}</li>" for k, v in report.get("baselines", {}).items()), "</ul>",
-              f'<p class="note">Generated {e(str(report.get("created_at", "")))} by pointsman eval.</p>',
-              "</body></html>"]
+    for title, header, rows, note in _offpolicy_tables(report):
+        parts += [f"<h2>{e(title)}</h2>", _html_table(header, rows), f'<p class="note">{e(note)}</p>']
+    parts.append(_figure(report, "offpolicy"))
+    parts += [
+        "<h2>Estimators</h2>",
+        "<ul>",
+        *(f"<li><b>{e(k)}</b>: {e(v)}</li>" for k, v in _estimator_lines(report)),
+        "</ul>",
+    ]
+    if report.get("baselines"):
+        parts += [
+            "<h2>Baselines</h2>",
+            "<ul>",
+            *(f"<li><b>{e(k)}</b>: {e(v)}</li>" for k, v in report["baselines"].items()),
+            "</ul>",
+        ]
+    parts += [
+        f'<p class="note">Generated {e(str(report.get("created_at", "")))} by pointsman eval.</p>',
+        "</body></html>",
+    ]
     return "\n".join(p for p in parts if p) + "\n"

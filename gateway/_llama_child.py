@@ -31,6 +31,7 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Sequence
 
 PARENT_PID_ENV = "POINTSMAN_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
@@ -75,7 +76,7 @@ def _last_row_logits() -> None:
     import llama_cpp.llama as llama
     import numpy as np
 
-    def evaluate(self: llama.Llama, tokens: list[int]) -> None:
+    def evaluate(self: llama.Llama, tokens: Sequence[int]) -> None:
         """``Llama.eval`` (llama-cpp-python 0.3) computing and keeping only each batch's last logits row."""
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
         for start in range(0, len(tokens), self.n_batch):

@@ -172,3 +172,16 @@ async def test_unknown_route_names_the_configured_ones() -> None:
             await replay_route(brain, "nope", conversations(["hi"]))
     finally:
         await brain.close()
+
+
+def test_subset_keeps_the_knob_setting_and_picks_decisions_in_order() -> None:
+    from evals.replay import Replay, ReplayDecision, subset
+
+    decisions = [ReplayDecision(index=i, model="big-model" if i % 2 else "small-model", by="knob", score=i / 10,
+                                reason="") for i in range(6)]
+    replay = Replay(route="auto", router_version="v", decisions=decisions, strong="big-model", weak="small-model",
+                    threshold=0.25, threshold_source="target share over the replayed set", target_share=0.5)
+    part = subset(replay, [4, 1, 1])
+    assert [d.index for d in part.decisions] == [4, 1, 1]
+    assert (part.threshold, part.target_share, part.strong) == (0.25, 0.5, "big-model")
+    assert len(replay.decisions) == 6  # the original is untouched

@@ -311,35 +311,40 @@ def test_pointsman_eval_names_what_is_wrong(tmp_path: Path, capsys: pytest.Captu
     assert report["rows"]["excluded"] == {"no quality for both model-a and model-b": 5}
 
 
-def test_logged_rows_with_propensities_are_evaluated_by_inverse_propensity() -> None:
+def test_the_direct_table_reads_only_rows_with_both_qualities_and_the_estimator_block_says_so() -> None:
     from evals.labelled import LabelledRequest
+    from evals.offpolicy import NO_PROPENSITY, offpolicy_estimator
     from evals.replay import Replay, ReplayDecision
-    from evals.report import build_table, estimator_note
+    from evals.report import build_table, estimator_block
 
     rows, decisions = [], []
     for i in range(40):
         labelled = i < 20
-        row = LabelledRequest(messages=[{"role": "user", "content": f"q{i}"}],
-                              qualities={"big": 1.0, "small": 0.0} if labelled else {"small": 0.5},
-                              costs={}, source="logs:auto")
-        if not labelled:  # a logged request: only the served (weak) answer was scored, explored with p 0.25
-            row.served_model, row.propensity = "small", 0.25  # type: ignore[attr-defined]
-        rows.append(row)
+        rows.append(LabelledRequest(messages=[{"role": "user", "content": f"q{i}"}],
+                                    qualities={"big": 1.0, "small": 0.0} if labelled else {"small": 0.5},
+                                    costs={}, source="logs:auto"))
         decisions.append(ReplayDecision(index=i, model="big" if i % 2 else "small", by="knob", score=(i % 2) * 0.9,
                                         reason=""))
-    rows.append(LabelledRequest(messages=[{"role": "user", "content": "x"}], qualities={"small": 1.0}, costs={},
-                                source="logs:auto"))  # no propensity: cannot be estimated without bias
-    decisions.append(ReplayDecision(index=40, model="small", by="knob", score=0.1, reason=""))
     replay = Replay(route="auto", router_version="v", decisions=decisions, strong="big", weak="small", threshold=0.5)
     t, excluded, basis = build_table(rows, replay, "big", "small")
-    assert len(t) == 40 and excluded == {"no quality for both big and small": 1}
+    # Rows with only the served model's outcome are not direct rows: the off-policy section reads them.
+    assert len(t) == 20 and t.direct.all() and excluded == {"no quality for both big and small": 20}
     assert basis["kind"] == "share"  # no costs, no prices: cost is the strong-call share
-    # IPS rows: the served (weak) column holds reward / propensity, the other 0.
-    assert list(t.weak_q[20:]) == [2.0] * 20 and list(t.strong_q[20:]) == [0.0] * 20
-    note = estimator_note(t)
-    assert note["name"] == "direct+ips" and note["rows_ips"] == 20 and "inverse propensity" in note["text"]
-    report = compute_report(t, meta={"estimator": note}, draws=20)
-    assert "oracle" not in report["routers"] and "not computed" in report["baselines"]["oracle"]
+    off = offpolicy_estimator(used=30, logged=45, excluded={NO_PROPENSITY: 15}, metric="quality")
+    block = estimator_block(len(t), off)
+    assert block["name"] == "direct+ips+snips+dr"
+    assert block["direct"]["rows"] == 20 and "routers" in block["direct"]["numbers"]
+    assert block["offpolicy"]["rows"] == 30 and block["offpolicy"]["rows_without_propensity"] == 15
+    assert block["offpolicy"]["numbers"] == ["offpolicy"] and set(block["offpolicy"]["estimators"]) >= {
+        "ips", "snips", "dr", "logging"}
+    assert "15 logged requests had no propensity" in block["text"]
+    # Labelled data only: the name stays "direct" and nothing is said about logs.
+    assert estimator_block(20, None)["name"] == "direct" and "offpolicy" not in estimator_block(20, None)
+    # Logs without a usable row: named, with why.
+    none = estimator_block(0, offpolicy_estimator(used=0, logged=5, excluded={NO_PROPENSITY: 5}, metric="quality",
+                                                  missing="5 not randomised"), direct_missing="no labelled request")
+    assert none["name"] == "none" and "not computed: 5 not randomised" in none["text"]
+    assert "not computed: no labelled request" in none["text"]
 
 
 def test_the_pair_is_read_from_the_route_then_the_data() -> None:
@@ -362,3 +367,27 @@ def test_the_pair_is_read_from_the_route_then_the_data() -> None:
     assert resolve_pair(named, rows({"m-a": 0.2, "m-b": 0.9}), "m-a", None) == ("m-a", "m-b")
     with pytest.raises(EvalError, match="same model"):
         resolve_pair(named, rows({"m-a": 0.2, "m-b": 0.9}), "m-a", "m-a")
+
+
+def test_a_registry_version_directory_reports_its_version_id(tmp_path: Path) -> None:
+    import shutil
+
+    from classifiers.registry import SHIPPED_ROUTERS_DIR
+
+    version = tmp_path / "registry" / "versions" / "v0007-0123abcd"
+    shutil.copytree(SHIPPED_ROUTERS_DIR, version)
+    plain = tmp_path / "plain-heads"
+    shutil.copytree(SHIPPED_ROUTERS_DIR, plain)
+    (version / "version.json").write_text(json.dumps({"version": "v0007-0123abcd", "parent": None}))
+    data = write_jsonl(tmp_path / "labels.jsonl", labelled_rows(seed=3, n=30))
+    config = eval_config(tmp_path / "config.yaml", threshold=0.5)
+    versions = {}
+    for name, routers in (("version", version), ("plain", plain)):
+        out = tmp_path / name
+        assert pointsman(["eval", "--config", str(config), "--data", f"file:{data}", "--routers-dir", str(routers),
+                          "--out", str(out), "--bootstrap", "20", "--no-progress"]) == 0
+        versions[name] = json.loads((out / "report.json").read_text())["router_version"]
+        assert versions[name] in (out / "report.md").read_text()
+    # The registry's id (version.json), not a hash of the directory; a plain directory keeps its dir-<hash>.
+    assert versions["version"] == "v0007-0123abcd"
+    assert versions["plain"].startswith("dir-")
