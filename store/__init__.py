@@ -29,6 +29,7 @@ from store.records import (
     DecisionRecord,
     FeedbackRecord,
     LoggedRequest,
+    SubCallRecord,
 )
 from store.schema import SCHEMA_VERSION
 from store.sqlite import SQLiteDecisionStore
@@ -51,6 +52,7 @@ __all__ = [
     "SQLiteDecisionStore",
     "StoreError",
     "StoreUnavailable",
+    "SubCallRecord",
     "open_store",
     "open_store_url",
 ]

@@ -16,7 +16,7 @@ from typing import Any, Protocol, cast
 
 import orjson
 
-from store.records import ConversationRecord, DecisionRecord, FeedbackRecord, LoggedRequest
+from store.records import ConversationRecord, DecisionRecord, FeedbackRecord, LoggedRequest, SubCallRecord
 from store.schema import COLUMN_KINDS
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,9 @@ def encode_row(record: DecisionRecord, *, strip_nul: bool = False) -> tuple[Any,
     for name, kind, nullable, exact in _SPEC:
         value: Any = getattr(record, name)
         if exact is None:
+            if value is None and nullable:  # a nullable JSON column (workflow) stays NULL
+                out.append(None)
+                continue
             out.append(encode_json({} if value is None else value, strip_nul=strip_nul))
         elif type(value) is exact:  # exact: a bool must not pass for an int
             if exact is float and value != value:
@@ -133,10 +136,10 @@ def encode_row(record: DecisionRecord, *, strip_nul: bool = False) -> tuple[Any,
 def record_from_row(row: RowLike) -> DecisionRecord:
     """Build a record from a row keyed by column name."""
     values: dict[str, Any] = {}
-    for name, kind, _nullable, _exact in _SPEC:
+    for name, kind, nullable, _exact in _SPEC:
         value = row[name]
         if kind == "json":
-            value = decode_json(value)
+            value = None if value is None and nullable else decode_json(value)
         elif kind == "bool" and value is not None:
             value = bool(value)
         values[name] = value
@@ -199,6 +202,50 @@ def encode_conversation(item: ConversationRecord, *, strip_nul: bool = False) ->
         None if item.embedding is None else bytes(item.embedding),
         _text(item.text, strip_nul),
         None if item.expires_at is None else float(item.expires_at),
+    )
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def encode_subcall(item: SubCallRecord, *, strip_nul: bool = False) -> tuple[Any, ...]:
+    """A sub-call row in SUBCALL_COLUMNS order (numbers coerced, NaN stored as NULL)."""
+    return (
+        _text(item.request_id, strip_nul) or "",
+        int(item.index),
+        _text(item.workflow, strip_nul) or "",
+        _text(item.step, strip_nul) or "",
+        _text(item.model, strip_nul),
+        _text(item.backend, strip_nul),
+        _int(item.status),
+        _int(item.prompt_tokens),
+        _int(item.completion_tokens),
+        _float(item.cost_usd),
+        _float(item.latency_ms),
+        _float(item.confidence),
+        _text(item.outcome, strip_nul) or "ok",
+        _text(item.error, strip_nul),
+        float(item.created_at),
+        _text(item.tenant, strip_nul),
+    )
+
+
+def subcall_from_row(row: RowLike) -> SubCallRecord:
+    """A sub-call record from a row keyed by column name."""
+    return SubCallRecord(
+        request_id=row["request_id"], index=int(row["idx"]), workflow=row["workflow"], step=row["step"],
+        model=row["model"], backend=row["backend"], status=_int(row["status"]),
+        prompt_tokens=_int(row["prompt_tokens"]), completion_tokens=_int(row["completion_tokens"]),
+        cost_usd=_float(row["cost_usd"]), latency_ms=_float(row["latency_ms"]), confidence=_float(row["confidence"]),
+        outcome=row["outcome"], error=row["error"], created_at=float(row["created_at"]), tenant=row["tenant"],
     )
 
 

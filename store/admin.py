@@ -18,8 +18,8 @@ async def forget(
 ) -> dict[str, int]:
     """Open the store ``url`` names (migrating it), delete what was asked, close it.
 
-    Returns rows deleted per table (``decisions``, ``feedback``, ``conversations``) when a tenant or
-    request id is given, plus ``purged_text`` (conversations whose text was deleted) when
+    Returns rows deleted per table (``decisions``, ``feedback``, ``conversations``, ``subcalls``)
+    when a tenant or request id is given, plus ``purged_text`` (conversations whose text was deleted) when
     ``purge_expired``.
     """
     if tenant is None and request_id is None and not purge_expired:
@@ -44,7 +44,7 @@ def describe(counts: dict[str, int], *, tenant: str | None, request_id: str | No
         who = f"tenant {tenant!r}" if tenant is not None else f"request {request_id!r}"
         lines.append(
             f"forgot {who}: deleted {counts['decisions']} decisions, {counts['feedback']} feedback rows, "
-            f"{counts['conversations']} conversations"
+            f"{counts['conversations']} conversations, {counts.get('subcalls', 0)} workflow sub-calls"
         )
     if "purged_text" in counts:
         lines.append(f"purged the text of {counts['purged_text']} conversations past their retention")

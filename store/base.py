@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
+from store.records import DecisionRecord, FeedbackRecord, LoggedRequest, SubCallRecord
 
 
 @runtime_checkable
 class DecisionStore(Protocol):
-    """Where decision records, their conversations and feedback on them are persisted.
+    """Where decision records, their conversations, their workflows' sub-calls and feedback on them
+    are persisted.
 
     Writers call :meth:`write_batch` from one background task (see ``DecisionRecorder``); the read
     methods serve evals and tests. ``open`` and ``close`` are idempotent. ``write_batch`` is
@@ -24,8 +25,8 @@ class DecisionStore(Protocol):
         ...
 
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
-        """Persist ``records`` (and the conversation each carries) in one transaction: all of
-        them, or none (and raise)."""
+        """Persist ``records`` (and the conversation and sub-calls each carries) in one
+        transaction: all of them, or none (and raise)."""
         ...
 
     async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
@@ -53,6 +54,10 @@ class DecisionStore(Protocol):
         """Every piece of feedback on ``request_id``, ordered by (metric, source, model)."""
         ...
 
+    async def fetch_subcalls(self, request_id: str) -> list[SubCallRecord]:
+        """The sub-calls a workflow made for ``request_id``, in the order they started."""
+        ...
+
     async def feedback_count(self) -> int:
         """How many feedback rows are stored."""
         ...
@@ -66,8 +71,8 @@ class DecisionStore(Protocol):
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
         """Delete everything stored about a tenant or about one request (decisions, feedback,
-        conversations) in one transaction; returns rows deleted per table. Exactly one of
-        ``tenant`` and ``request_id`` is given."""
+        conversations, sub-calls) in one transaction; returns rows deleted per table
+        (:data:`store.schema.FORGET_TABLES`). Exactly one of ``tenant`` and ``request_id`` is given."""
         ...
 
     async def purge_expired_text(self, now: float) -> int:

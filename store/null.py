@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from store.base import check_forget_args
-from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
+from store.records import DecisionRecord, FeedbackRecord, LoggedRequest, SubCallRecord
+from store.schema import FORGET_TABLES
 
 
 class NullDecisionStore:
@@ -35,6 +36,9 @@ class NullDecisionStore:
     async def fetch_feedback(self, request_id: str) -> list[FeedbackRecord]:
         return []
 
+    async def fetch_subcalls(self, request_id: str) -> list[SubCallRecord]:
+        return []
+
     async def feedback_count(self) -> int:
         return 0
 
@@ -45,7 +49,7 @@ class NullDecisionStore:
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
         check_forget_args(tenant, request_id)
-        return {"decisions": 0, "feedback": 0, "conversations": 0}
+        return dict.fromkeys(FORGET_TABLES, 0)
 
     async def purge_expired_text(self, now: float) -> int:
         return 0

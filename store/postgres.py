@@ -16,23 +16,28 @@ from store._codec import (
     encode_conversation,
     encode_feedback,
     encode_row,
+    encode_subcall,
     feedback_from_row,
     join_logged,
     record_from_row,
+    subcall_from_row,
 )
 from store.base import check_forget_args
-from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
+from store.records import DecisionRecord, FeedbackRecord, LoggedRequest, SubCallRecord
 from store.schema import (
+    FORGET_TABLES,
     VERSION_TABLE,
     forget_sql,
     insert_conversation_sql,
     insert_decisions_sql,
+    insert_subcalls_sql,
     logged_filter,
     migrations,
     purge_text_sql,
     select_conversations_sql,
     select_decisions_sql,
     select_feedback_sql,
+    select_subcalls_sql,
     upsert_feedback_sql,
     version_table_ddl,
 )
@@ -63,6 +68,7 @@ class PostgresDecisionStore:
         self._insert_sql = insert_decisions_sql("postgres")
         self._conversation_sql = insert_conversation_sql("postgres")
         self._feedback_sql = upsert_feedback_sql("postgres")
+        self._subcalls_sql = insert_subcalls_sql("postgres")
 
     def _require_pool(self) -> asyncpg.Pool:
         if self._pool is None:
@@ -120,8 +126,8 @@ class PostgresDecisionStore:
     # --- writes --------------------------------------------------------------------------------
 
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
-        """Insert ``records`` and their conversations in one transaction; request ids already
-        stored are ignored."""
+        """Insert ``records``, their conversations and their workflows' sub-calls in one
+        transaction; request ids already stored are ignored."""
         if not records:
             return
         # PostgreSQL refuses U+0000 in text and jsonb; strip it rather than refuse the whole batch.
@@ -129,10 +135,13 @@ class PostgresDecisionStore:
         conversations = [
             encode_conversation(r.conversation, strip_nul=True) for r in records if r.conversation is not None
         ]
+        subcalls = [encode_subcall(s, strip_nul=True) for r in records for s in r.subcalls]
         async with self._require_pool().acquire() as conn, conn.transaction():
             await conn.executemany(self._insert_sql, rows)
             if conversations:
                 await conn.executemany(self._conversation_sql, conversations)
+            if subcalls:
+                await conn.executemany(self._subcalls_sql, subcalls)
 
     async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
         """Upsert ``items`` in one transaction (committed, hence durable, when this returns)."""
@@ -143,14 +152,15 @@ class PostgresDecisionStore:
             await conn.executemany(self._feedback_sql, rows)
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
-        """Delete a tenant's or a request's decisions, feedback and conversations in one transaction."""
+        """Delete a tenant's or a request's decisions, feedback, conversations and sub-calls in one
+        transaction."""
         by_tenant, value = check_forget_args(tenant, request_id)
         counts: dict[str, int] = {}
         async with self._require_pool().acquire() as conn, conn.transaction():
             for table, sql in forget_sql("postgres", by_tenant=by_tenant):
                 status = await conn.execute(sql, value)  # "DELETE <n>"
                 counts[table] = int(status.rsplit(" ", 1)[-1])
-        return {name: counts[name] for name in ("decisions", "feedback", "conversations")}
+        return {name: counts[name] for name in FORGET_TABLES}
 
     async def purge_expired_text(self, now: float) -> int:
         """Delete the text of conversations whose retention ended at or before ``now``."""
@@ -173,6 +183,10 @@ class PostgresDecisionStore:
     async def fetch_feedback(self, request_id: str) -> list[FeedbackRecord]:
         sql = select_feedback_sql() + " WHERE request_id = $1 ORDER BY metric, source, model"
         return [feedback_from_row(row) for row in await self._require_pool().fetch(sql, request_id)]
+
+    async def fetch_subcalls(self, request_id: str) -> list[SubCallRecord]:
+        sql = select_subcalls_sql() + " WHERE request_id = $1 ORDER BY idx"
+        return [subcall_from_row(row) for row in await self._require_pool().fetch(sql, request_id)]
 
     async def feedback_count(self) -> int:
         return int(await self._require_pool().fetchval("SELECT count(*) FROM feedback"))

@@ -5,12 +5,13 @@ feedback on it. Fields that hold structures (signals, decision) are JSON-encoded
 and PostgreSQL (jsonb there), so one schema serves the embedded default and many-replica deployments.
 
 A field marked ``metadata={"column": False}`` is not a ``decisions`` column: it travels with the
-record to the store, which writes it elsewhere (the conversation goes to its own table, in the same
-transaction as the decision).
+record to the store, which writes it elsewhere (the conversation and a workflow's sub-calls go to
+their own tables, in the same transaction as the decision).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -31,6 +32,35 @@ class ConversationRecord:
     embedding: bytes | None = None  # float32 little-endian
     text: str | None = None  # JSON of the messages, only when the route opts in
     expires_at: float | None = None  # unix seconds after which ``text`` is deleted (retention)
+
+
+@dataclass(slots=True)
+class SubCallRecord:
+    """One model call a workflow made for a request (``request_id`` is the parent request's id).
+
+    ``index`` orders the sub-calls of one request (the order they started in); ``step`` names what
+    the call was for (a cascade stage, ``sample``, a fusion ``candidate``, ``judge``, ``fuser``,
+    ``verifier``, a graph step); ``model`` is the model that answered (a fallback, if one did);
+    ``confidence`` is the cascade's confidence in the answer, when it was scored; ``outcome`` is
+    ``ok``, ``error``, ``timeout``, ``cancelled`` or ``capped`` (not made: a cap was reached).
+    """
+
+    request_id: str
+    index: int
+    workflow: str
+    step: str
+    model: str | None = None
+    backend: str | None = None
+    status: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+    latency_ms: float | None = None
+    confidence: float | None = None
+    outcome: str = "ok"
+    error: str | None = None
+    created_at: float = 0.0
+    tenant: str | None = None
 
 
 @dataclass(slots=True)
@@ -65,8 +95,13 @@ class DecisionRecord:
     router_version: str | None = None  # registry version of the router heads that decided
     # Probability the served choice had under the policy; None when the choice was not randomised.
     propensity: float | None = None
+    # A workflow's tree: kind, name, steps, which step answered, escalated, caps hit, total cost.
+    workflow: dict[str, Any] | None = None
     # Not a column: written to the conversations table with the decision, in one transaction.
     conversation: ConversationRecord | None = field(default=None, metadata={"column": False})
+    # Not a column: a workflow's sub-calls, written to the subcalls table in the same transaction
+    # (an immutable default: most records have none, and the request path allocates nothing for it).
+    subcalls: Sequence[SubCallRecord] = field(default=(), metadata={"column": False})
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,4 +139,4 @@ class LoggedRequest:
 
 # Column order shared by every store implementation (fields marked column=False excluded).
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(DecisionRecord) if f.metadata.get("column", True))
-JSON_COLUMNS: frozenset[str] = frozenset({"signals", "decision"})
+JSON_COLUMNS: frozenset[str] = frozenset({"signals", "decision", "workflow"})

@@ -23,11 +23,12 @@ from store.records import COLUMNS, JSON_COLUMNS, DecisionRecord
 Dialect = Literal["sqlite", "postgres"]
 
 #: The newest schema version this code writes.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 DECISIONS_TABLE = "decisions"
 FEEDBACK_TABLE = "feedback"
 CONVERSATIONS_TABLE = "conversations"
+SUBCALLS_TABLE = "subcalls"
 VERSION_TABLE = "schema_version"
 
 #: Columns of ``decisions`` that get an index (what evals and dashboards filter on).
@@ -41,6 +42,12 @@ FEEDBACK_COLUMNS: tuple[str, ...] = (
 )
 CONVERSATION_COLUMNS: tuple[str, ...] = (
     "request_id", "created_at", "tenant", "encoder_id", "embedding", "text", "expires_at",
+)
+#: Columns of a workflow's sub-call row (``idx`` holds :attr:`SubCallRecord.index`: ``index`` is an
+#: SQL keyword). The key is (request_id, idx).
+SUBCALL_COLUMNS: tuple[str, ...] = (
+    "request_id", "idx", "workflow", "step", "model", "backend", "status", "prompt_tokens", "completion_tokens",
+    "cost_usd", "latency_ms", "confidence", "outcome", "error", "created_at", "tenant",
 )
 
 _SQL_TYPES: dict[Dialect, dict[str, str]] = {
@@ -224,6 +231,43 @@ def _step2(dialect: Dialect) -> list[str]:
     ]
 
 
+# --- step 3: workflows (the decision's sub-call tree, and one row per sub-call) --------------------
+
+
+def _step3(dialect: Dialect) -> list[str]:
+    """Alter a step-2 database: the ``workflow`` JSON column on ``decisions`` (NULL for requests a
+    single model answered) and the ``subcalls`` table."""
+    if dialect == "sqlite":
+        add, text, real, integer, json = "ADD COLUMN", "TEXT", "REAL", "INTEGER", "TEXT"
+    else:
+        add, text, real, integer, json = "ADD COLUMN IF NOT EXISTS", "text", "double precision", "bigint", "jsonb"
+    return [
+        f"ALTER TABLE decisions {add} workflow {json}",
+        "CREATE TABLE IF NOT EXISTS subcalls (\n"
+        f"    request_id {text} NOT NULL,\n"
+        f"    idx {integer} NOT NULL,\n"
+        f"    workflow {text} NOT NULL,\n"
+        f"    step {text} NOT NULL,\n"
+        f"    model {text},\n"
+        f"    backend {text},\n"
+        f"    status {integer},\n"
+        f"    prompt_tokens {integer},\n"
+        f"    completion_tokens {integer},\n"
+        f"    cost_usd {real},\n"
+        f"    latency_ms {real},\n"
+        f"    confidence {real},\n"
+        f"    outcome {text} NOT NULL,\n"
+        f"    error {text},\n"
+        f"    created_at {real} NOT NULL,\n"
+        f"    tenant {text},\n"
+        "    PRIMARY KEY (request_id, idx)\n"
+        ")",
+        "CREATE INDEX IF NOT EXISTS idx_subcalls_created_at ON subcalls (created_at)",
+        "CREATE INDEX IF NOT EXISTS idx_subcalls_model ON subcalls (model)",
+        "CREATE INDEX IF NOT EXISTS idx_subcalls_tenant ON subcalls (tenant)",
+    ]
+
+
 def version_table_ddl(dialect: Dialect) -> str:
     """CREATE statement for the table recording which migration steps have run."""
     t = _SQL_TYPES[dialect]
@@ -238,7 +282,7 @@ def version_table_ddl(dialect: Dialect) -> str:
 def migrations(dialect: Dialect) -> list[tuple[int, list[str]]]:
     """Numbered migration steps, oldest first. Append new steps; never edit a released one."""
     step1 = _STEP1_SQLITE if dialect == "sqlite" else _STEP1_POSTGRES
-    return [(1, list(step1)), (2, _step2(dialect))]
+    return [(1, list(step1)), (2, _step2(dialect)), (3, _step3(dialect))]
 
 
 # --- statements the stores run -------------------------------------------------------------------
@@ -288,6 +332,21 @@ def insert_conversation_sql(dialect: Dialect) -> str:
     )
 
 
+def insert_subcalls_sql(dialect: Dialect) -> str:
+    """INSERT for one sub-call in SUBCALL_COLUMNS order; one already stored is kept (a retried
+    batch never duplicates)."""
+    names = ", ".join(SUBCALL_COLUMNS)
+    return (
+        f"INSERT INTO {SUBCALLS_TABLE} ({names}) VALUES ({_placeholders(dialect, len(SUBCALL_COLUMNS))}) "
+        "ON CONFLICT (request_id, idx) DO NOTHING"
+    )
+
+
+def select_subcalls_sql() -> str:
+    """SELECT of every sub-call column (append WHERE / ORDER BY)."""
+    return f"SELECT {', '.join(SUBCALL_COLUMNS)} FROM {SUBCALLS_TABLE}"
+
+
 def select_conversations_sql() -> str:
     """SELECT of every conversation column (append WHERE / ORDER BY)."""
     return f"SELECT {', '.join(CONVERSATION_COLUMNS)} FROM {CONVERSATIONS_TABLE}"
@@ -306,11 +365,16 @@ def logged_filter(dialect: Dialect, route: str | None, since: float | None) -> t
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
 
 
+#: What :meth:`DecisionStore.forget` reports, per table.
+FORGET_TABLES: tuple[str, ...] = (DECISIONS_TABLE, FEEDBACK_TABLE, CONVERSATIONS_TABLE, SUBCALLS_TABLE)
+
+
 def forget_sql(dialect: Dialect, *, by_tenant: bool) -> list[tuple[str, str]]:
     """(table, DELETE) pairs that forget a tenant's or a request's data, children before decisions.
 
-    Feedback and conversations are found by their own tenant column and through the decision they
-    belong to (rows written before they carried a tenant, or judge feedback recorded without one).
+    Feedback, conversations and sub-calls are found by their own tenant column and through the
+    decision they belong to (rows written before they carried a tenant, or judge feedback recorded
+    without one).
     """
     mark = "?1" if dialect == "sqlite" else "$1"  # numbered: the tenant's statements use it twice
     column = "tenant" if by_tenant else "request_id"
@@ -319,6 +383,7 @@ def forget_sql(dialect: Dialect, *, by_tenant: bool) -> list[tuple[str, str]]:
     return [
         (FEEDBACK_TABLE, f"DELETE FROM {FEEDBACK_TABLE} WHERE {child_where}"),
         (CONVERSATIONS_TABLE, f"DELETE FROM {CONVERSATIONS_TABLE} WHERE {child_where}"),
+        (SUBCALLS_TABLE, f"DELETE FROM {SUBCALLS_TABLE} WHERE {child_where}"),
         (DECISIONS_TABLE, f"DELETE FROM {DECISIONS_TABLE} WHERE {column} = {mark}"),
     ]
 

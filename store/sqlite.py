@@ -22,23 +22,28 @@ from store._codec import (
     encode_conversation,
     encode_feedback,
     encode_row,
+    encode_subcall,
     feedback_from_row,
     join_logged,
     record_from_row,
+    subcall_from_row,
 )
 from store.base import check_forget_args
-from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
+from store.records import DecisionRecord, FeedbackRecord, LoggedRequest, SubCallRecord
 from store.schema import (
+    FORGET_TABLES,
     VERSION_TABLE,
     forget_sql,
     insert_conversation_sql,
     insert_decisions_sql,
+    insert_subcalls_sql,
     logged_filter,
     migrations,
     purge_text_sql,
     select_conversations_sql,
     select_decisions_sql,
     select_feedback_sql,
+    select_subcalls_sql,
     upsert_feedback_sql,
     version_table_ddl,
 )
@@ -66,6 +71,7 @@ class SQLiteDecisionStore:
         self._insert_sql = insert_decisions_sql("sqlite")
         self._conversation_sql = insert_conversation_sql("sqlite")
         self._feedback_sql = upsert_feedback_sql("sqlite")
+        self._subcalls_sql = insert_subcalls_sql("sqlite")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._executor is None:
@@ -149,22 +155,27 @@ class SQLiteDecisionStore:
     # --- writes --------------------------------------------------------------------------------
 
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
-        """Insert ``records`` and their conversations in one transaction; request ids already
-        stored are ignored."""
+        """Insert ``records``, their conversations and their workflows' sub-calls in one
+        transaction; request ids already stored are ignored."""
         if not records:
             return
         # Encode on the event loop side: cheap, and keeps the worker thread doing only I/O.
         rows = [encode_row(r) for r in records]
         conversations = [encode_conversation(r.conversation) for r in records if r.conversation is not None]
-        await self._run(self._write_sync, rows, conversations)
+        subcalls = [encode_subcall(s) for r in records for s in r.subcalls]
+        await self._run(self._write_sync, rows, conversations, subcalls)
 
-    def _write_sync(self, rows: list[tuple[Any, ...]], conversations: list[tuple[Any, ...]]) -> None:
+    def _write_sync(
+        self, rows: list[tuple[Any, ...]], conversations: list[tuple[Any, ...]], subcalls: list[tuple[Any, ...]]
+    ) -> None:
         conn = self._require_conn()
         conn.execute("BEGIN")
         try:
             conn.executemany(self._insert_sql, rows)
             if conversations:
                 conn.executemany(self._conversation_sql, conversations)
+            if subcalls:
+                conn.executemany(self._subcalls_sql, subcalls)
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
@@ -192,7 +203,8 @@ class SQLiteDecisionStore:
             conn.execute("PRAGMA synchronous = NORMAL")
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
-        """Delete a tenant's or a request's decisions, feedback and conversations in one transaction."""
+        """Delete a tenant's or a request's decisions, feedback, conversations and sub-calls in one
+        transaction."""
         by_tenant, value = check_forget_args(tenant, request_id)
         return await self._run(self._forget_sync, by_tenant, value)
 
@@ -207,7 +219,7 @@ class SQLiteDecisionStore:
         except BaseException:
             _rollback(conn)
             raise
-        return {name: counts[name] for name in ("decisions", "feedback", "conversations")}
+        return {name: counts[name] for name in FORGET_TABLES}
 
     async def purge_expired_text(self, now: float) -> int:
         """Delete the text of conversations whose retention ended at or before ``now``."""
@@ -241,6 +253,10 @@ class SQLiteDecisionStore:
     async def fetch_feedback(self, request_id: str) -> list[FeedbackRecord]:
         sql = select_feedback_sql() + " WHERE request_id = ? ORDER BY metric, source, model"
         return [feedback_from_row(row) for row in await self._run(self._query_sync, sql, (request_id,))]
+
+    async def fetch_subcalls(self, request_id: str) -> list[SubCallRecord]:
+        sql = select_subcalls_sql() + " WHERE request_id = ? ORDER BY idx"
+        return [subcall_from_row(row) for row in await self._run(self._query_sync, sql, (request_id,))]
 
     async def feedback_count(self) -> int:
         rows = await self._run(self._query_sync, "SELECT count(*) AS n FROM feedback", ())

@@ -141,10 +141,11 @@ async def test_forget_a_request_and_a_tenant(store: DecisionStore, make_record: 
         FeedbackRecord("req-000001", 0.0, source="judge", model="x"),  # judge feedback carries no tenant
         FeedbackRecord("req-000004", 1.0, tenant="globex"),
     ])
-    assert await store.forget(request_id="req-000000") == {"decisions": 1, "feedback": 1, "conversations": 1}
+    assert await store.forget(request_id="req-000000") == {
+        "decisions": 1, "feedback": 1, "conversations": 1, "subcalls": 0}
     assert await store.fetch("req-000000") is None and await store.fetch_feedback("req-000000") == []
-    assert await store.forget(tenant="acme") == {"decisions": 2, "feedback": 2, "conversations": 2}
-    assert await store.forget(tenant="acme") == {"decisions": 0, "feedback": 0, "conversations": 0}
+    assert await store.forget(tenant="acme") == {"decisions": 2, "feedback": 2, "conversations": 2, "subcalls": 0}
+    assert await store.forget(tenant="acme") == {"decisions": 0, "feedback": 0, "conversations": 0, "subcalls": 0}
     assert [r.record.request_id for r in await store.logged_requests()] == ["req-000003", "req-000004"]
     assert await store.feedback_count() == 1
     with pytest.raises(ValueError, match="exactly one"):

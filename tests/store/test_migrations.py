@@ -240,7 +240,7 @@ async def check_upgraded(store: DecisionStore) -> None:
     assert logged["old-0"].conversation is None and logged["old-0"].feedback == []
 
     counts = await store.forget(tenant="acme")
-    assert counts == {"decisions": 4, "feedback": 4, "conversations": 1}
+    assert counts == {"decisions": 4, "feedback": 4, "conversations": 1, "subcalls": 0}
     assert await store.count() == 2 and await store.feedback_count() == 1  # globex's rows and the orphan
 
 

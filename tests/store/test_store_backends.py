@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from store import COLUMNS, DecisionRecord
+from store import COLUMNS, DecisionRecord, SubCallRecord
 from store.base import DecisionStore
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -55,6 +55,8 @@ def full_record() -> DecisionRecord:
         experiment_arm="B",
         router_version="v0003-abc123",
         propensity=0.85,
+        workflow={"kind": "cascade", "name": "fast", "escalated": True, "steps": [{"index": 0, "confidence": 0.6}],
+                  "capped": None, "cost_usd": 0.0001},
     )
 
 
@@ -85,6 +87,28 @@ async def test_none_and_empty_values_round_trip(store: DecisionStore) -> None:
     assert got == rec
     assert got.signals == {} and got.decision == {}
     assert got.model is None and got.latency_ms is None and got.cost_usd is None
+    assert got.workflow is None  # a request one model answered has no workflow tree (NULL, not {})
+    assert await store.fetch_subcalls("req-minimal") == []
+
+
+async def test_subcalls_are_written_with_their_decision(store: DecisionStore, make_record: MakeRecord) -> None:
+    calls = [
+        SubCallRecord(request_id="req-000001", index=0, workflow="fast", step="cheap", model="small", backend="b",
+                      status=200, prompt_tokens=11, completion_tokens=7, cost_usd=2.5e-05, latency_ms=12.5,
+                      confidence=0.62, outcome="ok", created_at=1_700_000_001.0, tenant="acme"),
+        SubCallRecord(request_id="req-000001", index=1, workflow="fast", step="strong", model="big", status=502,
+                      latency_ms=30.0, outcome="error", error="upstream failed", created_at=1_700_000_001.0,
+                      tenant="acme"),
+    ]
+    record = make_record(1, tenant="acme", workflow={"kind": "cascade", "name": "fast"}, subcalls=calls)
+    await store.write_batch([record, make_record(2, tenant="acme")])
+    await store.write_batch([record])  # a retried batch writes no sub-call twice
+    assert await store.fetch_subcalls("req-000001") == calls
+    got = await store.fetch("req-000001")
+    assert got is not None and got.workflow == {"kind": "cascade", "name": "fast"} and not got.subcalls
+    assert await store.forget(request_id="req-000001") == {
+        "decisions": 1, "feedback": 0, "conversations": 0, "subcalls": 2}
+    assert await store.fetch_subcalls("req-000001") == []
 
 
 async def test_fetch_unknown_id_is_none(store: DecisionStore) -> None:

@@ -26,6 +26,10 @@ FEEDBACK_COLUMNS = [
     "id", "request_id", "created_at", "score", "label", "comment", "metadata", "metric", "source", "model", "tenant",
 ]
 CONVERSATION_COLUMNS = ["request_id", "created_at", "tenant", "encoder_id", "embedding", "text", "expires_at"]
+SUBCALL_COLUMNS = [
+    "request_id", "idx", "workflow", "step", "model", "backend", "status", "prompt_tokens", "completion_tokens",
+    "cost_usd", "latency_ms", "confidence", "outcome", "error", "created_at", "tenant",
+]
 INDEXED = {"created_at", "route", "model", "tenant"}
 
 
@@ -57,6 +61,8 @@ async def test_sqlite_tables_indexes_and_wal(sqlite_path: str) -> None:
 
         assert [row[1] for row in conn.execute("PRAGMA table_info(feedback)")] == FEEDBACK_COLUMNS
         assert [row[1] for row in conn.execute("PRAGMA table_info(conversations)")] == CONVERSATION_COLUMNS
+        assert [row[1] for row in conn.execute("PRAGMA table_info(subcalls)")] == SUBCALL_COLUMNS
+        assert [row[1] for row in conn.execute("PRAGMA table_info(subcalls)") if row[5]] == ["request_id", "idx"]
         versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
         assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
         # WAL is a property of the file: a fresh connection sees it.
@@ -144,6 +150,12 @@ async def test_postgres_tables_types_and_indexes(pg_dsn: str) -> None:
         )
         assert [r["column_name"] for r in conversations] == CONVERSATION_COLUMNS
         assert dict((r["column_name"], r["data_type"]) for r in conversations)["embedding"] == "bytea"
+        subcalls = await conn.fetch(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = 'subcalls' ORDER BY ordinal_position"
+        )
+        assert [r["column_name"] for r in subcalls] == SUBCALL_COLUMNS
+        assert types["workflow"] == "jsonb"
         versions = await conn.fetchval("SELECT array_agg(version ORDER BY version) FROM schema_version")
         assert versions == list(range(1, SCHEMA_VERSION + 1))
     finally:
