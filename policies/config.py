@@ -21,12 +21,13 @@ A route either sends everything to one model (``policy: static``) or decides per
           - name: code-to-coder
             priority: 50
             when: {all: [{signal: domain, op: in, value: [code]}, {not: {signal: tools, op: truthy}}]}
-            action: {route: coder-model}
+            action: {route: coder-model}  # or {workflow: name}: a workflow answers (policies/workflows.py)
         cost_quality:                     # the default when no routing rule matched …
           signal: difficulty
           strong: big-model
           weak: small-model
           threshold: 0.5                  # … or target_strong_share: 0.3 (calibrated)
+          middle: {band: [0.35, 0.65], workflow: fast-then-strong}   # optional: the uncertain middle
         sticky: {ttl: 1800, escalate: true}
         fallbacks: [small-model]
         compare: {share: 0.05, judge: judge-model, max_concurrency: 4, budget_usd_per_hour: 2}
@@ -112,16 +113,18 @@ class Condition(_Strict):
 
 
 class Action(_Strict):
-    """What a matching rule does: exactly one of ``route``, ``tier``, ``block`` or ``redact``.
+    """What a matching rule does: exactly one of ``route``, ``tier``, ``workflow``, ``block`` or ``redact``.
 
     ``route`` sends the request to a model (then ``fallbacks``); ``tier`` sends it to the
-    ``cost_quality`` knob's ``strong`` or ``weak`` model; ``block`` rejects it with that message and
+    ``cost_quality`` knob's ``strong`` or ``weak`` model; ``workflow`` has the named workflow
+    (``workflows:``) answer it; ``block`` rejects it with that message and
     ``status`` (403 by default, or 400); ``redact`` lists PII kinds the gateway removes from the
     body before forwarding and, unlike the others, lets later rules run.
     """
 
     route: str | None = Field(default=None, min_length=1)
     tier: Literal["strong", "weak"] | None = None
+    workflow: str | None = Field(default=None, min_length=1)
     fallbacks: tuple[str, ...] = ()
     block: str | None = Field(default=None, min_length=1)
     status: Literal[400, 403] = 403
@@ -129,9 +132,9 @@ class Action(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> Action:
-        kinds = [k for k in ("route", "tier", "block", "redact") if getattr(self, k) is not None]
+        kinds = [k for k in ("route", "tier", "workflow", "block", "redact") if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError("an action is exactly one of: route, tier, block, redact")
+            raise ValueError("an action is exactly one of: route, tier, workflow, block, redact")
         if self.fallbacks and self.kind not in ("route", "tier"):
             raise ValueError("fallbacks only go with route or tier")
         if "status" in self.model_fields_set and self.kind != "block":
@@ -140,8 +143,8 @@ class Action(_Strict):
 
     @property
     def kind(self) -> str:
-        """``route``, ``tier``, ``block`` or ``redact``."""
-        for key in ("route", "tier", "block"):
+        """``route``, ``tier``, ``workflow``, ``block`` or ``redact``."""
+        for key in ("route", "tier", "workflow", "block"):
             if getattr(self, key) is not None:
                 return key
         return "redact"
@@ -165,6 +168,26 @@ class Rule(_Strict):
     description: str | None = None
 
 
+class MiddleBand(_Strict):
+    """The knob's uncertain middle: a score in ``band`` ``[lo, hi)`` is answered by ``workflow``
+    (a cascade, typically: route first, escalate the uncertain middle after the answer)."""
+
+    band: tuple[float, float]
+    workflow: str = Field(min_length=1)
+
+    @field_validator("band")
+    @classmethod
+    def _ordered(cls, value: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = value
+        if not 0.0 <= lo < hi <= 1.0:
+            raise ValueError(f"band [{lo}, {hi}] must satisfy 0 <= lo < hi <= 1")
+        return value
+
+    def holds(self, score: float) -> bool:
+        """Whether ``score`` falls in the band."""
+        return self.band[0] <= score < self.band[1]
+
+
 class CostQuality(_Strict):
     """The cost-quality knob: ``strong`` when the score reaches the threshold, else ``weak``.
 
@@ -177,6 +200,9 @@ class CostQuality(_Strict):
     one trained for its ``strong`` and ``weak`` models; ``difficulty_models`` maps a configured
     model to the name it was trained under (``{gpt-4o: gpt-4-1106-preview}``), a model not listed
     is looked up by its own name.
+
+    ``middle: {band: [lo, hi], workflow: name}``: a score in ``[lo, hi)`` goes to that workflow
+    instead (neither stickiness nor exploration applies to it).
     """
 
     signal: str = Field(default="difficulty", pattern=_PATH)
@@ -187,6 +213,7 @@ class CostQuality(_Strict):
     window: int = Field(default=2000, ge=1)
     min_samples: int = Field(default=50, ge=1)
     difficulty_models: dict[str, str] = Field(default_factory=dict)
+    middle: MiddleBand | None = None
 
     @model_validator(mode="after")
     def _one_knob(self) -> CostQuality:
@@ -411,7 +438,8 @@ class ImplicitSettings(_Strict):
 class RouteConfig(_Strict):
     """A virtual model (``auto`` …) and the policy that decides its requests.
 
-    ``policy: static`` (the default) sends every request to ``model``, then ``fallbacks``.
+    ``policy: static`` (the default) sends every request to ``model``, then ``fallbacks``; ``model``
+    may be a workflow's virtual model (``cascade/<name>`` …), which takes no fallbacks.
     ``policy: rules`` evaluates ``rules``, then the default decision: exactly one of
     ``cost_quality``, ``multi_model`` or ``model``; ``sticky`` keeps conversations on one model.
     """

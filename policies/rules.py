@@ -7,11 +7,12 @@ One decision:
 2. compute, through the route's :class:`~policies.signals.SignalProvider`, only the signals the
    policy refers to;
 3. run the rules from the highest priority down: ``redact`` rules accumulate PII kinds and go on,
-   the first matching ``block`` raises :class:`PolicyError`, the first matching ``route``/``tier``
-   decides (rule routes are explicit, so stickiness does not override them);
+   the first matching ``block`` raises :class:`PolicyError`, the first matching ``route``/``tier``/
+   ``workflow`` decides (rule routes are explicit, so stickiness does not override them);
 4. otherwise the default decides — knob (strong if score >= threshold; with ``explore`` a share
    epsilon of these decisions is made at random, its propensity logged), utility argmax, or the
-   default model — and stickiness may keep the conversation on its earlier model;
+   default model; a knob score in its ``middle`` band goes to that workflow instead — and
+   stickiness may keep the conversation on its earlier model (never for a workflow decision);
 5. the :class:`Plan` lists the model, then the rule's and the route's fallbacks, with the signals,
    the redaction and a compact explanation. :meth:`RulePolicy.explain` returns the full story
    (every rule with its checks) and changes no state: no calibration sample, no session pin.
@@ -57,6 +58,8 @@ class _Outcome:
     error: PolicyError | None = None
     explore: Exploration | None = None
     propensity: float | None = None  # of the served model; None when the decision was not randomised
+    workflow: str | None = None  # the workflow that answers (``model`` is then its virtual model)
+    band: tuple[float, float] | None = None  # the knob's middle band, when it chose the workflow
 
 
 class RulePolicy:
@@ -66,7 +69,8 @@ class RulePolicy:
     (prices, context windows, tags) for the multi-model choice and for judging which model is
     stronger; ``historic_scores`` seeds the knob's calibration window (target-share mode).
     ``explore=False`` turns the route's ``explore`` section off (offline replay must be
-    deterministic); :meth:`set_exploration` switches it later.
+    deterministic); :meth:`set_exploration` switches it later. ``workflows`` maps each configured
+    workflow's name to its virtual model (``cascade/<name>`` …), for workflow decisions.
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class RulePolicy:
         historic_scores: Iterable[float] = (),
         clock: Callable[[], float] = time.monotonic,
         explore: bool = True,
+        workflows: Mapping[str, str] | None = None,
     ) -> None:
         if config.policy != POLICY_NAME:
             raise ValueError(f"route {route!r} has policy {config.policy!r}, not {POLICY_NAME!r}")
@@ -87,6 +92,8 @@ class RulePolicy:
         self.config = config
         self.provider = provider
         self.models = dict(models or {})
+        self.workflows = dict(workflows or {})
+        self._workflow_of = {model: name for name, model in self.workflows.items()}
         # Highest priority first; sorted() is stable, so equal priorities keep file order.
         self.rules = tuple(sorted(config.rules, key=lambda rule: -rule.priority))
         needed: set[str] = set()
@@ -205,12 +212,16 @@ class RulePolicy:
             self._route_by_rule(outcome, decided)
         else:
             self._default(outcome, ctx, override, commit)
-            if outcome.model is not None and self.sessions is not None:
+            if outcome.model is not None and self.sessions is not None and outcome.workflow is None:
                 await self._stick(outcome, ctx, commit)
         return outcome
 
     def _route_by_rule(self, outcome: _Outcome, rule: Rule) -> None:
         action = rule.action
+        if action.workflow is not None:
+            self._choose_workflow(outcome, action.workflow)
+            outcome.reason = f"rule {rule.name!r} matched ({describe(rule.when)}) -> workflow {outcome.model}"
+            return
         if action.route is not None:
             model = action.route
         else:
@@ -238,6 +249,17 @@ class RulePolicy:
             if commit:
                 self.knob.observe(float(raw))
             outcome.knob = decision
+            if cq.middle is not None and cq.middle.holds(decision.score):
+                # The uncertain middle: a workflow decides after seeing an answer (no exploration:
+                # the logged propensity is about the strong/weak choice only).
+                self._choose_workflow(outcome, cq.middle.workflow)
+                outcome.band = cq.middle.band
+                lo, hi = cq.middle.band
+                outcome.reason = (
+                    f"{prefix}{cq.signal} {decision.score:.3f} in the middle band [{lo:g}, {hi:g}) "
+                    f"-> workflow {outcome.model}"
+                )
+                return
             outcome.model = cq.strong if decision.strong else cq.weak
             relation = ">=" if decision.strong else "<"
             tier = "strong" if decision.strong else "weak"
@@ -273,8 +295,20 @@ class RulePolicy:
             )
         else:
             assert cfg.model is not None, "RouteConfig requires a default decision"
+            workflow = self._workflow_of.get(cfg.model)
+            if workflow is not None:
+                self._choose_workflow(outcome, workflow)
+                outcome.fallbacks = ()
+                outcome.reason = f"{prefix}default workflow {cfg.model}"
+                return
             outcome.model = cfg.model
             outcome.reason = f"{prefix}default model {cfg.model}"
+
+    def _choose_workflow(self, outcome: _Outcome, name: str) -> None:
+        """The workflow ``name`` answers: its virtual model is the plan's only candidate."""
+        outcome.workflow = name
+        outcome.model = self.workflows.get(name, name)  # validation guarantees the name is known
+        outcome.fallbacks = ()
 
     async def _stick(self, outcome: _Outcome, ctx: RequestContext, commit: bool) -> None:
         sessions, sticky = self.sessions, self.config.sticky
@@ -359,6 +393,8 @@ class RulePolicy:
         if outcome.explore is not None:
             details["explore"] = outcome.explore.as_dict()
             details["propensity"] = outcome.propensity
+        if outcome.band is not None:
+            details["band"] = list(outcome.band)
         return Plan(
             candidates=tuple(dict.fromkeys((outcome.model, *outcome.fallbacks))),
             policy=POLICY_NAME,
@@ -366,6 +402,7 @@ class RulePolicy:
             signals={name: signal.as_dict() for name, signal in outcome.signals.items()},
             redact=tuple(outcome.redact),
             details=details,
+            workflow=outcome.workflow,
         )
 
     def _knob_dict(self, outcome: _Outcome) -> dict[str, Any] | None:

@@ -10,15 +10,22 @@ from policies.plan import Plan
 
 
 class StaticPolicy:
-    """Route every request of a virtual route to ``model``; ``fallbacks`` follow in order."""
+    """Route every request of a virtual route to ``model``; ``fallbacks`` follow in order.
 
-    def __init__(self, route: str, model: str, fallbacks: Sequence[str] = ()) -> None:
+    With ``workflow`` (a workflow's name), ``model`` is that workflow's virtual model and the plan
+    has the workflow answer.
+    """
+
+    def __init__(
+        self, route: str, model: str, fallbacks: Sequence[str] = (), *, workflow: str | None = None
+    ) -> None:
         self.name = f"static:{route}"
         self.route = route
         self._plan = Plan(
-            candidates=(model, *fallbacks),
+            candidates=(model,) if workflow is not None else (model, *fallbacks),
             policy="static",
             reason=f"route {route!r} is configured to use {model!r}",
+            workflow=workflow,
         )
 
     async def decide(self, ctx: RequestContext) -> Plan:

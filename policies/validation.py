@@ -36,15 +36,17 @@ def validate_policy(
     model_tags: Mapping[str, Collection[str]],
     *,
     signal_specs: Mapping[str, SignalSpec] | None = None,
+    workflows: Mapping[str, str] | None = None,
 ) -> None:
     """Raise ``ValueError`` listing every problem in route ``route_name``'s policy, one per line.
 
     ``known_signals`` are the signals the provider can compute (keyword signals the route defines
     in ``signals.keywords`` are added); ``signal_specs`` declares their types (defaults:
     :data:`policies.signals.DEFAULT_SIGNAL_SPECS`; undeclared signals accept every operator).
+    ``workflows`` maps the configured workflows' names to their virtual models.
     """
     problems = policy_problems(
-        route_name, cfg, known_signals, known_models, model_tags, signal_specs=signal_specs
+        route_name, cfg, known_signals, known_models, model_tags, signal_specs=signal_specs, workflows=workflows
     )
     if problems:
         raise ValueError("\n".join(problems))
@@ -58,9 +60,10 @@ def policy_problems(
     model_tags: Mapping[str, Collection[str]],
     *,
     signal_specs: Mapping[str, SignalSpec] | None = None,
+    workflows: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Every problem :func:`validate_policy` would raise, as ``key.path: message`` strings."""
-    checker = _Checker(f"routes.{route_name}", known_models, model_tags)
+    checker = _Checker(f"routes.{route_name}", known_models, model_tags, workflows)
     checker.route(cfg, set(known_signals), {**DEFAULT_SIGNAL_SPECS, **(signal_specs or {})})
     return checker.problems
 
@@ -90,9 +93,17 @@ class _Bounds:
 
 
 class _Checker:
-    def __init__(self, root: str, models: Collection[str], tags: Mapping[str, Collection[str]]) -> None:
+    def __init__(
+        self,
+        root: str,
+        models: Collection[str],
+        tags: Mapping[str, Collection[str]],
+        workflows: Mapping[str, str] | None = None,
+    ) -> None:
         self.root = root
         self.models = set(models)
+        self.workflows = dict(workflows or {})  # name -> virtual model
+        self.workflow_models = set(self.workflows.values())
         self.tags = {name: set(values) for name, values in tags.items()}
         self.problems: list[str] = []
         self.signals: set[str] = set()
@@ -105,6 +116,18 @@ class _Checker:
         if name not in self.models:
             self.fail(path, f"unknown model {name!r}{_suggest(name, self.models)}")
 
+    def model_or_workflow(self, path: str, name: str) -> None:
+        if not self.workflows:
+            self.model(path, name)
+        elif name not in self.models and name not in self.workflow_models:
+            options = self.models | self.workflow_models
+            self.fail(path, f"unknown model or workflow {name!r}{_suggest(name, options)}")
+
+    def workflow(self, path: str, name: str) -> None:
+        if name not in self.workflows:
+            known = ", ".join(sorted(self.workflows)) or "none configured"
+            self.fail(path, f"unknown workflow {name!r}{_suggest(name, self.workflows)}; workflows: {known}")
+
     def signal(self, path: str, name: str) -> bool:
         if name in self.signals:
             return True
@@ -113,7 +136,10 @@ class _Checker:
 
     def route(self, cfg: RouteConfig, known_signals: set[str], specs: dict[str, SignalSpec]) -> None:
         if cfg.model is not None:
-            self.model("model", cfg.model)
+            self.model_or_workflow("model", cfg.model)
+            if cfg.model in self.workflow_models and cfg.policy == "static" and cfg.fallbacks:
+                self.fail("fallbacks", f"{cfg.model!r} is a workflow: it takes no fallbacks (its models have "
+                          "their own, in backends.*.models.*.fallbacks)")
         for i, fallback in enumerate(cfg.fallbacks):
             self.model(f"fallbacks.{i}", fallback)
         if cfg.policy == "static":
@@ -134,6 +160,8 @@ class _Checker:
             self.score_signal("cost_quality.signal", cq.signal, _SCORE_KINDS, "a probability or number")
             self.model("cost_quality.strong", cq.strong)
             self.model("cost_quality.weak", cq.weak)
+            if cq.middle is not None:
+                self.workflow("cost_quality.middle.workflow", cq.middle.workflow)
         if cfg.multi_model is not None:
             self.multi_model(cfg)
         if cfg.sticky is not None:
@@ -157,6 +185,8 @@ class _Checker:
             action = rule.action
             if action.route is not None:
                 self.model(f"{path}.action.route", action.route)
+            if action.workflow is not None:
+                self.workflow(f"{path}.action.workflow", action.workflow)
             if action.tier is not None and cfg.cost_quality is None:
                 self.fail(f"{path}.action.tier", "tier needs a cost_quality section (its strong and weak models)")
             for j, fallback in enumerate(action.fallbacks):

@@ -67,10 +67,14 @@ class Brain:
         self._providers: dict[str, ClassifierSignalProvider] = {}
         self._scanning: list[ClassifierSignalProvider] = []  # of the routes that run rule signals
         needs: list[RouteNeeds] = []
+        workflows = config.workflow_models()
+        workflow_of = {model: name for name, model in workflows.items()}
         for route in config.routes:
             if route.policy == "static":
                 assert route.model is not None  # enforced by config validation
-                self.policies[route.name] = StaticPolicy(route.name, route.model, route.fallbacks)
+                self.policies[route.name] = StaticPolicy(
+                    route.name, route.model, route.fallbacks, workflow=workflow_of.get(route.model)
+                )
                 continue
             if not sticky and route.sticky is not None:
                 route = route.model_copy(update={"sticky": None})
@@ -81,7 +85,7 @@ class Brain:
             )
             policy = RulePolicy(
                 route.name, route, provider, config.models,
-                historic_scores=(historic_scores or {}).get(route.name, ()), explore=explore,
+                historic_scores=(historic_scores or {}).get(route.name, ()), explore=explore, workflows=workflows,
             )
             needs.append(RouteNeeds(route, frozenset(policy.needed_signals - set(extractors))))
             self.policies[route.name] = policy

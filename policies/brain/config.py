@@ -2,7 +2,8 @@
 
 A gateway config file holds sections the HTTP layer needs (``server``, ``auth``, ``store``, ``retry``
 …) and the ones that decide a route's policy: ``routes``, ``classifiers``, the models the backends
-serve (names, prices, context windows, tags) and the embedded ``local_model``. :class:`RoutingConfig`
+serve (names, prices, context windows, tags), the ``workflows`` routes may choose and the embedded
+``local_model``. :class:`RoutingConfig`
 is that second part. The gateway builds it from its own validated config; ``pointsman eval`` reads it
 straight from the file with :func:`load_routing_config`, which validates the routing sections exactly
 as the gateway does (the same pydantic classes, re-exported by ``gateway.config``) and ignores the rest.
@@ -18,13 +19,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from classifiers.signals import PII_KINDS
 from policies.config import RouteConfig
 from policies.signals import DEFAULT_SIGNAL_SPECS, SignalKind, SignalSpec
 from policies.utility import ModelInfo
 from policies.validation import policy_problems
+from policies.workflows import AnyWorkflow, WorkflowConfig, describe_location, workflow_models, workflow_problems
 
 #: The signal types the classifiers provide, with the closed label set of the PII signal, so a
 #: policy naming an unknown PII kind fails at start-up.
@@ -32,6 +34,7 @@ SIGNAL_SPECS: dict[str, SignalSpec] = {
     **DEFAULT_SIGNAL_SPECS, "pii": SignalSpec(SignalKind.LABELS, labels=frozenset(PII_KINDS)),
 }
 
+_NESTED_KEY = re.compile(r"^([A-Za-z_][\w-]*(?:\.[\w-]+)*): ")
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -77,7 +80,21 @@ class LocalModelConfig(_Strict):
     # Token logprobs (a cascade's confidence source). The child keeps only the logits of each batch's
     # last token, so answers that do not ask for logprobs cost what they did before.
     logprobs: bool = Field(default=True, description="answer logprobs / top_logprobs requests")
+    # More names for the same model, so a fusion or a cascade (whose candidates and stages are distinct
+    # models) can be tried over the one local model; each is a gateway model with the local upstream name.
+    aliases: tuple[str, ...] = Field(default=(), description="more model names served by the local model")
     startup_timeout: float = Field(default=120.0, gt=0)
+
+    @field_validator("aliases")
+    @classmethod
+    def _distinct_aliases(cls, aliases: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(aliases)) != len(aliases) or any(not alias.strip() for alias in aliases):
+            raise ValueError("aliases must be distinct, non-empty model names")
+        return aliases
+
+    def served_names(self) -> tuple[str, ...]:
+        """Every model name the local model answers to: its own name, then its aliases."""
+        return (self.model_name, *(alias for alias in self.aliases if alias != self.model_name))
 
 
 class ClassifiersConfig(_Strict):
@@ -147,12 +164,17 @@ class ClassifiersConfig(_Strict):
 
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
-    """What building a route's policies reads: the routes, the classifiers, and every model's
-    routing-relevant description (price, context window, tags) by name."""
+    """What building a route's policies reads: the routes, the classifiers, every model's
+    routing-relevant description (price, context window, tags) by name, and the workflows."""
 
     routes: tuple[RouteConfig, ...] = ()
     classifiers: ClassifiersConfig = field(default_factory=ClassifiersConfig)
     models: Mapping[str, ModelInfo] = field(default_factory=dict)
+    workflows: tuple[AnyWorkflow, ...] = ()
+
+    def workflow_models(self) -> dict[str, str]:
+        """Workflow name -> the virtual model it is served as (``cascade/<name>`` …)."""
+        return workflow_models(self.workflows)
 
     def route(self, name: str) -> RouteConfig:
         """The route called ``name`` (``KeyError`` naming the configured ones otherwise)."""
@@ -172,27 +194,26 @@ def model_infos(models: Iterable[ModelConfig], local: LocalModelConfig | None = 
         )
         for m in models
     }
-    if local is not None and local.enabled and local.model_name not in infos:
-        infos[local.model_name] = ModelInfo(
-            name=local.model_name, context_window=local.n_ctx, tags=frozenset({"local", "cheap"})
-        )
+    if local is not None and local.enabled:
+        for name in local.served_names():
+            infos.setdefault(name, ModelInfo(name=name, context_window=local.n_ctx, tags=frozenset({"local", "cheap"})))
     return infos
 
 
 def route_problems(
-    route: RouteConfig, models: Collection[str], tags: Mapping[str, Collection[str]]
+    route: RouteConfig,
+    models: Collection[str],
+    tags: Mapping[str, Collection[str]],
+    workflows: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """Cross-checks of one route against the configured models and the signals the classifiers
-    provide, as ``key.path: message`` lines (empty when the route is fine)."""
-    if route.policy == "static":
-        if route.model is None:
-            return [f"routes.{route.name}.model: a static route needs a model"]
-        return [
-            f"routes.{route.name}.{key}: unknown model {target!r}"
-            for key, target in [("model", route.model), *(("fallbacks", f) for f in route.fallbacks)]
-            if target not in models
-        ]
-    return policy_problems(route.name, route, set(DEFAULT_SIGNAL_SPECS), models, tags, signal_specs=SIGNAL_SPECS)
+    """Cross-checks of one route against the configured models, the workflows (name -> virtual
+    model) and the signals the classifiers provide, as ``key.path: message`` lines (empty when the
+    route is fine)."""
+    if route.policy == "static" and route.model is None:
+        return [f"routes.{route.name}.model: a static route needs a model"]
+    return policy_problems(
+        route.name, route, set(DEFAULT_SIGNAL_SPECS), models, tags, signal_specs=SIGNAL_SPECS, workflows=workflows
+    )
 
 
 class _BackendModels(BaseModel):
@@ -210,6 +231,7 @@ class _RoutingSections(BaseModel):
 
     backends: tuple[_BackendModels, ...] = ()
     routes: tuple[RouteConfig, ...] = ()
+    workflows: tuple[WorkflowConfig, ...] = ()
     local_model: LocalModelConfig = LocalModelConfig()
     classifiers: ClassifiersConfig = ClassifiersConfig()
 
@@ -221,8 +243,11 @@ class _RoutingSections(BaseModel):
             raise ValueError(f"backends: model(s) {', '.join(map(repr, duplicated))} defined twice")
         tags = {m.name: set(m.tags) for backend in self.backends for m in backend.models}
         if self.local_model.enabled:
-            tags.setdefault(self.local_model.model_name, {"local", "cheap"})
-        problems = [p for route in self.routes for p in route_problems(route, tags, tags)]
+            for name in self.local_model.served_names():
+                tags.setdefault(name, {"local", "cheap"})
+        workflows = workflow_models(self.workflows)
+        problems = workflow_problems(self.workflows, tags)
+        problems += [p for route in self.routes for p in route_problems(route, tags, tags, workflows)]
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
@@ -240,7 +265,9 @@ def parse_routing_config(data: Any, env: Mapping[str, str] | None = None) -> Rou
         raise RoutingConfigError("<root>: the config must be a mapping of sections (backends, routes, ...)")
     values = dict(os.environ) if env is None else dict(env)
     sections: dict[str, Any] = {
-        key: substitute_env(data[key], values, key) for key in ("routes", "local_model", "classifiers") if key in data
+        key: substitute_env(data[key], values, key)
+        for key in ("routes", "workflows", "local_model", "classifiers")
+        if key in data
     }
     backends = data.get("backends")
     if isinstance(backends, list):
@@ -258,6 +285,7 @@ def parse_routing_config(data: Any, env: Mapping[str, str] | None = None) -> Rou
         routes=parsed.routes,
         classifiers=parsed.classifiers,
         models=model_infos((m for b in parsed.backends for m in b.models), parsed.local_model),
+        workflows=parsed.workflows,
     )
 
 
@@ -301,8 +329,12 @@ def describe_validation_error(exc: ValidationError) -> str:
     """A pydantic error as ``invalid config:`` lines of ``dotted.key: message``."""
     lines = []
     for error in exc.errors():
-        key = ".".join(str(part) for part in error["loc"]) or "<root>"
+        loc = describe_location(tuple(error["loc"]))
+        key = ".".join(str(part) for part in loc) or "<root>"
         message = error["msg"].removeprefix("Value error, ")
+        nested = _NESTED_KEY.match(message) if loc[:1] == ("workflows",) else None
+        if nested:  # a workflow check names the key below the workflow: one dotted path
+            key, message = f"{key}.{nested.group(1)}", message[nested.end():]
         if error["type"] == "value_error" and key == "<root>":
             lines.append(message)  # cross-reference checks name their own key path
             continue
