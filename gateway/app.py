@@ -81,6 +81,7 @@ def create_app(config: Config) -> Starlette:
             })
         service = ProxyService(config, pool, client, metrics, recorder, brain.policies, brain.scan_pool,
                                router=brain.router)
+        await service.workflows.start()  # answer-confidence heads, when a cascade scores with one
         metrics.watch_router(brain.router)
         followups = service.followups
         followups.set_encoder(lambda: brain.encoder)  # for conversation capture (loaded by brain.start)
@@ -155,7 +156,8 @@ async def route(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> Response:
-    """``GET /v1/models``: every configured model (owned by its backend) and every route."""
+    """``GET /v1/models``: every configured model (owned by its backend), every route and every
+    workflow (``cascade/<name>`` …)."""
     service = _service(request)
     try:
         service.authenticate(request)
@@ -169,6 +171,10 @@ async def list_models(request: Request) -> Response:
     data += [
         {"id": name, "object": "model", "created": created, "owned_by": "pointsman-route"}
         for name in service.policies
+    ]
+    data += [
+        {"id": workflow.model_name, "object": "model", "created": created, "owned_by": "pointsman-workflow"}
+        for workflow in service.workflows.workflows.values()
     ]
     return json_response({"object": "list", "data": data})
 

@@ -19,6 +19,7 @@ from gateway.auth import hash_key
 from gateway.config import Config, load_config
 from gateway.defaults import embedded_default, with_local_backend
 from gateway.errors import ConfigError
+from gateway.workflows import preflight as workflow_preflight
 
 log = logging.getLogger("pointsman")
 
@@ -49,6 +50,7 @@ async def serve(config: Config) -> None:
     # Pre-flight: route policies whose signals cannot be computed (no trained head for the chosen
     # encoder) fail here with a clean message, before any child process or socket exists.
     brain = RoutingBrain(config)
+    workflow_preflight(config)  # a cascade's answer-confidence artifact is there
     if brain.shared_state is not None:  # Redis down or a wrong URL: say so now, not in a traceback
         await brain.shared_state.start()
         await brain.shared_state.close()
@@ -191,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "into a registry version, or rebuild the shipped artifacts (see --help)")
     sub.add_parser("promote", add_help=False,
                    help="promote a registry version if it beats the active router on held-out data (see --help)")
+    sub.add_parser("train-answer-confidence", add_help=False,
+                   help="train the answer-confidence head a cascade's confidence.source: head scores with "
+                        "(GSM8K answers; see --help)")
     sub.add_parser("eval", add_help=False,
                    help="replay a route's policy over labelled data (--config FILE --route auto --data SOURCE) and "
                         "report APGR, CPT, frontier, AIQ, calibration against baselines (see --help)")
@@ -203,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from evals.train import main as train_main
 
         return train_main(rest)
+    if args.command == "train-answer-confidence":
+        from evals.train_answer_confidence import main as train_answer_confidence_main
+
+        return train_answer_confidence_main(rest)
     if args.command == "promote":
         from evals.promote import main as promote_main
 
@@ -244,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # it would load (missing head, wrong encoder, a multi_model candidate the quality head
             # cannot score). Builds no encoder and starts nothing.
             RoutingBrain(config)
+            workflow_preflight(config)
         except ConfigError as exc:
             print(f"pointsman: {exc}", file=sys.stderr)
             return 2

@@ -26,6 +26,7 @@ from policies.brain.config import (  # the routing sections' schema, shared with
     route_problems,
 )
 from policies.config import RouteConfig
+from policies.workflows import WorkflowConfig, WorkflowLimits, workflow_models, workflow_problems
 
 
 class _Strict(BaseModel):
@@ -235,6 +236,8 @@ class Config(_Strict):
     server: ServerConfig = ServerConfig()
     backends: tuple[BackendConfig, ...] = ()
     routes: tuple[RouteConfig, ...] = ()
+    workflows: tuple[WorkflowConfig, ...] = ()
+    workflow_limits: WorkflowLimits = WorkflowLimits()
     retry: RetryConfig = RetryConfig()
     breaker: BreakerConfig = BreakerConfig()
     auth: AuthConfig = AuthConfig()
@@ -259,7 +262,7 @@ class Config(_Strict):
                     raise ValueError(f"backends.{backend.name}.models: model {model.name!r} is defined twice")
                 models.add(model.name)
         if self.local_model.enabled:
-            models.add(self.local_model.model_name)
+            models.update(self.local_model.served_names())
         for backend in self.backends:
             for model in backend.models:
                 for fallback in model.fallbacks:
@@ -269,15 +272,22 @@ class Config(_Strict):
                         )
         route_names: set[str] = set()
         tags = self.model_tags()
+        problems = workflow_problems(self.workflows, models)
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        workflows = workflow_models(self.workflows)
+        virtual = set(workflows.values())
         for route in self.routes:
             if route.name in models:
                 raise ValueError(f"routes.{route.name}: a route may not share its name with a model")
+            if route.name in virtual:
+                raise ValueError(f"routes.{route.name}: a route may not share its name with a workflow's model")
             if route.name == "direct":
                 raise ValueError("routes.direct: 'direct' is reserved (x-pointsman-route of concrete models)")
             if route.name in route_names:
                 raise ValueError(f"routes: duplicate route name {route.name!r}")
             route_names.add(route.name)
-            problems = route_problems(route, models, tags)
+            problems = route_problems(route, models, tags, workflows)
             if problems:
                 raise ValueError("\n  ".join(problems))
         return self
@@ -288,13 +298,15 @@ class Config(_Strict):
             routes=self.routes,
             classifiers=self.classifiers,
             models=model_infos((m for b in self.backends for m in b.models), self.local_model),
+            workflows=self.workflows,
         )
 
     def model_tags(self) -> dict[str, set[str]]:
         """Tags of every configured model (the embedded local model included)."""
         tags = {m.name: set(m.tags) for b in self.backends for m in b.models}
         if self.local_model.enabled:
-            tags.setdefault(self.local_model.model_name, {"local", "cheap"})
+            for name in self.local_model.served_names():
+                tags.setdefault(name, {"local", "cheap"})
         return tags
 
 

@@ -140,5 +140,15 @@ class UpstreamTimeoutError(PointsmanError):
     code = "upstream_timeout"
 
 
+class WorkflowCapError(PointsmanError):
+    """A workflow reached one of its caps before any of its sub-calls answered: 429
+    ``workflow_cap_reached`` (steps, tokens or cost: the request does not fit the workflow's budget),
+    or 504 ``workflow_timeout`` for ``max_seconds``."""
+
+    status = 429
+    error_type = "workflow_error"
+    code = "workflow_cap_reached"
+
+
 class ConfigError(Exception):
     """The configuration file is invalid. The message names the offending key. Not client-visible."""

@@ -91,7 +91,8 @@ class Followups:
         record = served.record
         ok = record.status == 200 and record.outcome == "ok"
         self.implicit.finished(record, served.fingerprint, finish_length=ok and finished_by_length(answer))
-        if not ok or served.forwarded is None or not self.compare.sampled(record):
+        # A workflow's answer is not compared: its decision was a workflow, not a candidate model.
+        if not ok or served.forwarded is None or record.workflow is not None or not self.compare.sampled(record):
             return None
         body = served.forwarded
 

@@ -54,6 +54,28 @@ class Metrics:
             registry=self.registry,
         )
         self.in_flight = Gauge("pointsman_in_flight_requests", "Requests being served.", registry=self.registry)
+        # Workflows (gateway/workflows): their sub-calls' tokens and cost also go to pointsman_tokens and
+        # pointsman_cost_usd, labelled with the model each sub-call used.
+        self.workflow_runs = Counter(
+            "pointsman_workflow_runs", "Workflow runs by outcome: answered, capped, degraded, failed, cancelled.",
+            ("workflow", "outcome"), registry=self.registry,
+        )
+        self.workflow_steps = Counter(
+            "pointsman_workflow_steps", "Workflow sub-calls by workflow, step, model and outcome.",
+            ("workflow", "step", "model", "outcome"), registry=self.registry,
+        )
+        self.workflow_escalations = Counter(
+            "pointsman_workflow_escalations", "Cascade escalations, by workflow and the stage escalated to.",
+            ("workflow", "to_stage"), registry=self.registry,
+        )
+        self.workflow_caps = Counter(
+            "pointsman_workflow_caps_hit", "Workflow runs that reached a cap (they end with their best answer so far).",
+            ("workflow", "cap"), registry=self.registry,
+        )
+        self.workflow_subcalls = Gauge(
+            "pointsman_workflow_subcalls", "Workflow sub-calls holding (in_flight) or waiting for (waiting) one of "
+            "the process's workflow_limits.max_concurrent_subcalls slots.", ("state",), registry=self.registry,
+        )
 
     def watch_pool(self, pool: BackendPool) -> None:
         """Export breaker state and ejections, health and outstanding requests per replica at scrape time."""

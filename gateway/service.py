@@ -14,8 +14,8 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Awaitable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -45,6 +45,7 @@ from gateway.streaming import ProxyStream
 from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamClient
 from gateway.usage import SSEUsageScanner, cost_usd
+from gateway.workflows import WorkflowDone, WorkflowRunner
 from policies import Plan, Policy, PolicyError, RequestContext
 from policies.brain import ActiveRouter, explain_policy, request_context
 from policies.echo import client_echo, masked_prefix
@@ -54,6 +55,7 @@ from store.recorder import DecisionRecorder
 from store.records import DecisionRecord
 
 log = logging.getLogger("pointsman.service")
+T = TypeVar("T")
 
 DIRECT_ROUTE = "direct"  # the x-pointsman-route value when a concrete model was requested
 
@@ -88,7 +90,10 @@ class ProxyService:
         self.issued = IssuedIds(config.feedback.recent_ids)
         # Conversation capture, implicit feedback and comparisons (the eval loop's share of serving).
         self.followups = Followups(config, self.forwarder, pool, recorder)
-        # Plans for concrete model names never change: build them once.
+        # Cascades, fusions, ratings and graphs: their sub-calls go through the same forwarder.
+        self.workflows = WorkflowRunner(config, self.forwarder, pool, metrics, recorder)
+        # Plans for concrete model names never change: build them once (a workflow's virtual model
+        # is one more name a client may send).
         self._direct_plans = {
             name: Plan(
                 candidates=_dedupe((name, *target.model.fallbacks)),
@@ -97,6 +102,11 @@ class ProxyService:
             )
             for name, target in pool.models.items()
         }
+        for workflow in config.workflows:
+            self._direct_plans[workflow.model_name] = Plan(
+                candidates=(workflow.model_name,), policy="direct", reason="workflow requested by name",
+                workflow=workflow.name,
+            )
 
     def authenticate(self, request: Request) -> str | None:
         """Tenant of the request's API key (None when auth is off); raises 401."""
@@ -135,7 +145,22 @@ class ProxyService:
                 raw = with_model_first(body)
             served.forwarded = body
             await self.followups.decided(served, plan.signals)
-            result = await self._forward_unless_disconnected(request, endpoint, body, raw, plan, trace)
+            if plan.workflow is not None:
+                done = await self._unless_disconnected(
+                    request, self.workflows.run(plan.workflow, endpoint, body, trace)
+                )
+                if done is None:
+                    record.outcome, record.status = "client_disconnected", 499
+                    return Response(status_code=499)
+                if done.opened is not None:
+                    streaming = True
+                    return self._workflow_stream(done, trace, served)
+                response, answer = self._workflow_answer(done, trace)
+                return response
+            result = await self._unless_disconnected(request, self.forwarder.forward(
+                path=endpoint.path, body=body, raw_body=raw, candidates=plan.candidates,
+                stream=bool(body.get("stream")), trace=trace,
+            ))
             if result is None:
                 record.outcome, record.status = "client_disconnected", 499
                 return Response(status_code=499)
@@ -275,16 +300,9 @@ class ProxyService:
             return plan
         return dataclasses.replace(plan, candidates=candidates)
 
-    async def _forward_unless_disconnected(
-        self,
-        request: Request,
-        endpoint: Endpoint,
-        body: Mapping[str, Any],
-        raw: bytes,
-        plan: Plan,
-        trace: RequestTrace,
-    ) -> Completed | OpenedStream | None:
-        """Forward, but cancel the upstream work at once if the client disconnects meanwhile."""
+    async def _unless_disconnected(self, request: Request, work: Awaitable[T]) -> T | None:
+        """Await ``work`` (forwarding, a workflow), but cancel it at once — upstream calls included —
+        if the client disconnects meanwhile (then None)."""
         task = asyncio.current_task()
         assert task is not None
         disconnected = False
@@ -298,10 +316,7 @@ class ProxyService:
 
         watcher = asyncio.ensure_future(watch())
         try:
-            return await self.forwarder.forward(
-                path=endpoint.path, body=body, raw_body=raw, candidates=plan.candidates,
-                stream=bool(body.get("stream")), trace=trace,
-            )
+            return await work
         except asyncio.CancelledError:
             if disconnected:
                 task.uncancel()
@@ -329,6 +344,48 @@ class ProxyService:
             *self._headers(trace),
         ]
         return response
+
+    def _workflow_answer(self, done: WorkflowDone, trace: RequestTrace) -> tuple[Response, bytes]:
+        """A workflow's buffered answer (JSON, or an SSE stream when the client streams) and the
+        answer as JSON for the follow-ups."""
+        record = trace.record
+        status, body, content_type, answer = done.body()  # also fills the record's workflow part
+        record.status = status
+        if status >= 400:
+            record.outcome = "error"
+            record.error_type = f"upstream_{status}"
+        elif record.stream:
+            record.ttft_ms = trace.elapsed_ms()  # the whole answer is the first byte
+        trace.headers_sent_at = time.perf_counter()
+        response = Response(content=body, status_code=status, media_type=None)
+        response.raw_headers = [
+            (b"content-type", content_type.encode("latin-1")),
+            (b"content-length", str(len(body)).encode()),
+            *self._headers(trace),
+            *done.headers(),
+        ]
+        return response, answer
+
+    def _workflow_stream(self, done: WorkflowDone, trace: RequestTrace, served: Served) -> ProxyStream:
+        """Relay a workflow's final stage, live, with the workflow's totals put into the stream."""
+        assert done.final.stream is not None and done.opened is not None
+        record = trace.record
+        call = done.final.stream.call
+        record.model, record.backend = call.answered or call.model, call.backend
+        record.status = 200
+        trace.headers_sent_at = time.perf_counter()
+        return ProxyStream(
+            done.opened, trace, [*self._headers(trace), *done.headers()],
+            functools.partial(self._finish_workflow_stream, served, done), rewrite=done.rewriter().feed,
+        )
+
+    def _finish_workflow_stream(
+        self, served: Served, done: WorkflowDone, trace: RequestTrace, scanner: SSEUsageScanner
+    ) -> None:
+        self.metrics.in_flight.dec()
+        done.finish_stream(scanner)  # the record's totals, sub-calls and tree
+        self._finish(trace)
+        self.followups.streamed(served, scanner)
 
     def _error(self, error: PointsmanError, trace: RequestTrace) -> Response:
         record = trace.record
@@ -372,12 +429,13 @@ class ProxyService:
         metrics.overhead.labels(route).observe(record.overhead_ms / 1000.0)
         if record.ttft_ms is not None:
             metrics.ttft.labels(route, model, backend).observe(record.ttft_ms / 1000.0)
-        if record.prompt_tokens:
-            metrics.tokens.labels(route, model, backend, "prompt").inc(record.prompt_tokens)
-        if record.completion_tokens:
-            metrics.tokens.labels(route, model, backend, "completion").inc(record.completion_tokens)
-        if record.cost_usd:
-            metrics.cost.labels(route, model, backend).inc(record.cost_usd)
+        if record.workflow is None:  # a workflow's tokens and cost were counted per sub-call model
+            if record.prompt_tokens:
+                metrics.tokens.labels(route, model, backend, "prompt").inc(record.prompt_tokens)
+            if record.completion_tokens:
+                metrics.tokens.labels(route, model, backend, "completion").inc(record.completion_tokens)
+            if record.cost_usd:
+                metrics.cost.labels(route, model, backend).inc(record.cost_usd)
         if record.outcome != "ok":
             log.info(
                 "request %s %s: %s %s (%s)", record.request_id, record.endpoint, record.status,

@@ -1,9 +1,10 @@
 """Byte-faithful SSE passthrough with idle/total deadlines and immediate cancel on client disconnect.
 
 The upstream's bytes are forwarded exactly as they arrive (tool-call deltas, usage chunks and
-``[DONE]`` included). If the upstream breaks mid-stream the client gets one OpenAI-shaped error
-event and the stream ends; if the client leaves, the upstream connection is dropped at once so the
-model stops generating.
+``[DONE]`` included), unless a ``rewrite`` is given: a workflow's final stage passes its bytes through
+one that puts the workflow's totals into the stream's last chunk (``gateway/workflows/sse.py``).
+If the upstream breaks mid-stream the client gets one OpenAI-shaped error event and the stream
+ends; if the client leaves, the upstream connection is dropped at once so the model stops generating.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class ProxyStream(Response):
         headers: Sequence[tuple[bytes, bytes]],
         on_done: Callable[[RequestTrace, SSEUsageScanner], None],
         scanner: SSEUsageScanner | None = None,
+        rewrite: Callable[[bytes], bytes] | None = None,
     ) -> None:
         # Response.__init__ is skipped on purpose: this class writes its own ASGI messages.
         self.status_code = 200
@@ -52,6 +54,7 @@ class ProxyStream(Response):
         self._extra_headers = list(headers)
         self._on_done = on_done
         self._scanner = scanner or SSEUsageScanner()
+        self._rewrite = rewrite  # None (every proxied stream): the upstream's bytes as they are
         self._client_done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -106,7 +109,9 @@ class ProxyStream(Response):
         try:
             chunk = first
             while not scanner.saw_done:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                out = chunk if self._rewrite is None else self._rewrite(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
                 chunk = await opened.response.next_chunk()
                 if not chunk:
                     break
@@ -116,7 +121,8 @@ class ProxyStream(Response):
                 # upstream to close (some servers keep the stream open after it), then give the
                 # upstream a moment to end its body so the connection can be reused.
                 self._client_done = True
-                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                out = chunk if self._rewrite is None else self._rewrite(chunk)
+                await send({"type": "http.response.body", "body": out, "more_body": False})
                 await self._settle_upstream()
                 return
         except UpstreamFailure as failure:

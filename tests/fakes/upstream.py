@@ -26,7 +26,29 @@ always-a           a judge with the strongest position bias: whatever it is show
                    ``[[A]]`` (comparisons must cancel it by asking both orders)
 =================  =============================================================================
 
-``length`` and ``always-a`` are not in ``BEHAVIOURS`` (the faults every standard model covers).
+Scripted answers, for workflows (the model name carries the script):
+
+=================  =============================================================================
+lp<x>              ``lp-0.30``: the normal answer; when the request asks for ``logprobs`` every token
+                   of the text has logprob ``x`` (so exp(mean) = exp(x)) and ``top_logprobs``
+                   alternatives 1.5, 3.0 … lower; streamed chunks carry them too. No logprobs
+                   unless asked (as real servers do). With tools: a tool call only
+say:<text>         answers ``text`` (its words are the tokens; logprob -0.01 each when asked)
+cycle:<a>|<b>|…    answers ``a``, then ``b``, … per key, round and round; honours ``n`` (n answers)
+cycle1:<a>|<b>|…   the same, but ignores ``n`` (a backend without it: one choice)
+hang:<tag>         like ``hang`` (never answers); its cancellation is counted under the full name
+slow:<s>[#tag]     answers after ``s`` seconds (a cancellation while waiting is counted)
+rater              a scoring judge: reads the first ``quality=<x>`` in its prompt, answers
+                   ``[[round(1 + 9x)]]``
+pairjudge          a pairwise judge: reads the ``quality=<x>`` markers in order (A then B) and
+                   answers ``[[A]]``, ``[[B]]`` or ``[[tie]]``
+echo               answers ``ECHO: `` and the text of the last user message
+=================  =============================================================================
+
+``length``, ``always-a`` and the scripted models are not in ``BEHAVIOURS`` (the faults every standard
+model covers). Every answer's usage is 11 prompt tokens and 7 completion tokens per choice
+(streams: one completion token per chunk of text). ``state.peak`` holds the most requests of one
+key that were in flight at once.
 
 "Per key" is the ``user`` field of the request, so tests do not interfere with one another.
 ``GET /stats`` reports requests seen per model and key; ``/v1/models`` lists the behaviours.
@@ -38,6 +60,7 @@ HTTP 500 while ``GET /v1/models`` answers 200 (a bad replica beside good ones).
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import threading
 import time
@@ -68,6 +91,8 @@ class UpstreamState:
         self.bodies: list[dict[str, Any]] = []
         self.disconnects: Counter[str] = Counter()
         self.headers: list[dict[str, str]] = []
+        self.active: Counter[str] = Counter()  # requests in flight per key
+        self.peak: Counter[str] = Counter()  # the most in flight at once per key
 
 
 def _completion(body: dict[str, Any], text: str, finish: str = "stop") -> dict[str, Any]:
@@ -134,17 +159,116 @@ def stream_events(body: dict[str, Any], words: list[str], finish: str = "stop") 
 
 
 WORDS = ["Hello", " from", " the", " fake", " upstream", "."]
+_QUALITY = re.compile(r"quality=([0-9.]+)")
+SCRIPTED = ("lp", "say:", "cycle:", "cycle1:", "hang:", "slow:", "rater", "pairjudge", "echo")
+
+
+def _scripted(model: str) -> bool:
+    return model.startswith(SCRIPTED)
+
+
+def _last_user(body: dict[str, Any]) -> str:
+    for message in reversed(body.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else ""
+    return ""
+
+
+def _words(text: str) -> list[str]:
+    """``text`` as tokens: its words, each but the first with its leading space."""
+    parts = text.split(" ")
+    return [parts[0], *(" " + p for p in parts[1:])] if text else []
+
+
+def scripted_texts(model: str, body: dict[str, Any], seen: int) -> list[str]:
+    """The answer texts (one per choice) a scripted model gives to its ``seen``-th request of a key."""
+    prompt = " ".join(str(m.get("content", "")) for m in body.get("messages") or [] if isinstance(m, dict))
+    if model.startswith("say:"):
+        return [model[4:]]
+    if model.startswith(("cycle:", "cycle1:")):
+        script = model.split(":", 1)[1].split("|")
+        n = int(body.get("n") or 1) if model.startswith("cycle:") else 1
+        start = (seen - 1) * n
+        return [script[(start + i) % len(script)] for i in range(n)]
+    if model == "rater":
+        found = _QUALITY.findall(prompt)
+        return [f"[[{round(1 + 9 * float(found[0]))}]]" if found else "I cannot rate this."]
+    if model == "pairjudge":
+        found = [float(x) for x in _QUALITY.findall(prompt)]
+        if len(found) < 2:
+            return ["no verdict"]
+        return ["[[tie]]" if found[0] == found[1] else "[[A]]" if found[0] > found[1] else "[[B]]"]
+    if model == "echo":
+        return ["ECHO: " + _last_user(body)]
+    return ["".join(WORDS)]
+
+
+def _logprobs(model: str, words: list[str], top: int) -> dict[str, Any]:
+    value = float(model[2:]) if model.startswith("lp") else -0.01
+    return {"content": [
+        {"token": w, "logprob": value, "bytes": list(w.encode()),
+         "top_logprobs": [{"token": w if i == 0 else f"alt{i}", "logprob": value - 1.5 * i, "bytes": None}
+                          for i in range(top)]}
+        for w in words
+    ]}
+
+
+def scripted_completion(model: str, body: dict[str, Any], seen: int) -> dict[str, Any]:
+    """A scripted model's whole answer (usage: 11 prompt tokens, 7 completion tokens a choice)."""
+    texts = scripted_texts(model, body, seen)
+    completion = _completion(body, texts[0])
+    choices = []
+    for i, text in enumerate(texts):
+        choice = {**completion["choices"][0], "index": i}
+        if choice["message"].get("content") is not None:
+            choice["message"] = {"role": "assistant", "content": text}
+            if body.get("logprobs"):
+                choice["logprobs"] = _logprobs(model, _words(text), int(body.get("top_logprobs") or 0))
+        choices.append(choice)
+    completion["choices"] = choices
+    used = 7 * len(texts)
+    completion["usage"] = {"prompt_tokens": 11, "completion_tokens": used, "total_tokens": 11 + used}
+    return completion
 
 
 def build_app(state: UpstreamState) -> Starlette:
     async def chat(request: Request) -> Response:
         body = orjson.loads(await request.body())
         model, key = body.get("model", "ok"), str(body.get("user", ""))
+        state.active[key] += 1
+        state.peak[key] = max(state.peak[key], state.active[key])
+        try:
+            return await answer(request, body, model, key)
+        finally:
+            state.active[key] -= 1
+
+    async def answer(request: Request, body: dict[str, Any], model: str, key: str) -> Response:
         state.requests[(model, key)] += 1
         state.bodies.append(body)
         state.headers.append(dict(request.headers))
         seen = state.requests[(model, key)]
         stream = bool(body.get("stream"))
+        if model.startswith("hang:"):
+            await _sleep_until_disconnect(request, model)
+            return Response(status_code=204)
+        if model.startswith("slow:"):
+            delay = float(model[5:].split("#")[0])
+            deadline = time.monotonic() + delay
+            try:
+                while time.monotonic() < deadline:
+                    if await request.is_disconnected():
+                        state.disconnects[model] += 1
+                        return Response(status_code=204)
+                    await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                state.disconnects[model] += 1
+                raise
+            return JSONResponse(_completion(body, f"slow answer {model}"))
+        if _scripted(model):
+            if stream:
+                return StreamingResponse(_scripted_stream(body, model, seen), media_type="text/event-stream")
+            return JSONResponse(scripted_completion(model, body, seen))
         if model == "bad-request":
             return JSONResponse({"error": {"message": "bad tool schema", "type": "invalid_request_error",
                                            "param": "tools", "code": None}}, status_code=400)
@@ -163,6 +287,21 @@ def build_app(state: UpstreamState) -> Starlette:
         if stream or model == "hang-body" or model in MIDSTREAM_FAULTS:
             return StreamingResponse(_stream(request, body, model), media_type="text/event-stream")
         return JSONResponse(_completion(body, "".join(WORDS), "length" if model == "length" else "stop"))
+
+    async def _scripted_stream(body: dict[str, Any], model: str, seen: int) -> AsyncIterator[bytes]:
+        words = _words(scripted_texts(model, body, seen)[0])
+        if body.get("tools") or not body.get("logprobs"):
+            for event in stream_events(body, words):
+                yield event
+            return
+        top = int(body.get("top_logprobs") or 0)
+        yield _chunk(body, {"role": "assistant", "content": ""})
+        for word in words:
+            chunk = orjson.loads(_chunk(body, {"content": word})[6:])
+            chunk["choices"][0]["logprobs"] = _logprobs(model, [word], top)
+            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        for event in stream_events(body, [])[1:]:
+            yield event
 
     async def _stream(request: Request, body: dict[str, Any], model: str) -> AsyncIterator[bytes]:
         events = stream_events(body, WORDS, "length" if model == "length" else "stop")

@@ -301,11 +301,12 @@ def test_a_v1_database_is_upgraded_and_its_requests_take_feedback(upstream: Fake
 
     by_id = forget("--request-id", "old-1")
     assert by_id.returncode == 0, by_id.stderr
-    assert by_id.stdout.strip() == "forgot request 'old-1': deleted 1 decisions, 2 feedback rows, 0 conversations"
+    assert by_id.stdout.strip() == (
+        "forgot request 'old-1': deleted 1 decisions, 2 feedback rows, 0 conversations, 0 workflow sub-calls")
     by_tenant = forget("--tenant", "globex", "--purge-expired")
     assert by_tenant.returncode == 0, by_tenant.stderr
     assert by_tenant.stdout.splitlines() == [
-        "forgot tenant 'globex': deleted 3 decisions, 1 feedback rows, 0 conversations",
+        "forgot tenant 'globex': deleted 3 decisions, 1 feedback rows, 0 conversations, 0 workflow sub-calls",
         "purged the text of 0 conversations past their retention",
     ]
     assert {d["request_id"] for d in proc.decisions()} == {"old-0", "old-2"}

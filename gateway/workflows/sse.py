@@ -1,0 +1,153 @@
+"""Server-sent events for workflow answers: a buffered answer written as a stream, and a live final
+stage's stream with the workflow's totals put in.
+
+A client that streams sees one coherent OpenAI stream whichever stage answered: chunks with the
+answer, a chunk with ``finish_reason``, the usage chunk when it asked for one
+(``stream_options.include_usage``), then ``data: [DONE]``. The workflow's ``pointsman`` extension
+field rides on the last chunk before ``[DONE]``: the usage chunk when there is one, else the
+``finish_reason`` chunk (never an extra chunk with no choices, which clients that read
+``choices[0]`` of every chunk would trip on).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+from gateway.workflows.confidence import first_choice
+
+DONE = b"data: [DONE]\n\n"
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+
+
+def _event(payload: Mapping[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def render(completion: Mapping[str, Any], *, include_usage: bool) -> bytes:
+    """A complete chat completion (its first choice; usage and ``pointsman`` as given) as the SSE
+    stream an OpenAI server would have sent for it."""
+    head: dict[str, Any] = {
+        "id": completion.get("id") or "chatcmpl-pointsman",
+        "object": "chat.completion.chunk",
+        "created": completion.get("created") or 0,
+        "model": completion.get("model") or "",
+    }
+    if completion.get("system_fingerprint") is not None:
+        head["system_fingerprint"] = completion["system_fingerprint"]
+    choice = first_choice(completion) or {}
+    message = choice.get("message")
+    message = message if isinstance(message, Mapping) else {}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    content = message.get("content")
+    if isinstance(content, str) and content:
+        events.append(chunk({"content": content}, logprobs=choice.get("logprobs")))
+    refusal = message.get("refusal")
+    if isinstance(refusal, str) and refusal:
+        events.append(chunk({"refusal": refusal}))
+    calls = message.get("tool_calls")
+    for i, call in enumerate(calls if isinstance(calls, list) else []):
+        if isinstance(call, Mapping):
+            events.append(chunk({"tool_calls": [{"index": i, **call}]}))
+    finish = chunk({}, finish=choice.get("finish_reason") or "stop")
+    extension = completion.get("pointsman")
+    if include_usage:
+        tail = {**head, "choices": [], "usage": completion.get("usage")}
+        if extension is not None:
+            tail["pointsman"] = extension
+        events += [finish, tail]
+    else:
+        if extension is not None:
+            finish["pointsman"] = extension
+        events.append(finish)
+    return b"".join(_event(e) for e in events) + DONE
+
+
+Closer = Callable[[Mapping[str, Any] | None], tuple[dict[str, Any], dict[str, Any]]]
+
+
+class LiveRewriter:
+    """Rewrites a live final stage's stream event by event for the client.
+
+    Chunks with the answer pass through byte for byte. The ``finish_reason`` chunk is held until the
+    usage chunk (which the gateway asked for) or ``[DONE]`` arrives; then ``close(usage of this
+    stage)`` returns the workflow's usage totals and its ``pointsman`` extension: with
+    ``client_usage`` the usage chunk carries them, otherwise the usage chunk is dropped (the client
+    did not ask for one) and the held finish chunk carries the extension.
+    """
+
+    def __init__(self, *, client_usage: bool, close: Closer) -> None:
+        self._client_usage = client_usage
+        self._close = close
+        self._buffer = b""
+        self._held: dict[str, Any] | None = None
+        self._closed = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to send the client for ``chunk`` (b"" while an event is incomplete or held)."""
+        self._buffer += chunk
+        if b"\n\n" not in self._buffer and b"\r\n\r\n" not in self._buffer:
+            return b""
+        text = self._buffer.replace(b"\r\n", b"\n")
+        *events, self._buffer = text.split(b"\n\n")
+        return b"".join(self._rewrite(event) for event in events)
+
+    def _rewrite(self, event: bytes) -> bytes:
+        data = _data(event)
+        if data is None:
+            return event + b"\n\n"  # comments, keep-alives: as they came
+        if data == b"[DONE]":
+            return self._release(None) + DONE
+        if self._closed or (_USAGE.search(data) is None and _FINISHED.search(data) is None):
+            return event + b"\n\n"
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return event + b"\n\n"
+        if not isinstance(payload, dict):
+            return event + b"\n\n"
+        usage = payload.get("usage")
+        if isinstance(usage, Mapping):
+            return self._release(payload)
+        if self._held is None:
+            self._held = payload
+            return b""
+        return event + b"\n\n"
+
+    def _release(self, usage_chunk: dict[str, Any] | None) -> bytes:
+        """Close the stream: the held finish chunk and the usage chunk, with the totals put in."""
+        if self._closed:
+            return b""
+        self._closed = True
+        usage, extension = self._close(usage_chunk.get("usage") if usage_chunk is not None else None)
+        out = b""
+        held = self._held
+        if usage_chunk is not None and self._client_usage:
+            if held is not None:
+                out += _event(held)
+            usage_chunk["usage"] = usage
+            usage_chunk["pointsman"] = extension
+            return out + _event(usage_chunk)
+        if held is None and usage_chunk is not None and usage_chunk.get("choices"):
+            held = {**usage_chunk, "usage": None}  # a backend that put usage on its finish chunk
+        if held is not None:
+            held["pointsman"] = extension
+            if self._client_usage:
+                held["usage"] = usage
+            out += _event(held)
+        return out
+
+
+def _data(event: bytes) -> bytes | None:
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            return line[5:].strip()
+    return None
