@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from evals.metrics import bootstrap, percentile_ci
+from evals.replay import WORKFLOW_EXCLUDED
 
 #: Feedback sources that judge the served answer directly.
 EXPLICIT_SOURCES: tuple[str, ...] = ("user", "rule", "import")
@@ -192,6 +193,8 @@ def build_logged_table(
             reason: str | None = "blocked by a rule"
         elif decision.by == "error" or decision.model is None:
             reason = "no decision (policy error)"
+        elif decision.by == "workflow":
+            reason = WORKFLOW_EXCLUDED
         elif decision.model not in (strong, weak):
             reason = "routed to a model outside the pair"
         else:

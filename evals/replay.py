@@ -28,6 +28,8 @@ from policies.knob import THRESHOLD_HEADER, CostQualityKnob
 
 #: Requests explained concurrently: enough for the encoder to micro-batch, few enough to stay light.
 CONCURRENCY = 64
+# Why replay leaves a workflow decision out (the labelled data has no outcome for a cascade or fusion).
+WORKFLOW_EXCLUDED = "answered by a workflow (its sub-calls' outcome is not in the data)"
 
 
 @dataclass(frozen=True)
@@ -186,10 +188,15 @@ def decision_of(index: int, explanation: Mapping[str, Any], *, request_id: str |
     reason = str(explanation.get("reason") or "")
     model = explanation.get("model")
     score = knob_score(explanation)
+    plan = explanation.get("plan")
     if explanation.get("blocked"):
         by = "blocked"
     elif explanation.get("error") or model is None:
         by = "error"
+    elif isinstance(plan, Mapping) and plan.get("workflow"):
+        # A workflow (a cascade of the knob's middle band, a rule's fusion) answers with sub-calls whose
+        # outcome the labelled data cannot say: replay leaves these requests out and counts them.
+        by = "workflow"
     elif score is not None:
         by = "knob"
     elif _rule_routed(explanation):
@@ -220,6 +227,8 @@ def pair_arrays(replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     strong = np.zeros(n, dtype=bool)
     for i, d in enumerate(replay.decisions):
         strong[i] = d.model == replay.strong
+        if d.by == "workflow":
+            continue  # left out (pair_usable): no pin, no score
         if d.by == "knob" and d.score is not None:
             scores[i] = d.score
         elif d.model == replay.strong:
@@ -231,7 +240,8 @@ def pair_arrays(replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def pair_usable(replay: Replay) -> np.ndarray:
     """Which decisions a pairwise evaluation can use: the knob decided, or the model is one of the pair."""
+    pair = (replay.strong, replay.weak)
     return np.array([
-        (d.by == "knob" and d.score is not None) or (d.model is not None and d.model in (replay.strong, replay.weak))
+        d.by != "workflow" and ((d.by == "knob" and d.score is not None) or (d.model is not None and d.model in pair))
         for d in replay.decisions
     ], dtype=bool)

@@ -47,7 +47,7 @@ from evals.metrics import (
     routing_curve,
     upper_frontier,
 )
-from evals.replay import Replay, pair_arrays, pair_usable
+from evals.replay import WORKFLOW_EXCLUDED, Replay, pair_arrays, pair_usable
 
 NUM_RESULTS = 10  # RouteLLM's 10 quantile bins: 11 points per curve
 ROUTERS = ("router", "knn", "oracle")
@@ -120,6 +120,8 @@ def build_table(
             reason = "blocked by a rule"
         elif decision.by == "error":
             reason = "no decision (policy error)"
+        elif decision.by == "workflow":
+            reason = WORKFLOW_EXCLUDED
         elif not usable[i]:
             reason = "routed to a model outside the pair"
         else:

@@ -185,3 +185,27 @@ def test_subset_keeps_the_knob_setting_and_picks_decisions_in_order() -> None:
     assert [d.index for d in part.decisions] == [4, 1, 1]
     assert (part.threshold, part.target_share, part.strong) == (0.25, 0.5, "big-model")
     assert len(replay.decisions) == 6  # the original is untouched
+
+
+async def test_requests_a_workflow_answers_are_left_out_and_counted(scores: np.ndarray) -> None:
+    """The knob's middle band goes to a cascade: replay cannot know what its sub-calls would have
+    answered, so those requests are not counted as the weak model's (they are excluded by name)."""
+    lo, hi = (round(float(q), 4) for q in np.nanquantile(scores, [0.3, 0.7]))
+    data = config({"threshold": 0.5, "middle": {"band": [lo, hi], "workflow": "small-first"}})
+    data["workflows"] = [{"name": "small-first", "kind": "cascade", "stages": ["small-model", "big-model"],
+                          "confidence": {"source": "logprobs", "threshold": 0.8}}]
+    brain = await started(data)
+    try:
+        replay = await replay_route(brain, "auto", conversations(PROMPTS))
+    finally:
+        await brain.close()
+    in_band = [d for d in replay.decisions if d.score is not None and lo <= d.score < hi]
+    assert in_band, "the band holds some of the replayed prompts"
+    assert all(d.by == "workflow" and d.model == "cascade/small-first" for d in in_band)
+    usable = pair_usable(replay)
+    _, pins, strong = pair_arrays(replay)
+    for i, d in enumerate(replay.decisions):
+        if d.by == "workflow":
+            assert not usable[i] and pins[i] == 0 and not strong[i]
+    outside = [d for d in replay.decisions if d.by == "knob"]
+    assert outside and all(d.score is not None and not (lo <= d.score < hi) for d in outside)
