@@ -7,8 +7,12 @@ process and no bound port behind.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import subprocess
+import sys
+from typing import Any
 from collections.abc import AsyncIterator
 
 import pytest
@@ -22,6 +26,31 @@ pytestmark = pytest.mark.e2e
 # One thread: on a 2-core box a second llama.cpp thread contends with the test process itself.
 CONFIG = LocalModelConfig(enabled=True, n_threads=1, startup_timeout=60)
 MESSAGES = [{"role": "user", "content": "Name a colour of the sky."}]
+
+
+STOCK_SCRIPT = """
+import json, sys
+from gateway._llama_child import _plain_cpu_buffers
+_plain_cpu_buffers()  # as the child does: llama.cpp's repacked CPU buffers crash on some CPUs
+from llama_cpp import Llama
+from gateway.local_model import smollm2_gguf_path
+args = json.loads(sys.argv[1])
+stock = Llama(model_path=str(smollm2_gguf_path()), n_ctx=512, n_threads=1, logits_all=True, verbose=False)
+out = stock.create_chat_completion(messages=args["messages"], max_tokens=args["max_tokens"], temperature=0,
+                                   logprobs=True, top_logprobs=2)
+print(json.dumps(out["choices"][0], default=float))
+"""
+
+
+def stock_completion(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    """llama-cpp-python's stock ``logits_all`` chat completion (temperature 0, top 2 logprobs)."""
+    done = subprocess.run(
+        [sys.executable, "-c", STOCK_SCRIPT, json.dumps({"messages": messages, "max_tokens": max_tokens})],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    choice: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return choice
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +118,9 @@ async def test_logprobs_match_the_stock_full_logits_evaluation(client: AsyncOpen
     assert all(len(token.top_logprobs) == 2 for token in served.content)
     assert all(token.top_logprobs[0].logprob >= token.top_logprobs[1].logprob for token in served.content)
 
-    from llama_cpp import Llama  # in this process: the stock evaluation of every prompt token's logits
-
-    stock = Llama(model_path=str(smollm2_gguf_path()), n_ctx=512, n_threads=1, logits_all=True, verbose=False)
-    reference = stock.create_chat_completion(
-        messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2
-    )["choices"][0]
+    # The stock evaluation (logits of every prompt token, Llama.eval unpatched) in a fresh interpreter,
+    # so a crash in llama.cpp fails this test instead of killing the test process.
+    reference = stock_completion(MESSAGES, max_tokens=8)
     expected = reference["logprobs"]["content"]
     assert completion.choices[0].message.content == reference["message"]["content"]
     assert [t.token for t in served.content] == [t["token"] for t in expected]
