@@ -12,8 +12,8 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Any
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
