@@ -71,6 +71,9 @@ class Followups:
         record, body = served.record, served.decided
         if body is None or record.endpoint != CHAT.name:
             return
+        # Marked now, whether or not a bound later skips the comparison: its judge feedback and the
+        # extra call's spend are for learning, so A/B reports leave such requests out by default.
+        record.compared = record.decision.get("workflow") is None and self.compare.sampled(record)
         if self.implicit.settings_for(record.route).enabled and served.size <= MAX_FINGERPRINT_BYTES:
             served.fingerprint = fingerprint(body, record.tenant, served.session_id)
         if self.capture.wants(record.route, signals):

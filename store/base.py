@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from store.records import DecisionRecord, FeedbackRecord, LoggedRequest, SubCallRecord
+from store.records import (
+    ArmStop,
+    ArmTotals,
+    DecisionRecord,
+    ExperimentRow,
+    FeedbackRecord,
+    LoggedRequest,
+    SubCallRecord,
+)
 
 
 @runtime_checkable
@@ -78,6 +86,61 @@ class DecisionStore(Protocol):
     async def purge_expired_text(self, now: float) -> int:
         """Delete the text of conversations whose retention ended at or before ``now`` (the
         embedding stays); returns how many conversations lost their text."""
+        ...
+
+    # --- experiments (A/B arms, shadow decisions, guardrail stops; every replica reads the same rows)
+
+    async def register_experiment(self, name: str, route: str, spec: dict[str, Any]) -> None:
+        """Register (or replace) an experiment: its route and normalised spec (arms, weights,
+        control, shadows, assignment key, start/end, paused), for the report to read."""
+        ...
+
+    async def fetch_experiment(self, name: str) -> ExperimentRow | None:
+        """The registered experiment of that name, or None."""
+        ...
+
+    async def list_experiments(self) -> list[ExperimentRow]:
+        """Every registered experiment, by name."""
+        ...
+
+    async def stop_arm(
+        self, experiment: str, arm: str, reason: str, detail: dict[str, Any], replica: str | None, at: float
+    ) -> bool:
+        """Stop an arm (its traffic goes to control on every replica); True if this call stored the
+        stop, False if the arm was already stopped (its first stop is kept)."""
+        ...
+
+    async def resume_arm(self, experiment: str, arm: str) -> bool:
+        """Remove an arm's stop; True if it was stopped."""
+        ...
+
+    async def experiment_stops(self, experiment: str | None = None) -> list[ArmStop]:
+        """Stopped arms (of one experiment, or of all), oldest stop first."""
+        ...
+
+    async def experiment_totals(self, experiment: str, since: float | None = None) -> dict[str, ArmTotals]:
+        """Per arm: served requests, errors and cost sums of ``experiment`` (created at or after
+        ``since``), over every replica's rows; shadow rows and client disconnects left out."""
+        ...
+
+    async def experiment_latencies(self, experiment: str, since: float) -> dict[str, list[float]]:
+        """Per arm: latency_ms of the served requests created at or after ``since``."""
+        ...
+
+    async def get_assignment(self, experiment: str, key_hash: str) -> tuple[str, float | None] | None:
+        """A key's sticky (arm, propensity), or None when it was never assigned."""
+        ...
+
+    async def put_assignment(
+        self, experiment: str, key_hash: str, arm: str, propensity: float | None, at: float
+    ) -> tuple[str, float | None]:
+        """Assign a key to ``arm`` unless it already is (the first writer wins across replicas);
+        returns the (arm, propensity) now stored."""
+        ...
+
+    async def experiment_requests(self, experiment: str, since: float | None = None) -> list[LoggedRequest]:
+        """Every decision row of ``experiment`` (served and shadow), oldest first, each with its
+        feedback (conversations are not loaded)."""
         ...
 
 

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from store.base import check_forget_args
-from store.records import DecisionRecord, FeedbackRecord, LoggedRequest, SubCallRecord
+from store.records import (
+    ArmStop,
+    ArmTotals,
+    DecisionRecord,
+    ExperimentRow,
+    FeedbackRecord,
+    LoggedRequest,
+    SubCallRecord,
+)
 from store.schema import FORGET_TABLES
 
 
@@ -53,3 +62,40 @@ class NullDecisionStore:
 
     async def purge_expired_text(self, now: float) -> int:
         return 0
+
+    async def register_experiment(self, name: str, route: str, spec: dict[str, Any]) -> None:
+        return None
+
+    async def fetch_experiment(self, name: str) -> ExperimentRow | None:
+        return None
+
+    async def list_experiments(self) -> list[ExperimentRow]:
+        return []
+
+    async def stop_arm(
+        self, experiment: str, arm: str, reason: str, detail: dict[str, Any], replica: str | None, at: float
+    ) -> bool:
+        return False
+
+    async def resume_arm(self, experiment: str, arm: str) -> bool:
+        return False
+
+    async def experiment_stops(self, experiment: str | None = None) -> list[ArmStop]:
+        return []
+
+    async def experiment_totals(self, experiment: str, since: float | None = None) -> dict[str, ArmTotals]:
+        return {}
+
+    async def experiment_latencies(self, experiment: str, since: float) -> dict[str, list[float]]:
+        return {}
+
+    async def get_assignment(self, experiment: str, key_hash: str) -> tuple[str, float | None] | None:
+        return None
+
+    async def put_assignment(
+        self, experiment: str, key_hash: str, arm: str, propensity: float | None, at: float
+    ) -> tuple[str, float | None]:
+        return arm, propensity  # nothing kept: the caller's in-memory assignment is all there is
+
+    async def experiment_requests(self, experiment: str, since: float | None = None) -> list[LoggedRequest]:
+        return []

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import asyncpg
 
+from store import experiment_sql as xsql
 from store._codec import (
     encode_conversation,
     encode_feedback,
@@ -23,7 +25,15 @@ from store._codec import (
     subcall_from_row,
 )
 from store.base import check_forget_args
-from store.records import DecisionRecord, FeedbackRecord, LoggedRequest, SubCallRecord
+from store.records import (
+    ArmStop,
+    ArmTotals,
+    DecisionRecord,
+    ExperimentRow,
+    FeedbackRecord,
+    LoggedRequest,
+    SubCallRecord,
+)
 from store.schema import (
     FORGET_TABLES,
     VERSION_TABLE,
@@ -206,3 +216,76 @@ class PostgresDecisionStore:
                 select_feedback_sql() + " WHERE " + chosen + " ORDER BY metric, source, model", *params
             )
         return join_logged(decisions, conversations, feedback)
+
+    # --- experiments -----------------------------------------------------------------------------
+
+    async def register_experiment(self, name: str, route: str, spec: dict[str, Any]) -> None:
+        """Register (or replace) an experiment's route and normalised spec."""
+        await self._require_pool().execute(
+            xsql.upsert_experiment_sql("postgres"), name, route, xsql.encode_spec(spec, strip_nul=True), time.time()
+        )
+
+    async def fetch_experiment(self, name: str) -> ExperimentRow | None:
+        row = await self._require_pool().fetchrow(xsql.select_experiments_sql("postgres", by_name=True), name)
+        return xsql.experiment_from_row(row) if row is not None else None
+
+    async def list_experiments(self) -> list[ExperimentRow]:
+        rows = await self._require_pool().fetch(xsql.select_experiments_sql("postgres", by_name=False))
+        return [xsql.experiment_from_row(row) for row in rows]
+
+    async def stop_arm(
+        self, experiment: str, arm: str, reason: str, detail: dict[str, Any], replica: str | None, at: float
+    ) -> bool:
+        """Store an arm's stop; False when it was already stopped (the first stop is kept)."""
+        status = await self._require_pool().execute(
+            xsql.insert_stop_sql("postgres"), experiment, arm, reason, xsql.encode_spec(detail, strip_nul=True), at,
+            replica,
+        )
+        return int(status.rsplit(" ", 1)[-1]) > 0  # "INSERT 0 <n>"
+
+    async def resume_arm(self, experiment: str, arm: str) -> bool:
+        """Remove an arm's stop; False when it was not stopped."""
+        status = await self._require_pool().execute(xsql.delete_stop_sql("postgres"), experiment, arm)
+        return int(status.rsplit(" ", 1)[-1]) > 0
+
+    async def experiment_stops(self, experiment: str | None = None) -> list[ArmStop]:
+        sql = xsql.select_stops_sql("postgres", by_experiment=experiment is not None)
+        rows = await self._require_pool().fetch(sql, *(() if experiment is None else (experiment,)))
+        return [xsql.stop_from_row(row) for row in rows]
+
+    async def experiment_totals(self, experiment: str, since: float | None = None) -> dict[str, ArmTotals]:
+        sql = xsql.totals_sql("postgres", since=since is not None)
+        rows = await self._require_pool().fetch(sql, *((experiment,) if since is None else (experiment, since)))
+        return {totals.arm: totals for totals in map(xsql.totals_from_row, rows)}
+
+    async def experiment_latencies(self, experiment: str, since: float) -> dict[str, list[float]]:
+        rows = await self._require_pool().fetch(xsql.latencies_sql("postgres"), experiment, since)
+        return xsql.latencies_from_rows(rows)
+
+    async def get_assignment(self, experiment: str, key_hash: str) -> tuple[str, float | None] | None:
+        row = await self._require_pool().fetchrow(xsql.select_assignment_sql("postgres"), experiment, key_hash)
+        return (str(row["arm"]), row["propensity"]) if row is not None else None
+
+    async def put_assignment(
+        self, experiment: str, key_hash: str, arm: str, propensity: float | None, at: float
+    ) -> tuple[str, float | None]:
+        """Assign a key unless it already is; returns the stored assignment (first writer wins)."""
+        async with self._require_pool().acquire() as conn, conn.transaction():
+            await conn.execute(xsql.insert_assignment_sql("postgres"), experiment, key_hash, arm, propensity, at)
+            row = await conn.fetchrow(xsql.select_assignment_sql("postgres"), experiment, key_hash)
+        assert row is not None  # inserted or already there, in this transaction
+        return str(row["arm"]), row["propensity"]
+
+    async def experiment_requests(self, experiment: str, since: float | None = None) -> list[LoggedRequest]:
+        """Every decision row of ``experiment`` (served and shadow), oldest first, with its feedback."""
+        where, extra = xsql.experiment_filter("postgres", since)
+        params = [experiment, *extra]
+        chosen = f"request_id IN (SELECT request_id FROM decisions{where})"
+        async with self._require_pool().acquire() as conn, conn.transaction(
+            isolation="repeatable_read", readonly=True
+        ):
+            decisions = await conn.fetch(select_decisions_sql() + where + " ORDER BY created_at, request_id", *params)
+            feedback = await conn.fetch(
+                select_feedback_sql() + " WHERE " + chosen + " ORDER BY metric, source, model", *params
+            )
+        return join_logged(decisions, [], feedback)

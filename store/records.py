@@ -97,6 +97,17 @@ class DecisionRecord:
     propensity: float | None = None
     # A workflow's tree: kind, name, steps, which step answered, escalated, caps hit, total cost.
     workflow: dict[str, Any] | None = None
+    # The experiment the request was in (``experiment_arm`` names its arm), or None.
+    experiment: str | None = None
+    # A shadow arm's decision is its own row: ``request_id`` "<served id>:shadow:<arm>", and this
+    # field holds the served request's id. None for every served request.
+    shadow_of: str | None = None
+    # Probability of ``experiment_arm`` when the request's key was assigned (adaptive allocation
+    # changes it over time; the offline estimators weight by it).
+    arm_propensity: float | None = None
+    # The request was sampled for a counterfactual comparison (its cost and judge feedback then
+    # include calls made for learning, not serving: A/B reports leave it out by default).
+    compared: bool = False
     # Not a column: written to the conversations table with the decision, in one transaction.
     conversation: ConversationRecord | None = field(default=None, metadata={"column": False})
     # Not a column: a workflow's sub-calls, written to the subcalls table in the same transaction
@@ -126,6 +137,45 @@ class FeedbackRecord:
     tenant: str | None = None
     created_at: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ExperimentRow:
+    """An experiment as the gateways registered it: its route and normalised spec (arms with their
+    weights, which arm is control, which are shadows, the assignment key, start/end, paused)."""
+
+    name: str
+    route: str
+    spec: dict[str, Any]
+    updated_at: float
+
+
+@dataclass(slots=True)
+class ArmStop:
+    """An experiment arm stopped by a guardrail (or an operator): its traffic goes to control on
+    every replica from then on."""
+
+    experiment: str
+    arm: str
+    reason: str
+    detail: dict[str, Any]
+    stopped_at: float
+    replica: str | None = None
+
+
+@dataclass(slots=True)
+class ArmTotals:
+    """One arm's served requests of an experiment, aggregated in the store (every replica's rows):
+    what a guardrail tests. ``errors``: status >= 500 or an error / stream_error outcome; cost sums
+    over the ``cost_requests`` rows that have a cost."""
+
+    arm: str
+    requests: int = 0
+    errors: int = 0
+    cost_requests: int = 0
+    cost_sum: float = 0.0
+    cost_sq_sum: float = 0.0
+    latency_requests: int = 0
 
 
 @dataclass(slots=True)

@@ -23,12 +23,15 @@ from store.records import COLUMNS, JSON_COLUMNS, DecisionRecord
 Dialect = Literal["sqlite", "postgres"]
 
 #: The newest schema version this code writes.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 DECISIONS_TABLE = "decisions"
 FEEDBACK_TABLE = "feedback"
 CONVERSATIONS_TABLE = "conversations"
 SUBCALLS_TABLE = "subcalls"
+EXPERIMENTS_TABLE = "experiments"
+ARM_STOPS_TABLE = "experiment_stops"
+ASSIGNMENTS_TABLE = "experiment_assignments"
 VERSION_TABLE = "schema_version"
 
 #: Columns of ``decisions`` that get an index (what evals and dashboards filter on).
@@ -268,6 +271,50 @@ def _step3(dialect: Dialect) -> list[str]:
     ]
 
 
+# --- step 4: experiments (arms on decisions, shadow rows, registered experiments, stops, assignments)
+
+
+def _step4(dialect: Dialect) -> list[str]:
+    """Alter a step-3 database: the experiment columns on ``decisions`` and the experiments, arm
+    stops and sticky assignments tables."""
+    if dialect == "sqlite":
+        add, text, real, json, boolean = "ADD COLUMN", "TEXT", "REAL", "TEXT", "INTEGER NOT NULL DEFAULT 0"
+    else:
+        add, text, real, json, boolean = (
+            "ADD COLUMN IF NOT EXISTS", "text", "double precision", "jsonb", "boolean NOT NULL DEFAULT false"
+        )
+    return [
+        f"ALTER TABLE decisions {add} experiment {text}",
+        f"ALTER TABLE decisions {add} shadow_of {text}",
+        f"ALTER TABLE decisions {add} arm_propensity {real}",
+        f"ALTER TABLE decisions {add} compared {boolean}",
+        "CREATE INDEX IF NOT EXISTS idx_decisions_experiment ON decisions (experiment, created_at)",
+        f"CREATE TABLE IF NOT EXISTS {EXPERIMENTS_TABLE} (\n"
+        f"    name {text} PRIMARY KEY,\n"
+        f"    route {text} NOT NULL,\n"
+        f"    spec {json} NOT NULL,\n"
+        f"    updated_at {real} NOT NULL\n"
+        ")",
+        f"CREATE TABLE IF NOT EXISTS {ARM_STOPS_TABLE} (\n"
+        f"    experiment {text} NOT NULL,\n"
+        f"    arm {text} NOT NULL,\n"
+        f"    reason {text} NOT NULL,\n"
+        f"    detail {json} NOT NULL,\n"
+        f"    stopped_at {real} NOT NULL,\n"
+        f"    replica {text},\n"
+        "    PRIMARY KEY (experiment, arm)\n"
+        ")",
+        f"CREATE TABLE IF NOT EXISTS {ASSIGNMENTS_TABLE} (\n"
+        f"    experiment {text} NOT NULL,\n"
+        f"    key_hash {text} NOT NULL,\n"
+        f"    arm {text} NOT NULL,\n"
+        f"    propensity {real},\n"
+        f"    assigned_at {real} NOT NULL,\n"
+        "    PRIMARY KEY (experiment, key_hash)\n"
+        ")",
+    ]
+
+
 def version_table_ddl(dialect: Dialect) -> str:
     """CREATE statement for the table recording which migration steps have run."""
     t = _SQL_TYPES[dialect]
@@ -282,7 +329,7 @@ def version_table_ddl(dialect: Dialect) -> str:
 def migrations(dialect: Dialect) -> list[tuple[int, list[str]]]:
     """Numbered migration steps, oldest first. Append new steps; never edit a released one."""
     step1 = _STEP1_SQLITE if dialect == "sqlite" else _STEP1_POSTGRES
-    return [(1, list(step1)), (2, _step2(dialect)), (3, _step3(dialect))]
+    return [(1, list(step1)), (2, _step2(dialect)), (3, _step3(dialect)), (4, _step4(dialect))]
 
 
 # --- statements the stores run -------------------------------------------------------------------

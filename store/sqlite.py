@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from store import experiment_sql as xsql
 from store._codec import (
     encode_conversation,
     encode_feedback,
@@ -29,7 +30,15 @@ from store._codec import (
     subcall_from_row,
 )
 from store.base import check_forget_args
-from store.records import DecisionRecord, FeedbackRecord, LoggedRequest, SubCallRecord
+from store.records import (
+    ArmStop,
+    ArmTotals,
+    DecisionRecord,
+    ExperimentRow,
+    FeedbackRecord,
+    LoggedRequest,
+    SubCallRecord,
+)
 from store.schema import (
     FORGET_TABLES,
     VERSION_TABLE,
@@ -274,6 +283,91 @@ class SQLiteDecisionStore:
         ]
         decisions, conversations, feedback = await self._run(self._snapshot_sync, queries)
         return join_logged(decisions, conversations, feedback)
+
+    # --- experiments -----------------------------------------------------------------------------
+
+    async def register_experiment(self, name: str, route: str, spec: dict[str, Any]) -> None:
+        """Register (or replace) an experiment's route and normalised spec."""
+        params = (name, route, xsql.encode_spec(spec), time.time())
+        await self._run(self._write_one_sync, xsql.upsert_experiment_sql("sqlite"), params)
+
+    async def fetch_experiment(self, name: str) -> ExperimentRow | None:
+        rows = await self._run(self._query_sync, xsql.select_experiments_sql("sqlite", by_name=True), (name,))
+        return xsql.experiment_from_row(rows[0]) if rows else None
+
+    async def list_experiments(self) -> list[ExperimentRow]:
+        rows = await self._run(self._query_sync, xsql.select_experiments_sql("sqlite", by_name=False), ())
+        return [xsql.experiment_from_row(row) for row in rows]
+
+    async def stop_arm(
+        self, experiment: str, arm: str, reason: str, detail: dict[str, Any], replica: str | None, at: float
+    ) -> bool:
+        """Store an arm's stop; False when it was already stopped (the first stop is kept)."""
+        params = (experiment, arm, reason, xsql.encode_spec(detail), at, replica)
+        return await self._run(self._write_one_sync, xsql.insert_stop_sql("sqlite"), params) > 0
+
+    async def resume_arm(self, experiment: str, arm: str) -> bool:
+        """Remove an arm's stop; False when it was not stopped."""
+        return await self._run(self._write_one_sync, xsql.delete_stop_sql("sqlite"), (experiment, arm)) > 0
+
+    async def experiment_stops(self, experiment: str | None = None) -> list[ArmStop]:
+        sql = xsql.select_stops_sql("sqlite", by_experiment=experiment is not None)
+        rows = await self._run(self._query_sync, sql, () if experiment is None else (experiment,))
+        return [xsql.stop_from_row(row) for row in rows]
+
+    async def experiment_totals(self, experiment: str, since: float | None = None) -> dict[str, ArmTotals]:
+        sql = xsql.totals_sql("sqlite", since=since is not None)
+        rows = await self._run(self._query_sync, sql, (experiment,) if since is None else (experiment, since))
+        return {totals.arm: totals for totals in map(xsql.totals_from_row, rows)}
+
+    async def experiment_latencies(self, experiment: str, since: float) -> dict[str, list[float]]:
+        rows = await self._run(self._query_sync, xsql.latencies_sql("sqlite"), (experiment, since))
+        return xsql.latencies_from_rows(rows)
+
+    async def get_assignment(self, experiment: str, key_hash: str) -> tuple[str, float | None] | None:
+        rows = await self._run(self._query_sync, xsql.select_assignment_sql("sqlite"), (experiment, key_hash))
+        return (str(rows[0]["arm"]), rows[0]["propensity"]) if rows else None
+
+    async def put_assignment(
+        self, experiment: str, key_hash: str, arm: str, propensity: float | None, at: float
+    ) -> tuple[str, float | None]:
+        """Assign a key unless it already is; returns the stored assignment (first writer wins)."""
+        return await self._run(self._put_assignment_sync, (experiment, key_hash, arm, propensity, at))
+
+    def _put_assignment_sync(self, params: tuple[Any, ...]) -> tuple[str, float | None]:
+        conn = self._require_conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(xsql.insert_assignment_sql("sqlite"), params)
+            row = conn.execute(xsql.select_assignment_sql("sqlite"), params[:2]).fetchone()
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        return str(row["arm"]), row["propensity"]
+
+    async def experiment_requests(self, experiment: str, since: float | None = None) -> list[LoggedRequest]:
+        """Every decision row of ``experiment`` (served and shadow), oldest first, with its feedback."""
+        where, extra = xsql.experiment_filter("sqlite", since)
+        params = [experiment, *extra]
+        chosen = f"request_id IN (SELECT request_id FROM decisions{where})"
+        queries = [
+            (select_decisions_sql() + where + " ORDER BY created_at, request_id", params),
+            (select_feedback_sql() + " WHERE " + chosen + " ORDER BY metric, source, model", params),
+        ]
+        decisions, feedback = await self._run(self._snapshot_sync, queries)
+        return join_logged(decisions, [], feedback)
+
+    def _write_one_sync(self, sql: str, params: tuple[Any, ...]) -> int:
+        conn = self._require_conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            changed = conn.execute(sql, params).rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        return int(changed)
 
     def _snapshot_sync(self, queries: list[tuple[str, list[Any]]]) -> list[list[sqlite3.Row]]:
         # One read transaction: in WAL mode every query sees the same snapshot.

@@ -225,6 +225,8 @@ def test_the_compared_share_is_the_hash_of_the_request_id(sdk: OpenAI, gw: Gatew
     eventually(lambda: metric(gw, "pointsman_comparisons_in_flight", route="half") == 0, "comparisons done")
     assert {rid for rid in ids if feedback(gw.db_path, rid)} == expected
     assert compared(gw, "half", "started") == len(expected)
+    # The decision records say which requests were sampled (A/B reports leave them out by default).
+    assert {rid for rid in ids if gw.decision(rid)["compared"]} == expected
 
 
 def test_an_unparseable_verdict_records_nothing_and_is_counted(sdk: OpenAI, gw: GatewayProcess) -> None:

@@ -103,10 +103,10 @@ def v2_feedback(i: int, tenant: str) -> tuple[Any, ...]:
 
 
 async def test_released_steps_are_frozen() -> None:
-    """Steps 1 and 2 are what their releases ran; step 3 is the last one."""
+    """Steps 1 and 2 are what their releases ran; later steps follow them in order."""
     assert migrations("sqlite")[:2] == [(1, V1_SQLITE), (2, V2_SQLITE)]
     assert migrations("postgres")[:2] == [(1, V1_POSTGRES), (2, V2_POSTGRES)]
-    assert SCHEMA_VERSION == 3 and [v for v, _ in migrations("sqlite")] == [1, 2, 3]
+    assert [v for v, _ in migrations("sqlite")] == list(range(1, SCHEMA_VERSION + 1))
 
 
 def build_v2_sqlite(path: str) -> None:
@@ -161,6 +161,8 @@ async def check_upgraded(store: DecisionStore) -> None:
     assert old is not None
     assert (old.router_version, old.propensity, old.tenant, old.prompt_tokens) == ("v0001-abc", 0.95, "acme", 11)
     assert old.workflow is None and not old.subcalls
+    # Step 4 (experiments) on rows written before it: in no experiment, not compared.
+    assert (old.experiment, old.shadow_of, old.arm_propensity, old.compared) == (None, None, None, False)
     assert await store.fetch_subcalls("v2-1") == []
     [judged] = await store.fetch_feedback("v2-2")
     assert (judged.source, judged.model, judged.tenant) == ("judge", "big", "globex")
@@ -200,7 +202,8 @@ async def test_sqlite_step2_database_is_upgraded_in_place(sqlite_path: str) -> N
     conn = sqlite3.connect(sqlite_path)
     try:
         assert tuple(row[1] for row in conn.execute("PRAGMA table_info(decisions)")) == COLUMNS
-        assert [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
+        assert [v for (v,) in conn.execute("SELECT version FROM schema_version ORDER BY version")] == list(
+            range(1, SCHEMA_VERSION + 1))
     finally:
         conn.close()
     again = SQLiteDecisionStore(sqlite_path)  # opening again applies nothing twice
@@ -229,6 +232,7 @@ async def test_postgres_step2_database_is_upgraded_in_place(pg_dsn: str) -> None
             "WHERE table_schema = current_schema() AND table_name = 'decisions' ORDER BY ordinal_position"
         )
         assert tuple(r["column_name"] for r in rows) == COLUMNS
-        assert await conn.fetchval("SELECT array_agg(version ORDER BY version) FROM schema_version") == [1, 2, 3]
+        assert await conn.fetchval("SELECT array_agg(version ORDER BY version) FROM schema_version") == list(
+            range(1, SCHEMA_VERSION + 1))
     finally:
         await conn.close()

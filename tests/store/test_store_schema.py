@@ -57,7 +57,7 @@ async def test_sqlite_tables_indexes_and_wal(sqlite_path: str) -> None:
                 "AND name NOT LIKE 'sqlite_autoindex%'"
             )
         }
-        assert indexed == INDEXED
+        assert indexed == INDEXED | {"experiment"}  # (experiment, created_at): an A/B report's rows
 
         assert [row[1] for row in conn.execute("PRAGMA table_info(feedback)")] == FEEDBACK_COLUMNS
         assert [row[1] for row in conn.execute("PRAGMA table_info(conversations)")] == CONVERSATION_COLUMNS
@@ -128,7 +128,7 @@ async def test_postgres_tables_types_and_indexes(pg_dsn: str) -> None:
         types = {r["column_name"]: r["data_type"] for r in rows}
         assert types["signals"] == types["decision"] == "jsonb"
         assert types["created_at"] == "double precision"
-        assert types["stream"] == "boolean"
+        assert types["stream"] == types["compared"] == "boolean"
 
         index_defs = await conn.fetch(
             "SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'decisions'"
@@ -137,6 +137,7 @@ async def test_postgres_tables_types_and_indexes(pg_dsn: str) -> None:
         for col in INDEXED:
             assert f"({col})" in text
         assert "UNIQUE INDEX decisions_pkey" in text and "(request_id)" in text
+        assert "(experiment, created_at)" in text
 
         feedback = await conn.fetch(
             "SELECT column_name, data_type FROM information_schema.columns "

@@ -1,0 +1,144 @@
+"""The statements and row decoding behind the stores' experiment methods (schema step 4).
+
+Both SQL stores run the same statements; only the placeholder style differs (``?`` for SQLite,
+``$n`` for PostgreSQL), so each statement is built per dialect here and the stores stay thin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from store._codec import RowLike, decode_json, encode_json
+from store.records import ArmStop, ArmTotals, ExperimentRow
+from store.schema import ARM_STOPS_TABLE, ASSIGNMENTS_TABLE, DECISIONS_TABLE, EXPERIMENTS_TABLE, Dialect
+
+# Served rows of an experiment: not a shadow decision, and not a request the client walked away
+# from (its latency and status say nothing about the arm).
+_SERVED = "experiment = {p1} AND shadow_of IS NULL AND experiment_arm IS NOT NULL AND outcome <> 'client_disconnected'"
+
+
+def _p(dialect: Dialect, i: int) -> str:
+    return "?" if dialect == "sqlite" else f"${i}"
+
+
+def upsert_experiment_sql(dialect: Dialect) -> str:
+    """INSERT of (name, route, spec, updated_at); a registered experiment is replaced."""
+    values = ", ".join(_p(dialect, i) for i in range(1, 5))
+    return (
+        f"INSERT INTO {EXPERIMENTS_TABLE} (name, route, spec, updated_at) VALUES ({values}) "
+        "ON CONFLICT (name) DO UPDATE SET route = excluded.route, spec = excluded.spec, "
+        "updated_at = excluded.updated_at"
+    )
+
+
+def select_experiments_sql(dialect: Dialect, *, by_name: bool) -> str:
+    """SELECT of registered experiments (one by name, or all by name)."""
+    sql = f"SELECT name, route, spec, updated_at FROM {EXPERIMENTS_TABLE}"
+    return sql + f" WHERE name = {_p(dialect, 1)}" if by_name else sql + " ORDER BY name"
+
+
+def insert_stop_sql(dialect: Dialect) -> str:
+    """INSERT of an arm stop; an arm already stopped keeps its first stop (first writer wins)."""
+    values = ", ".join(_p(dialect, i) for i in range(1, 7))
+    return (
+        f"INSERT INTO {ARM_STOPS_TABLE} (experiment, arm, reason, detail, stopped_at, replica) VALUES ({values}) "
+        "ON CONFLICT (experiment, arm) DO NOTHING"
+    )
+
+
+def select_stops_sql(dialect: Dialect, *, by_experiment: bool) -> str:
+    """SELECT of arm stops, oldest first (of one experiment, or of all)."""
+    sql = f"SELECT experiment, arm, reason, detail, stopped_at, replica FROM {ARM_STOPS_TABLE}"
+    if by_experiment:
+        sql += f" WHERE experiment = {_p(dialect, 1)}"
+    return sql + " ORDER BY stopped_at, experiment, arm"
+
+
+def delete_stop_sql(dialect: Dialect) -> str:
+    """DELETE of one arm's stop (an operator resumes the arm)."""
+    return f"DELETE FROM {ARM_STOPS_TABLE} WHERE experiment = {_p(dialect, 1)} AND arm = {_p(dialect, 2)}"
+
+
+def totals_sql(dialect: Dialect, *, since: bool) -> str:
+    """Per-arm aggregates of an experiment's served rows (parameters: experiment[, since])."""
+    where = _SERVED.format(p1=_p(dialect, 1))
+    if since:
+        where += f" AND created_at >= {_p(dialect, 2)}"
+    return (
+        "SELECT experiment_arm AS arm, count(*) AS requests, "
+        "sum(CASE WHEN status >= 500 OR outcome IN ('error', 'stream_error') THEN 1 ELSE 0 END) AS errors, "
+        "count(cost_usd) AS cost_requests, coalesce(sum(cost_usd), 0) AS cost_sum, "
+        "coalesce(sum(cost_usd * cost_usd), 0) AS cost_sq_sum, count(latency_ms) AS latency_requests "
+        f"FROM {DECISIONS_TABLE} WHERE {where} GROUP BY experiment_arm"
+    )
+
+
+def latencies_sql(dialect: Dialect) -> str:
+    """(arm, latency_ms) of an experiment's served rows since a time (parameters: experiment, since)."""
+    where = _SERVED.format(p1=_p(dialect, 1))
+    return (
+        f"SELECT experiment_arm AS arm, latency_ms FROM {DECISIONS_TABLE} "
+        f"WHERE {where} AND created_at >= {_p(dialect, 2)} AND latency_ms IS NOT NULL"
+    )
+
+
+def experiment_filter(dialect: Dialect, since: float | None) -> tuple[str, list[Any]]:
+    """WHERE clause (and its parameters after the experiment name) selecting an experiment's rows,
+    served and shadow."""
+    if since is None:
+        return f" WHERE experiment = {_p(dialect, 1)}", []
+    return f" WHERE experiment = {_p(dialect, 1)} AND created_at >= {_p(dialect, 2)}", [since]
+
+
+def select_assignment_sql(dialect: Dialect) -> str:
+    """SELECT of one key's sticky assignment (parameters: experiment, key_hash)."""
+    return (
+        f"SELECT arm, propensity FROM {ASSIGNMENTS_TABLE} "
+        f"WHERE experiment = {_p(dialect, 1)} AND key_hash = {_p(dialect, 2)}"
+    )
+
+
+def insert_assignment_sql(dialect: Dialect) -> str:
+    """INSERT of a sticky assignment; a key already assigned keeps its arm (first writer wins)."""
+    values = ", ".join(_p(dialect, i) for i in range(1, 6))
+    return (
+        f"INSERT INTO {ASSIGNMENTS_TABLE} (experiment, key_hash, arm, propensity, assigned_at) VALUES ({values}) "
+        "ON CONFLICT (experiment, key_hash) DO NOTHING"
+    )
+
+
+def encode_spec(spec: dict[str, Any], *, strip_nul: bool = False) -> str:
+    """An experiment spec or stop detail as JSON text (never raises for odd values)."""
+    return encode_json(spec, strip_nul=strip_nul)
+
+
+def experiment_from_row(row: RowLike) -> ExperimentRow:
+    return ExperimentRow(
+        name=str(row["name"]), route=str(row["route"]), spec=decode_json(row["spec"]),
+        updated_at=float(row["updated_at"]),
+    )
+
+
+def stop_from_row(row: RowLike) -> ArmStop:
+    replica = row["replica"]
+    return ArmStop(
+        experiment=str(row["experiment"]), arm=str(row["arm"]), reason=str(row["reason"]),
+        detail=decode_json(row["detail"]), stopped_at=float(row["stopped_at"]),
+        replica=None if replica is None else str(replica),
+    )
+
+
+def totals_from_row(row: RowLike) -> ArmTotals:
+    return ArmTotals(
+        arm=str(row["arm"]), requests=int(row["requests"]), errors=int(row["errors"] or 0),
+        cost_requests=int(row["cost_requests"]), cost_sum=float(row["cost_sum"] or 0.0),
+        cost_sq_sum=float(row["cost_sq_sum"] or 0.0), latency_requests=int(row["latency_requests"]),
+    )
+
+
+def latencies_from_rows(rows: Iterable[RowLike]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for row in rows:
+        out.setdefault(str(row["arm"]), []).append(float(row["latency_ms"]))
+    return out

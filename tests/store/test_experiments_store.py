@@ -1,0 +1,134 @@
+"""The store's experiment contract on real SQLite and real PostgreSQL: registered experiments, arm
+stops every replica reads (first stop wins), sticky assignments (first writer wins), per-arm totals
+and latencies over served rows only, and an experiment's rows with their feedback for the report."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from store import DecisionRecord, FeedbackRecord
+from store.base import DecisionStore
+from store.postgres import PostgresDecisionStore
+from tests.store.conftest import pg_schema
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+MakeRecord = Callable[..., DecisionRecord]
+SPEC: dict[str, Any] = {
+    "arms": [{"name": "control", "weight": 0.5, "control": True, "shadow": False},
+             {"name": "v2", "weight": 0.5, "control": False, "shadow": False}],
+    "key": "user", "paused": False,
+}
+
+
+async def test_register_fetch_and_replace_an_experiment(store: DecisionStore) -> None:
+    assert await store.fetch_experiment("exp") is None
+    await store.register_experiment("exp", "auto", SPEC)
+    row = await store.fetch_experiment("exp")
+    assert row is not None and row.route == "auto" and row.spec == SPEC and row.updated_at > 0
+    await store.register_experiment("exp", "auto", {**SPEC, "paused": True})  # a replica restarted with a pause
+    await store.register_experiment("other", "cheap", {"arms": []})
+    listed = await store.list_experiments()
+    assert [r.name for r in listed] == ["exp", "other"] and listed[0].spec["paused"] is True
+
+
+async def test_the_first_stop_of_an_arm_is_kept_and_an_operator_can_resume_it(store: DecisionStore) -> None:
+    assert await store.stop_arm("exp", "v2", "error_rate", {"lower": 0.04}, "replica-a", 100.0) is True
+    assert await store.stop_arm("exp", "v2", "cost", {"ratio": 1.5}, "replica-b", 101.0) is False
+    await store.stop_arm("other", "x", "latency_p95", {}, None, 99.0)
+    [stop] = await store.experiment_stops("exp")
+    assert (stop.arm, stop.reason, stop.detail, stop.replica, stop.stopped_at) == (
+        "v2", "error_rate", {"lower": 0.04}, "replica-a", 100.0)
+    assert [s.experiment for s in await store.experiment_stops()] == ["other", "exp"]  # oldest first
+    assert await store.resume_arm("exp", "v2") is True and await store.resume_arm("exp", "v2") is False
+    assert await store.experiment_stops("exp") == []
+
+
+async def test_assignments_are_sticky_and_the_first_writer_wins(store: DecisionStore) -> None:
+    assert await store.get_assignment("exp", "k1") is None
+    assert await store.put_assignment("exp", "k1", "v2", 0.3, 1.0) == ("v2", 0.3)
+    assert await store.put_assignment("exp", "k1", "control", 0.7, 2.0) == ("v2", 0.3)  # kept
+    assert await store.get_assignment("exp", "k1") == ("v2", 0.3)
+    assert await store.get_assignment("other", "k1") is None  # per experiment
+    # Racing writers for one new key all come back with the same arm.
+    arms = await asyncio.gather(*(store.put_assignment("exp", "k2", f"arm{i}", None, 3.0) for i in range(8)))
+    assert len(set(arms)) == 1
+
+
+async def test_totals_and_latencies_count_served_rows_of_every_replica(
+    store: DecisionStore, make_record: MakeRecord
+) -> None:
+    rows = [
+        make_record(1, experiment="exp", experiment_arm="control", status=200, cost_usd=0.01, latency_ms=100.0,
+                    replica="a"),
+        make_record(2, experiment="exp", experiment_arm="control", status=502, outcome="error", cost_usd=None,
+                    latency_ms=50.0, replica="b"),
+        make_record(3, experiment="exp", experiment_arm="v2", status=200, outcome="stream_error", cost_usd=0.03,
+                    latency_ms=300.0, replica="b"),
+        make_record(4, experiment="exp", experiment_arm="v2", status=200, cost_usd=0.01, latency_ms=200.0),
+        # not served traffic of the experiment: a client that left, a shadow decision, another experiment
+        make_record(5, experiment="exp", experiment_arm="v2", status=499, outcome="client_disconnected"),
+        make_record(6, request_id="req-000004:shadow:s", experiment="exp", experiment_arm="s",
+                    shadow_of="req-000004", outcome="shadow"),
+        make_record(7, experiment="other", experiment_arm="v2", status=500, outcome="error"),
+        make_record(8, experiment_arm=None),
+    ]
+    await store.write_batch(rows)
+    totals = await store.experiment_totals("exp")
+    assert set(totals) == {"control", "v2"}
+    control, v2 = totals["control"], totals["v2"]
+    assert (control.requests, control.errors, control.cost_requests) == (2, 1, 1)
+    assert control.cost_sum == pytest.approx(0.01) and control.cost_sq_sum == pytest.approx(0.0001)
+    assert (v2.requests, v2.errors, v2.cost_requests, v2.latency_requests) == (2, 1, 2, 2)
+    assert v2.cost_sum == pytest.approx(0.04) and v2.cost_sq_sum == pytest.approx(0.001)
+    assert set(await store.experiment_totals("exp", since=1_700_000_003.0)) == {"v2"}
+    latencies = await store.experiment_latencies("exp", since=1_700_000_002.0)
+    assert {arm: sorted(v) for arm, v in latencies.items()} == {"control": [50.0], "v2": [200.0, 300.0]}
+
+
+async def test_experiment_requests_hold_served_and_shadow_rows_with_feedback(
+    store: DecisionStore, make_record: MakeRecord
+) -> None:
+    await store.write_batch([
+        make_record(1, experiment="exp", experiment_arm="control", arm_propensity=0.5, compared=True),
+        make_record(2, request_id="req-000001:shadow:s", experiment="exp", experiment_arm="s",
+                    shadow_of="req-000001", outcome="shadow"),
+        make_record(3, experiment="other", experiment_arm="control"),
+    ])
+    await store.write_feedback([
+        FeedbackRecord("req-000001", 1.0, source="user", created_at=5.0),
+        FeedbackRecord("req-000001", 0.5, source="judge", model="", created_at=5.0),
+        FeedbackRecord("req-000003", 0.0, created_at=5.0),
+    ])
+    logged = await store.experiment_requests("exp")
+    assert [r.record.request_id for r in logged] == ["req-000001", "req-000001:shadow:s"]
+    served, shadow = logged
+    assert served.record.compared is True and served.record.arm_propensity == 0.5
+    assert sorted((f.source, f.score) for f in served.feedback) == [("judge", 0.5), ("user", 1.0)]
+    assert shadow.record.shadow_of == "req-000001" and shadow.feedback == []
+    assert [r.record.request_id for r in await store.experiment_requests("exp", since=1_700_000_002.0)] == [
+        "req-000001:shadow:s"]
+
+
+@pytest.mark.postgres
+async def test_two_replicas_see_one_stop_and_one_assignment() -> None:
+    """Two stores on one PostgreSQL database, as two gateway replicas have."""
+    async with pg_schema() as dsn:
+        a, b = PostgresDecisionStore(dsn), PostgresDecisionStore(dsn)
+        await asyncio.gather(a.open(), b.open())
+        try:
+            results = await asyncio.gather(
+                a.stop_arm("exp", "v2", "error_rate", {}, "a", 1.0), b.stop_arm("exp", "v2", "cost", {}, "b", 1.0)
+            )
+            assert sorted(results) == [False, True]
+            [stop_a], [stop_b] = await a.experiment_stops("exp"), await b.experiment_stops("exp")
+            assert stop_a == stop_b
+            put = await asyncio.gather(a.put_assignment("exp", "k", "control", None, 1.0),
+                                       b.put_assignment("exp", "k", "v2", None, 1.0))
+            assert put[0] == put[1]
+        finally:
+            await asyncio.gather(a.close(), b.close())
