@@ -199,7 +199,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("eval", add_help=False,
                    help="replay a route's policy over labelled data (--config FILE --route auto --data SOURCE) and "
                         "report APGR, CPT, frontier, AIQ, calibration against baselines (see --help)")
+    sub.add_parser("ab", add_help=False,
+                   help="A/B experiments: ab report EXPERIMENT --store URL writes per-arm quality, cost, latency "
+                        "and a verdict with always-valid statistics (see ab report --help)")
     args, rest = parser.parse_known_args(argv)
+    if args.command == "ab":
+        from evals.ab.cli import main as ab_main
+
+        return ab_main(rest)
     if args.command == "eval":
         from evals.report_cli import main as eval_main
 
