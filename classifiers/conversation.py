@@ -31,6 +31,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from classifiers.messages import (
+    SYSTEM_ROLES,
+    content_texts,
+    iter_messages,
+    last_user_index,
+    message_list,
+    tool_calls_of,
+)
+
 DEFAULT_MAX_CHARS = 2000
 SECTION_SEPARATOR = "\n\n"
 ELLIPSIS = "[…]"
@@ -40,8 +49,6 @@ HEADERS = {"last_user": "", "system": "[system] ", "history": "[history]\n", "to
 HISTORY_MESSAGE_CHARS = 400
 TOOL_DESCRIPTION_CHARS = 80
 TOOL_ARGUMENT_CHARS = 120
-SYSTEM_ROLES = frozenset({"system", "developer"})
-PART_MARKERS = {"image_url": "[image]", "input_image": "[image]", "input_audio": "[audio]", "file": "[file]"}
 
 
 def conversation_text(body: Mapping[str, Any], max_chars: int = DEFAULT_MAX_CHARS) -> str:
@@ -96,27 +103,24 @@ def _allocate(needs: Mapping[str, int], budget: int) -> dict[str, int]:
 def _split(body: Mapping[str, Any]) -> tuple[str, str, list[str], str]:
     """Return (last user text, system text, other messages rendered one per entry, tools text)."""
     tools = _render_tools(body)
-    messages = body.get("messages")
-    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+    if message_list(body) is None:
         return _prompt_text(body.get("prompt")), "", [], tools
 
-    msgs = [m for m in messages if isinstance(m, Mapping)]
-    last_user_index = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
-    last_user = _content_text(msgs[last_user_index].get("content")) if last_user_index is not None else ""
+    last_user_at = last_user_index(body)
+    last_user = ""
     system_parts: list[str] = []
     history: list[str] = []
-    for i, message in enumerate(msgs):
-        if i == last_user_index:
-            continue
-        role = str(message.get("role") or "unknown")
-        if role in SYSTEM_ROLES:
+    for index, role, message in iter_messages(body):
+        if index == last_user_at:
+            last_user = _content_text(message.get("content"))
+        elif role in SYSTEM_ROLES:
             text = _content_text(message.get("content"))
             if text:
                 system_parts.append(text)
-            continue
-        rendered = _render_message(role, message)
-        if rendered:
-            history.append(rendered)
+        else:
+            rendered = _render_message(role or "unknown", message)
+            if rendered:
+                history.append(rendered)
     return last_user, "\n".join(system_parts), history, tools
 
 
@@ -131,36 +135,16 @@ def _prompt_text(prompt: Any) -> str:
 
 
 def _content_text(content: Any) -> str:
-    """Text of a message's content: a string, or the text parts of a list with markers for the rest."""
-    if content is None:
-        return ""
+    """Text of a message's content as a reader sees it: text parts, markers for the rest."""
     if isinstance(content, str):
         return content
-    if isinstance(content, Sequence) and not isinstance(content, bytes):
-        pieces: list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                pieces.append(part)
-            elif isinstance(part, Mapping):
-                kind = str(part.get("type") or "")
-                if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
-                    pieces.append(part["text"])
-                elif kind == "refusal" and isinstance(part.get("refusal"), str):
-                    pieces.append(part["refusal"])
-                elif kind:
-                    pieces.append(PART_MARKERS.get(kind, f"[{kind}]"))
-        return "\n".join(p for p in pieces if p)
-    return str(content)
+    return "\n".join(text for _, text in content_texts(content, markers=True))
 
 
 def _render_message(role: str, message: Mapping[str, Any]) -> str:
     """One history entry: ``role: text [call f(args)]…``, capped at HISTORY_MESSAGE_CHARS."""
     pieces = [_content_text(message.get("content"))]
-    calls = message.get("tool_calls")
-    if isinstance(calls, Sequence) and not isinstance(calls, str | bytes):
-        pieces.extend(_render_call(c.get("function")) for c in calls if isinstance(c, Mapping))
-    if isinstance(message.get("function_call"), Mapping):  # the legacy functions API
-        pieces.append(_render_call(message["function_call"]))
+    pieces.extend(_render_call(function) for _, function in tool_calls_of(message))
     text = " ".join(p for p in pieces if p).strip()
     if not text:
         return ""
@@ -170,9 +154,7 @@ def _render_message(role: str, message: Mapping[str, Any]) -> str:
     return _clip(f"{label}: {text}", HISTORY_MESSAGE_CHARS)
 
 
-def _render_call(function: Any) -> str:
-    if not isinstance(function, Mapping):
-        return ""
+def _render_call(function: Mapping[str, Any]) -> str:
     name = str(function.get("name") or "?")
     args = function.get("arguments")
     if not isinstance(args, str):

@@ -41,8 +41,8 @@ from typing import Any, TypeVar
 
 import orjson
 
+from classifiers.messages import text_chars
 from classifiers.signals import Signal, SignalExtractor, redact_body
-from classifiers.signals._text import text_chars
 
 log = logging.getLogger("pointsman.offload")
 

@@ -208,9 +208,9 @@ def build_logged_table(
         cost = np.array([float(r.cost_usd or 0.0) for r, _ in kept])
         basis = {"kind": "logged", "unit": "USD per request", "text": "the served calls' logged costs"}
     elif any(p > 0 for p in prices):
-        from policies.utility import estimate_tokens
+        from policies.utility import rough_token_count
 
-        tokens = np.array([estimate_tokens({"messages": r.messages}) for r, _ in kept], dtype=float)
+        tokens = np.array([rough_token_count({"messages": r.messages}) for r, _ in kept], dtype=float)
         cost = tokens * np.where(served_strong, prices[0], prices[1]) / 1e6
         basis = {
             "kind": "prices",

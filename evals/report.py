@@ -143,9 +143,9 @@ def build_table(
         wc = np.array([r.costs[weak] for r in kept])
         basis = {"kind": "labelled", "unit": "USD per request", "text": "the data's per-request costs"}
     elif any(p > 0 for p in prices):
-        from policies.utility import estimate_tokens
+        from policies.utility import rough_token_count
 
-        tokens = np.array([estimate_tokens({"messages": r.messages}) for r in kept], dtype=float)
+        tokens = np.array([rough_token_count({"messages": r.messages}) for r in kept], dtype=float)
         sc, wc = tokens * prices[0] / 1e6, tokens * prices[1] / 1e6
         basis = {"kind": "prices", "unit": "USD per request (estimated)",
                  "text": "the configured prices (input + output per million tokens) times the request's "

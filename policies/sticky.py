@@ -14,9 +14,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from classifiers.messages import SYSTEM_ROLES, iter_messages, message_list
 from policies.context import RequestContext
 
 SESSION_HEADER = "x-pointsman-session-id"
+_PREFIX_ROLES = SYSTEM_ROLES | {"user"}
 
 
 class SessionStoreUnavailable(Exception):
@@ -127,18 +129,14 @@ def session_key(ctx: RequestContext) -> tuple[str, str]:
 
 
 def _prefix(body: Mapping[str, Any]) -> list[Any]:
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    """``[role, content]`` of the system/developer messages up to the first user message, and of it
+    (content as given: images and all); a legacy completions request's prompt."""
+    if message_list(body) is None:
         return [body.get("prompt")]
     prefix: list[Any] = []
-    for message in messages:
-        if not isinstance(message, Mapping):
-            continue
-        role = message.get("role")
-        if role in ("system", "developer"):
-            prefix.append([role, message.get("content")])
-        elif role == "user":
-            prefix.append(["user", message.get("content")])
+    for _, role, message in iter_messages(body, _PREFIX_ROLES):
+        prefix.append([role, message.get("content")])
+        if role == "user":
             break
     return prefix
 

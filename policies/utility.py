@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from classifiers.messages import content_texts, iter_messages
+
 TOOLS_TAG = "tools"
 
 
@@ -103,7 +105,7 @@ class UtilityChooser:
 
     def choose(self, quality: Any, body: Mapping[str, Any]) -> Choice:
         """Rank the candidates for ``body`` given predicted ``quality`` (a mapping model → score)."""
-        needed = estimate_tokens(body)
+        needed = rough_token_count(body)
         tools = request_has_tools(body)
         qualities = quality if isinstance(quality, Mapping) else {}
         entries: list[Scored] = []
@@ -145,27 +147,25 @@ def request_has_tools(body: Mapping[str, Any]) -> bool:
     return any(isinstance(body.get(key), list) and bool(body.get(key)) for key in ("tools", "functions"))
 
 
-def estimate_tokens(body: Mapping[str, Any]) -> int:
-    """A deliberately generous estimate of the context a request needs: prompt plus reply budget.
+def rough_token_count(body: Mapping[str, Any]) -> int:
+    """A deliberately generous count of the context a request needs: prompt plus reply budget.
 
     Text counts one token per 3 characters (real tokenizers average about 4 on English, so this
     errs towards excluding a model rather than overflowing it), plus 4 tokens of framing per
-    message, plus the tool definitions, plus ``max_completion_tokens`` / ``max_tokens``.
+    message, plus the tool calls and tool definitions as compact JSON, plus
+    ``max_completion_tokens`` / ``max_tokens``. (The signals' fitted estimate is
+    :func:`classifiers.signals.length.estimate_tokens`.)
     """
     chars = 0
-    messages = body.get("messages")
     count = 0
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, Mapping):
-                count += 1
-                chars += _text_chars(message.get("content"))
-                for key in ("tool_calls", "function_call"):
-                    if message.get(key):
-                        chars += len(_dumps(message[key]))
-    prompt = body.get("prompt")
-    if prompt is not None:
-        chars += _text_chars(prompt)
+    for _, _, message in iter_messages(body):
+        count += 1
+        chars += _text_chars(message.get("content"))
+        for key in ("tool_calls", "function_call"):
+            if message.get(key):
+                chars += len(_dumps(message[key]))
+    # A legacy prompt reads like content: a string, or a list whose string items count.
+    chars += _text_chars(body.get("prompt"))
     for key in ("tools", "functions"):
         if body.get(key):
             chars += len(_dumps(body[key]))
@@ -177,15 +177,10 @@ def estimate_tokens(body: Mapping[str, Any]) -> int:
 def _text_chars(content: Any) -> int:
     if isinstance(content, str):
         return len(content)
-    if isinstance(content, list):
-        total = 0
-        for part in content:
-            if isinstance(part, str):
-                total += len(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                total += len(part["text"])
-        return total
-    return 0
+    total = 0
+    for _, text in content_texts(content):
+        total += len(text)
+    return total
 
 
 def _dumps(value: Any) -> str:

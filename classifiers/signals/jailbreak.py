@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from classifiers.signals._text import TextPiece, iter_texts
+from classifiers.messages import TextPiece, iter_message_texts
 from classifiers.signals.base import Signal
 
 #: The score at or above which a request is considered an attack (what the tests measure).
@@ -369,7 +369,7 @@ class JailbreakSignal:
         """Score the user turns, tool results and legacy prompt of ``body``."""
         user: list[tuple[int, str, bool]] = []
         tool: list[tuple[int, str, bool]] = []
-        pieces = [p for p in iter_texts(body, "all") if p.role in _SCANNED_ROLES and p.source != "tool_call"]
+        pieces = list(iter_message_texts(body, roles=_SCANNED_ROLES, tool_calls=False))
         windows, skipped = self._windows(pieces)
         for piece, text in windows:
             group = tool if piece.role in _TOOL_ROLES else user

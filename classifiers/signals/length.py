@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from classifiers.signals._text import iter_texts, messages_of
+from classifiers.messages import iter_message_texts, iter_messages, last_user_index
 from classifiers.signals.base import Signal
 
 _PIECE = re.compile(r"\w+|[^\w\s]")
@@ -62,15 +62,16 @@ class LengthSignal:
 
     def extract(self, body: Mapping[str, Any]) -> Signal:
         """Estimate the prompt size of ``body``."""
-        msgs = messages_of(body)
+        messages = 0
         by_role: dict[str, int] = {}
-        for m in msgs:
-            role = str(m.get("role") or "unknown")
+        for _, role, _ in iter_messages(body):
+            messages += 1
+            role = role or "unknown"
             by_role[role] = by_role.get(role, 0) + 1
         chars = 0
         tokens = 0
         per_message: dict[int, int] = {}
-        for piece in iter_texts(body, "all"):
+        for piece in iter_message_texts(body):
             n = estimate_tokens(piece.text)
             chars += len(piece.text)
             tokens += n
@@ -82,11 +83,11 @@ class LengthSignal:
                 # Unserialisable definitions count as nothing: the gateway rejects them elsewhere.
                 with contextlib.suppress(TypeError, ValueError):
                     tool_tokens += estimate_tokens(json.dumps(defs, separators=(",", ":"), ensure_ascii=False))
-        total = tokens + tool_tokens + MESSAGE_OVERHEAD * len(msgs) + (REPLY_PRIMING if msgs else 0)
-        last_user_idx = next((i for i in range(len(msgs) - 1, -1, -1) if msgs[i].get("role") == "user"), -1)
-        last_user = per_message.get(last_user_idx, 0)
+        total = tokens + tool_tokens + MESSAGE_OVERHEAD * messages + (REPLY_PRIMING if messages else 0)
+        # No user message: -1, the legacy prompt's tokens (the prompt is the user's turn).
+        last_user = per_message.get(last_user_index(body), 0)
         detail = {
-            "messages": len(msgs),
+            "messages": messages,
             "turns": by_role.get("user", 0),
             "by_role": by_role,
             "chars": chars,

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import copy
 import ipaddress
 import json
 import math
@@ -45,7 +44,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from classifiers.signals._text import SCOPES, iter_texts, messages_of
+from classifiers.messages import TextPiece, messages_of, rewrite_message_texts
+from classifiers.signals._text import SCOPES, iter_texts
 from classifiers.signals.base import Signal
 
 _SEP = "\n\x00\n"
@@ -596,44 +596,17 @@ def redact_body(body: Mapping[str, Any], kinds: Iterable[str] | None = None) -> 
     Redacted: string ``content``, ``text`` of content parts, the legacy ``prompt``, and the string
     values inside tool-call ``arguments`` (parsed as JSON, redacted value by value and re-serialised,
     so the arguments stay valid JSON; arguments that are not JSON are redacted as text). Not
-    redacted: roles, names, ids, tool definitions, images and every request parameter. The input is
-    never modified.
+    redacted: roles, names, ids, tool definitions, images, ``refusal`` parts and every request
+    parameter. The input is never modified; what holds no finding is shared with it, not copied.
     """
     wanted = tuple(kinds) if kinds is not None else None
-    new = dict(body)
-    msgs = body.get("messages")
-    if isinstance(msgs, list):
-        new_msgs: list[Any] = []
-        for msg in msgs:
-            if not isinstance(msg, Mapping):
-                new_msgs.append(copy.deepcopy(msg))
-                continue
-            m = copy.deepcopy(dict(msg))
-            content = m.get("content")
-            if isinstance(content, str):
-                m["content"] = redact(content, wanted)[0]
-            elif isinstance(content, list):
-                for j, part in enumerate(content):
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        part["text"] = redact(part["text"], wanted)[0]
-                    elif isinstance(part, str):  # tolerated by the signals, so redacted too
-                        content[j] = redact(part, wanted)[0]
-            calls = m.get("tool_calls")
-            for call in calls if isinstance(calls, list) else ():  # malformed tool_calls carry no text
-                fn = call.get("function") if isinstance(call, dict) else None
-                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-                    fn["arguments"] = _redact_arguments(fn["arguments"], wanted)
-            legacy = m.get("function_call")
-            if isinstance(legacy, dict) and isinstance(legacy.get("arguments"), str):
-                legacy["arguments"] = _redact_arguments(legacy["arguments"], wanted)
-            new_msgs.append(m)
-        new["messages"] = new_msgs
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        new["prompt"] = redact(prompt, wanted)[0]
-    elif isinstance(prompt, list):
-        new["prompt"] = [redact(p, wanted)[0] if isinstance(p, str) else p for p in prompt]
-    return new
+
+    def redacted(piece: TextPiece) -> str:
+        if piece.source == "tool_call":
+            return _redact_arguments(piece.text, wanted)
+        return redact(piece.text, wanted)[0]
+
+    return rewrite_message_texts(body, redacted)
 
 
 def _redact_arguments(args: str, kinds: tuple[str, ...] | None) -> str:

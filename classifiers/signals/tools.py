@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from classifiers.signals._text import messages_of
+from classifiers.messages import messages_of
 from classifiers.signals.base import Signal
 
 

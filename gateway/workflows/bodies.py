@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from classifiers.messages import content_texts, iter_message_texts, iter_messages, message_list
 from gateway.compare import transcript
 from gateway.errors import InvalidRequestError
 
@@ -113,22 +114,13 @@ def judge_request(body: Mapping[str, Any], prompt: str, max_tokens: int) -> dict
 
 def with_system(body: Mapping[str, Any], system: str) -> dict[str, Any]:
     """The client's request with ``system`` as a first, extra system message (a fuser's references)."""
-    messages = body.get("messages")
-    existing = list(messages) if isinstance(messages, list) else []
-    return {**body, "messages": [{"role": "system", "content": system}, *existing]}
+    return {**body, "messages": [{"role": "system", "content": system}, *(message_list(body) or ())]}
 
 
 def last_user_text(body: Mapping[str, Any]) -> str:
-    """The text of the last user message (``{input}`` in a graph step's prompt)."""
-    messages = body.get("messages")
-    for message in reversed(messages if isinstance(messages, list) else []):
-        if isinstance(message, Mapping) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list):
-                return " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p)
-    return ""
+    """The text of the last user message, its text parts joined by spaces (``{input}`` in a graph
+    step's prompt)."""
+    return " ".join(piece.text for piece in iter_message_texts(body, last_user=True, tool_calls=False, prompt=False))
 
 
 def conversation_text(body: Mapping[str, Any]) -> str:
@@ -139,17 +131,11 @@ def conversation_text(body: Mapping[str, Any]) -> str:
 def estimate_prompt_tokens(request: Mapping[str, Any]) -> int:
     """A rough token count of what a request sends (4 characters a token, 4 tokens a message), for
     budget reservations only; settled from the upstream's usage."""
-    messages = request.get("messages")
     chars, count = 0, 0
-    for message in messages if isinstance(messages, list) else []:
+    for _, _, message in iter_messages(request):
         count += 1
-        if not isinstance(message, Mapping):
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            chars += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, Mapping))
+        for _, text in content_texts(message.get("content")):
+            chars += len(text)
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             chars += len(str(calls))
