@@ -82,6 +82,16 @@ def create_app(config: Config) -> Starlette:
         service = ProxyService(config, pool, client, metrics, recorder, brain.policies, brain.scan_pool,
                                router=brain.router)
         await service.workflows.start()  # answer-confidence heads, when a cascade scores with one
+        experiments = None
+        if config.experiments:
+            # Imported only here: the runtime's statistics need scipy, which a gateway without
+            # experiments never loads.
+            from gateway.experiments import ExperimentRuntime
+
+            experiments = ExperimentRuntime(config, brain.arms, service.forwarder, pool, recorder, metrics,
+                                            brain.router)
+            await experiments.start()  # registers every experiment; reads the stops other replicas stored
+            service.use_experiments(experiments)
         metrics.watch_router(brain.router)
         followups = service.followups
         followups.set_encoder(lambda: brain.encoder)  # for conversation capture (loaded by brain.start)
@@ -109,6 +119,8 @@ def create_app(config: Config) -> Starlette:
         finally:
             service.draining = True
             await service.followups.close()  # running comparisons are cancelled (their upstream calls too)
+            if experiments is not None:
+                await experiments.close()  # shadows in flight are cancelled, guardrail tasks stopped
             await health.stop()
             await client.close()
             await brain.close()

@@ -264,7 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"pointsman: {exc}", file=sys.stderr)
             return 2
-        print(f"{args.config}: ok ({len(config.backends)} backends, {len(config.routes)} routes)")
+        count = len(config.experiments)
+        experiments = f", {count} experiment{'s' if count > 1 else ''}" if count else ""
+        print(f"{args.config}: ok ({len(config.backends)} backends, {len(config.routes)} routes{experiments})")
         return 0
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:

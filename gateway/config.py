@@ -26,6 +26,7 @@ from policies.brain.config import (  # the routing sections' schema, shared with
     route_problems,
 )
 from policies.config import RouteConfig
+from policies.experiments.config import ExperimentConfig, experiment_problems
 from policies.workflows import WorkflowConfig, WorkflowLimits, workflow_models, workflow_problems
 
 
@@ -246,6 +247,7 @@ class Config(_Strict):
     shared_state: SharedStateConfig = SharedStateConfig()
     local_model: LocalModelConfig = LocalModelConfig()
     classifiers: ClassifiersConfig = ClassifiersConfig()
+    experiments: tuple[ExperimentConfig, ...] = ()
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:
@@ -290,6 +292,12 @@ class Config(_Strict):
             problems = route_problems(route, models, tags, workflows)
             if problems:
                 raise ValueError("\n  ".join(problems))
+        problems = experiment_problems(
+            self.experiments, self.routes, models, workflows,
+            lambda route: route_problems(route, models, tags, workflows),
+        )
+        if problems:
+            raise ValueError("\n  ".join(problems))
         return self
 
     def routing(self) -> RoutingConfig:
@@ -299,6 +307,7 @@ class Config(_Strict):
             classifiers=self.classifiers,
             models=model_infos((m for b in self.backends for m in b.models), self.local_model),
             workflows=self.workflows,
+            experiments=self.experiments,
         )
 
     def model_tags(self) -> dict[str, set[str]]:

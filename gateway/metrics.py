@@ -77,6 +77,17 @@ class Metrics:
             "the process's workflow_limits.max_concurrent_subcalls slots.", ("state",), registry=self.registry,
         )
 
+        # Experiments (gateway/experiments): served requests per arm, and guardrail stops (counted by the
+        # replica that stored the stop, so a sum over replicas is the number of stops).
+        self.experiment_requests = Counter(
+            "pointsman_experiment_requests", "Requests served in an experiment, by experiment and serving arm.",
+            ("experiment", "arm"), registry=self.registry,
+        )
+        self.experiment_stops = Counter(
+            "pointsman_experiment_arm_stops", "Experiment arms stopped by a guardrail (error_rate, cost, latency_p95).",
+            ("experiment", "arm", "guardrail"), registry=self.registry,
+        )
+
     def watch_pool(self, pool: BackendPool) -> None:
         """Export breaker state and ejections, health and outstanding requests per replica at scrape time."""
         self.registry.register(_PoolCollector(pool))

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.config import Config
 from gateway.errors import ConfigError
-from gateway.shared_state import SharedState
+from gateway.shared_state import RedisSessionStore, SharedState
 from policies.brain import Brain, RoutingConfigError, knob_windows
 from policies.rules import RulePolicy
 
@@ -43,8 +43,16 @@ class RoutingBrain(Brain):
             name: policy for name, policy in self.policies.items()
             if isinstance(policy, RulePolicy) and policy.sessions is not None
         }
+        # Experiment arms with their own sticky policy (the control's is its route's): their sessions are
+        # kept apart from the route's, under their own key prefix.
+        self._sticky_arms = {
+            f"{experiment}:{arm}": held.policy
+            for experiment, arms in self.arms.items() for arm, held in arms.items()
+            if isinstance(held.policy, RulePolicy) and held.policy.sessions is not None
+            and held.policy not in self._sticky_routes.values()
+        }
         self.shared_state: SharedState | None = None
-        if config.shared_state.kind == "redis" and self._sticky_routes:
+        if config.shared_state.kind == "redis" and (self._sticky_routes or self._sticky_arms):
             self.shared_state = SharedState(config.shared_state)
 
     async def start(self) -> None:
@@ -56,6 +64,11 @@ class RoutingBrain(Brain):
                 sticky = policy.config.sticky
                 assert sticky is not None  # a policy only has sessions when its route is sticky
                 policy.use_session_store(self.shared_state.session_store(sticky.ttl))
+            for key, policy in self._sticky_arms.items():
+                sticky = policy.config.sticky
+                assert sticky is not None
+                prefix = f"{self.shared_state.config.key_prefix}arm:{key}:"
+                policy.use_session_store(RedisSessionStore(self.shared_state.client, prefix, sticky.ttl))
             log.info("session stickiness shared through Redis for route(s) %s", ", ".join(self._sticky_routes))
         await super().start()
 

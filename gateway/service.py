@@ -14,10 +14,10 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTasks
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -54,6 +54,9 @@ from policies.sticky import SESSION_HEADER
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord
 
+if TYPE_CHECKING:  # the runtime (and the statistics it imports) loads only when experiments are configured
+    from gateway.experiments import Assignment, ExperimentRuntime
+
 log = logging.getLogger("pointsman.service")
 T = TypeVar("T")
 
@@ -85,6 +88,10 @@ class ProxyService:
         self.scan_pool = scan_pool
         # The router version (registry promotions swap it): every decision is pinned to one.
         self.router = router
+        # A/B experiments (:meth:`use_experiments`): which arm's policy decides a request of a route that
+        # has one, and the shadow arms.
+        self.experiments: ExperimentRuntime | None = None
+        self._experiment_routes: frozenset[str] = frozenset()
         # Request ids answered recently, with their tenant: /v1/feedback knows them before the
         # batch writer has flushed their decision records.
         self.issued = IssuedIds(config.feedback.recent_ids)
@@ -108,6 +115,11 @@ class ProxyService:
                 workflow=workflow.name,
             )
 
+    def use_experiments(self, experiments: ExperimentRuntime) -> None:
+        """Serve the routes of ``experiments`` through their arms (the runtime needs this service's forwarder)."""
+        self.experiments = experiments
+        self._experiment_routes = experiments.routes
+
     def authenticate(self, request: Request) -> str | None:
         """Tenant of the request's API key (None when auth is off); raises 401."""
         return self.keys.tenant_for(request.headers.get("authorization"))
@@ -125,6 +137,7 @@ class ProxyService:
         served = Served(record=record, session_id=request.headers.get(SESSION_HEADER))
         response: Response | None = None
         answer: bytes | None = None
+        joined: RequestContext | None = None  # the request's context, when shadow arms will decide on it too
         try:
             if self.draining:
                 raise ServiceUnavailableError("the gateway is shutting down", headers={"Retry-After": "1"})
@@ -134,7 +147,7 @@ class ProxyService:
             served.decided, served.size = body, len(raw)
             record.stream = bool(body.get("stream"))
             with self._pinned_router(record):
-                plan = await self._plan(request, endpoint, body, trace, raw)
+                plan, joined = await self._plan(request, endpoint, body, trace, raw)
             if plan.redact:
                 # The policy asked to strip PII before the request leaves the gateway (and the
                 # gateway's own namespace, e.g. a threshold override, never goes upstream).
@@ -154,7 +167,7 @@ class ProxyService:
                     return Response(status_code=499)
                 if done.opened is not None:
                     streaming = True
-                    return self._workflow_stream(done, trace, served)
+                    return self._workflow_stream(done, trace, served, joined)
                 response, answer = self._workflow_answer(done, trace)
                 return response
             result = await self._unless_disconnected(request, self.forwarder.forward(
@@ -169,16 +182,18 @@ class ProxyService:
                 trace.headers_sent_at = time.perf_counter()
                 record.status = 200
                 return ProxyStream(
-                    result, trace, self._headers(trace), functools.partial(self._finish_stream, served),
+                    result, trace, self._headers(trace), functools.partial(self._finish_stream, served, joined),
                     scanner=self.followups.stream_scanner(served),
                 )
             response = self._completed(result, trace)
             answer = result.body
             return response
         except PointsmanError as error:
-            return self._error(error, trace)
+            response = self._error(error, trace)
+            return response
         except ScanUnavailable as exc:
-            return self._error(_scan_unavailable(exc), trace)
+            response = self._error(_scan_unavailable(exc), trace)
+            return response
         except ClientDisconnected:
             record.outcome, record.status = "client_disconnected", 499
             return Response(status_code=499)
@@ -190,19 +205,30 @@ class ProxyService:
             if not streaming:  # a stream is finished (and leaves in_flight) when its last byte is sent
                 self.metrics.in_flight.dec()
                 self._finish(trace)
+                after: list[Callable[[], Any]] = []
                 if answer is None:
                     self.followups.failed(served)
                 else:
                     launch = self.followups.completed(served, answer)
-                    if launch is not None and response is not None:
-                        response.background = BackgroundTask(launch)  # runs once the response is sent
+                    if launch is not None:
+                        after.append(launch)
+                if joined is not None and self.experiments is not None:
+                    after.append(functools.partial(self.experiments.after_response, joined, record, served.forwarded))
+                if after and response is not None:
+                    tasks = BackgroundTasks()
+                    for task in after:
+                        tasks.add_task(task)
+                    response.background = tasks  # runs once the response is sent
 
     async def _plan(
         self, request: Request, endpoint: Endpoint, body: Mapping[str, Any], trace: RequestTrace, raw: bytes
-    ) -> Plan:
+    ) -> tuple[Plan, RequestContext | None]:
+        """The request's plan and, when it is in an experiment with shadow arms, the context it was decided on."""
         record = trace.record
         model = body["model"]
         direct = self._direct_plans.get(model)
+        joined: RequestContext | None = None
+        assignment: Assignment | None = None
         if direct is not None:
             record.requested_model = model
             plan = direct
@@ -215,17 +241,32 @@ class ProxyService:
             record.requested_model = model
             record.route = model
             ctx = self.context(request, endpoint, body, record.request_id, record.tenant, raw)
+            if model in self._experiment_routes:
+                assert self.experiments is not None
+                assignment = await self.experiments.assign(model, ctx)
+                if assignment is not None:
+                    policy = assignment.policy
+                    if self.experiments.shadowed(assignment.experiment):
+                        joined = ctx  # its shadow arms decide on it once the request is served
+                    record.experiment, record.experiment_arm = assignment.experiment, assignment.arm
+                    record.arm_propensity = assignment.propensity
+                    if assignment.router_version is not None:  # the arm decides on its own router version
+                        record.router_version = assignment.router_version
             try:
                 plan = await policy.decide(ctx)
             except PolicyError as exc:
                 record.decision = {"policy": policy.name, "blocked": exc.code}
+                if assignment is not None:
+                    record.decision["experiment"] = assignment.describe()
                 raise _policy_error(exc) from exc
             plan = self._with_model_fallbacks(plan)
         record.decision = plan.describe()
+        if assignment is not None:
+            record.decision["experiment"] = assignment.describe()
         record.reason = plan.reason
         record.signals = plan.signals
         record.propensity = plan.details.get("propensity")
-        return plan
+        return plan, joined
 
     @contextlib.contextmanager
     def _pinned_router(self, record: DecisionRecord) -> Iterator[None]:
@@ -255,6 +296,7 @@ class ProxyService:
     async def explain(self, request: Request) -> Response:
         """``POST /v1/route``: the routing decision for a request, without calling any backend."""
         request_id = new_request_id()
+        arm_header: bytes | None = None  # x-pointsman-arm, when an experiment arm would decide
         try:
             tenant = self.authenticate(request)
             raw = await self._read_body(request)
@@ -272,7 +314,19 @@ class ProxyService:
                 if policy is None:
                     raise _unknown_model(model)
                 ctx = self.context(request, CHAT, body, request_id, tenant, raw)
-                explanation = await explain_policy(policy, ctx, self.router)
+                assignment = None
+                if model in self._experiment_routes:
+                    assert self.experiments is not None
+                    assignment = await self.experiments.assign(model, ctx, dry_run=True)
+                if assignment is None:
+                    explanation = await explain_policy(policy, ctx, self.router)
+                else:
+                    router = None if assignment.router_version is not None else self.router
+                    explanation = await explain_policy(assignment.policy, ctx, router)
+                    if assignment.router_version is not None:
+                        explanation["router_version"] = assignment.router_version
+                    explanation["experiment"] = assignment.describe()
+                    arm_header = assignment.header
         except PointsmanError as error:
             return error_response(error, gateway_headers(request_id))
         except PolicyError as exc:
@@ -282,7 +336,10 @@ class ProxyService:
         except ClientDisconnected:
             return Response(status_code=499)
         explanation["request_id"] = request_id
-        return json_response(explanation, gateway_headers(request_id))
+        headers = gateway_headers(request_id)
+        if arm_header is not None:
+            headers.append((b"x-pointsman-arm", arm_header))
+        return json_response(explanation, headers)
 
     async def _read_body(self, request: Request) -> bytes:
         server = self.config.server
@@ -366,7 +423,9 @@ class ProxyService:
         ]
         return response, answer
 
-    def _workflow_stream(self, done: WorkflowDone, trace: RequestTrace, served: Served) -> ProxyStream:
+    def _workflow_stream(
+        self, done: WorkflowDone, trace: RequestTrace, served: Served, joined: RequestContext | None
+    ) -> ProxyStream:
         """Relay a workflow's final stage, live, with the workflow's totals put into the stream."""
         assert done.final.stream is not None and done.opened is not None
         record = trace.record
@@ -376,16 +435,19 @@ class ProxyService:
         trace.headers_sent_at = time.perf_counter()
         return ProxyStream(
             done.opened, trace, [*self._headers(trace), *done.headers()],
-            functools.partial(self._finish_workflow_stream, served, done), rewrite=done.rewriter().feed,
+            functools.partial(self._finish_workflow_stream, served, joined, done), rewrite=done.rewriter().feed,
         )
 
     def _finish_workflow_stream(
-        self, served: Served, done: WorkflowDone, trace: RequestTrace, scanner: SSEUsageScanner
+        self, served: Served, joined: RequestContext | None, done: WorkflowDone, trace: RequestTrace,
+        scanner: SSEUsageScanner,
     ) -> None:
         self.metrics.in_flight.dec()
         done.finish_stream(scanner)  # the record's totals, sub-calls and tree
         self._finish(trace)
         self.followups.streamed(served, scanner)
+        if joined is not None and self.experiments is not None:
+            self.experiments.served(joined, trace.record, served.forwarded)
 
     def _error(self, error: PointsmanError, trace: RequestTrace) -> Response:
         record = trace.record
@@ -405,9 +467,13 @@ class ProxyService:
             (b"x-pointsman-route", (record.route or DIRECT_ROUTE).encode()),
             (b"x-pointsman-overhead-ms", f"{trace.overhead_ms():.3f}".encode()),
             *([(b"x-pointsman-router", record.router_version.encode())] if record.router_version else []),
+            *([(b"x-pointsman-arm", f"{record.experiment}/{record.experiment_arm}".encode())]
+              if record.experiment is not None else []),
         ]
 
-    def _finish_stream(self, served: Served, trace: RequestTrace, scanner: SSEUsageScanner) -> None:
+    def _finish_stream(
+        self, served: Served, joined: RequestContext | None, trace: RequestTrace, scanner: SSEUsageScanner
+    ) -> None:
         self.metrics.in_flight.dec()
         record = trace.record
         record.prompt_tokens, record.completion_tokens = scanner.prompt_tokens, scanner.completion_tokens
@@ -416,6 +482,8 @@ class ProxyService:
             record.cost_usd = cost_usd(target.model, record.prompt_tokens, record.completion_tokens)
         self._finish(trace)
         self.followups.streamed(served, scanner)  # the client has its last byte: implicit feedback, comparison
+        if joined is not None and self.experiments is not None:
+            self.experiments.served(joined, record, served.forwarded)  # shadow arms decide now
 
     def _finish(self, trace: RequestTrace) -> None:
         """Complete the decision record, update metrics, and hand the record to the batch writer."""
@@ -429,6 +497,8 @@ class ProxyService:
         metrics.overhead.labels(route).observe(record.overhead_ms / 1000.0)
         if record.ttft_ms is not None:
             metrics.ttft.labels(route, model, backend).observe(record.ttft_ms / 1000.0)
+        if record.experiment is not None:
+            metrics.experiment_requests.labels(record.experiment, record.experiment_arm or "").inc()
         if record.workflow is None:  # a workflow's tokens and cost were counted per sub-call model
             if record.prompt_tokens:
                 metrics.tokens.labels(route, model, backend, "prompt").inc(record.prompt_tokens)

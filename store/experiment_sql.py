@@ -67,7 +67,7 @@ def totals_sql(dialect: Dialect, *, since: bool) -> str:
         where += f" AND created_at >= {_p(dialect, 2)}"
     return (
         "SELECT experiment_arm AS arm, count(*) AS requests, "
-        "sum(CASE WHEN status >= 500 OR outcome IN ('error', 'stream_error') THEN 1 ELSE 0 END) AS errors, "
+        "sum(CASE WHEN status >= 500 OR outcome = 'stream_error' THEN 1 ELSE 0 END) AS errors, "
         "count(cost_usd) AS cost_requests, coalesce(sum(cost_usd), 0) AS cost_sum, "
         "coalesce(sum(cost_usd * cost_usd), 0) AS cost_sq_sum, count(latency_ms) AS latency_requests "
         f"FROM {DECISIONS_TABLE} WHERE {where} GROUP BY experiment_arm"

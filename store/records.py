@@ -166,8 +166,9 @@ class ArmStop:
 @dataclass(slots=True)
 class ArmTotals:
     """One arm's served requests of an experiment, aggregated in the store (every replica's rows):
-    what a guardrail tests. ``errors``: status >= 500 or an error / stream_error outcome; cost sums
-    over the ``cost_requests`` rows that have a cost."""
+    what a guardrail tests. ``errors``: a 5xx status or a stream that broke after its 200 (a policy's
+    block or an upstream 4xx is the request's answer, not a failure); cost sums over the
+    ``cost_requests`` rows that have a cost."""
 
     arm: str
     requests: int = 0

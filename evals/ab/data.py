@@ -4,7 +4,7 @@ Built from the store's rows (:func:`experiment_data`) or directly from arrays (s
 One served request is one unit. Its columns:
 
 * ``arm`` and ``created_at``;
-* ``error``: status >= 500 or an outcome other than ``ok``. Requests the client walked away from
+* ``error``: a 5xx status or a stream that broke (``stream_error``). Requests the client walked away from
   (``client_disconnected``) are left out entirely: they say nothing about the arm;
 * ``cost`` (USD, NaN when unknown) and ``latency`` (ms, NaN when unknown);
 * ``strong``: the strong model answered (see :func:`strong_model`);
@@ -163,8 +163,10 @@ def served_quality(feedback: Iterable[FeedbackRecord], metric: str) -> dict[str,
 
 
 def is_error(record: DecisionRecord) -> bool:
-    """An error the client saw: status >= 500 or an outcome other than ok (disconnects are not rows)."""
-    return record.status >= 500 or record.outcome != "ok"
+    """A failure the client saw: a 5xx status or a stream that broke after its 200 (the guardrails'
+    definition, ``store.ArmTotals``). A policy's block or an upstream 4xx is the request's answer, not
+    a failure of the arm's serving; disconnects are not rows."""
+    return record.status >= 500 or record.outcome == "stream_error"
 
 
 def shadow_choice(record: DecisionRecord) -> str | None:

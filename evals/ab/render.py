@@ -172,7 +172,8 @@ def tables(report: Mapping[str, Any]) -> list[Table]:
                          "cost per quality point", "strong model", "latency p50 / p99 (ms)", "error rate"], rows,
                 "Intervals are always-valid confidence sequences: they hold at every sample size, so reading "
                 "them early or often is safe. Cost per quality point: cost per request ÷ mean quality. "
-                "Errors: status ≥ 500 or a failed outcome; client disconnects are left out."))
+                "Errors: a 5xx status or a stream that broke (a policy block or an upstream 4xx is not an "
+                "error); client disconnects are left out."))
     sources = list(report["sources"])
     out.append(("Quality per source", ["arm", *sources],
                 [[a, *(_mean(arms[a]["quality"][s]) for s in sources)] for a in order],

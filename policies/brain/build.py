@@ -15,6 +15,7 @@ The gateway serves with this brain (adding what only serving needs: Redis-shared
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Iterable, Mapping
@@ -24,13 +25,15 @@ from classifiers.batching import BatchingEncoder
 from classifiers.encoders import load_encoder
 from classifiers.heads import Head
 from classifiers.offload import ScanPool
-from classifiers.provider import ClassifierSignalProvider, RouterHeads, build_extractors
-from classifiers.registry import active_marker, is_registry
+from classifiers.provider import ClassifierSignalProvider, HeadSource, RouterHeads, build_extractors
+from classifiers.registry import RouterRegistry, active_marker, is_registry
 from policies.base import Policy
 from policies.brain.active import ActiveRouter
-from policies.brain.config import RoutingConfig
+from policies.brain.config import RoutingConfig, RoutingConfigError
 from policies.brain.heads import RouteNeeds, RouterVersion, load_router_version
 from policies.config import RouteConfig
+from policies.experiments.arms import ArmPolicy, FixedModelPolicy, heads_key
+from policies.experiments.config import ArmConfig, ExperimentConfig, arm_route
 from policies.knob import CostQualityKnob
 from policies.rules import RulePolicy
 from policies.signals import signal_name
@@ -66,8 +69,12 @@ class Brain:
         self.policies: dict[str, Policy] = {}
         self._providers: dict[str, ClassifierSignalProvider] = {}
         self._scanning: list[ClassifierSignalProvider] = []  # of the routes that run rule signals
+        self._sticky, self._explore = sticky, explore
+        # Rule policies on the active router's heads, by the name their heads are chosen under (a
+        # route's name; an experiment arm's heads_key): the knobs a promotion recalibrates.
+        self._on_active: dict[str, RulePolicy] = {}
         needs: list[RouteNeeds] = []
-        workflows = config.workflow_models()
+        self._workflows = workflows = config.workflow_models()
         workflow_of = {model: name for name, model in workflows.items()}
         for route in config.routes:
             if route.policy == "static":
@@ -76,39 +83,114 @@ class Brain:
                     route.name, route.model, route.fallbacks, workflow=workflow_of.get(route.model)
                 )
                 continue
-            if not sticky and route.sticky is not None:
-                route = route.model_copy(update={"sticky": None})
-            keywords = {name: spec.model_dump() for name, spec in route.signals.keywords.items()}
-            extractors = build_extractors(keywords)
-            provider = ClassifierSignalProvider(
-                encoder=None, heads=functools.partial(self._heads_for, route.name), extractors=extractors
-            )
-            policy = RulePolicy(
-                route.name, route, provider, config.models,
-                historic_scores=(historic_scores or {}).get(route.name, ()), explore=explore, workflows=workflows,
-            )
-            needs.append(RouteNeeds(route, frozenset(policy.needed_signals - set(extractors))))
-            self.policies[route.name] = policy
-            self._providers[route.name] = provider
-            if policy.needed_signals & provider.rule_signals:
-                self._scanning.append(provider)
+            policy, need = self._rule_policy(route.name, route, functools.partial(self._heads_for, route.name),
+                                             historic_scores=(historic_scores or {}).get(route.name, ()))
+            needs.append(need)
+            self.policies[route.name] = self._on_active[route.name] = policy
+        # Experiments: every arm's policy (the control's is its route's own).
+        self.arms: dict[str, dict[str, ArmPolicy]] = {}
+        self._arm_keys: dict[str, str] = {}  # heads_key -> "experiments.<name>.arms.<arm>.policy" (for errors)
+        self._fixed_versions: list[RouterVersion] = []  # router_version arms' heads
+        for experiment in config.experiments:
+            self.arms[experiment.name] = {
+                arm.name: self._arm_policy(experiment, arm, needs) for arm in experiment.arms
+            }
         self._needs = tuple(needs)
         # The marker before the version: a promotion in between is then seen by the first poll.
         self._marker = active_marker(self.routers_dir) if watch else None
         self.router = ActiveRouter(self.load_router())
         self.router.on_swap(self._recalibrate)
-        self.needs_encoder = any(self.router.current.routes.values())  # some route reads a head signal
+        # Some route or arm reads a head signal.
+        self.needs_encoder = any(self.router.current.routes.values()) or any(
+            any(version.routes.values()) for version in self._fixed_versions
+        )
         self._watch = watch and is_registry(self.routers_dir) and settings.reload_interval > 0
         self._watcher: asyncio.Task[None] | None = None
         # Long requests' rule scans and redactions run in worker processes, off the event loop.
         self.scan_pool: ScanPool | None = None
-        if settings.scan_workers != 0 and (self._scanning or _redacting(config.routes)):
+        arm_routes = [policy.config for policy in self._on_active.values()]
+        if settings.scan_workers != 0 and (self._scanning or _redacting([*config.routes, *arm_routes])):
             self.scan_pool = ScanPool(
                 settings.scan_workers,
                 inline_chars=settings.scan_inline_chars,
                 queue_limit=settings.scan_queue_limit,
                 timeout=settings.scan_timeout,
             )
+
+    def _rule_policy(
+        self, name: str, route: RouteConfig, heads: HeadSource, *, historic_scores: Iterable[float] = (),
+        heads_name: str | None = None,
+    ) -> tuple[RulePolicy, RouteNeeds]:
+        """A ``policy: rules`` policy for ``route`` whose provider reads ``heads``, and what it needs
+        of a router version (``heads_name``: the name its heads are chosen under, default ``name``)."""
+        if not self._sticky and route.sticky is not None:
+            route = route.model_copy(update={"sticky": None})
+        keywords = {kw: spec.model_dump() for kw, spec in route.signals.keywords.items()}
+        extractors = build_extractors(keywords)
+        provider = ClassifierSignalProvider(encoder=None, heads=heads, extractors=extractors)
+        policy = RulePolicy(
+            name, route, provider, self.config.models,
+            historic_scores=historic_scores, explore=self._explore, workflows=self._workflows,
+        )
+        keyed = route if heads_name is None else route.model_copy(update={"name": heads_name})
+        self._providers[heads_name or name] = provider
+        if policy.needed_signals & provider.rule_signals:
+            self._scanning.append(provider)
+        return policy, RouteNeeds(keyed, frozenset(policy.needed_signals - set(extractors)))
+
+    def _arm_policy(self, experiment: ExperimentConfig, arm: ArmConfig, needs: list[RouteNeeds]) -> ArmPolicy:
+        """The policy ``arm`` decides with (see :mod:`policies.experiments.arms`)."""
+        route = self.config.route(experiment.route)
+        where = f"experiments.{experiment.name}.arms.{arm.name}"
+        name = experiment.name
+        if arm.control and arm.kind == "route":
+            return ArmPolicy(name, arm.name, self.policies[route.name], arm.kind)
+        if arm.model is not None:
+            workflow = {model: wf for wf, model in self._workflows.items()}.get(arm.model)
+            fixed = FixedModelPolicy(route.name, name, arm.name, arm.model, route.fallbacks, workflow=workflow)
+            return ArmPolicy(name, arm.name, fixed, arm.kind)
+        try:
+            variant = arm_route(route, arm)
+        except ValueError as exc:  # checked with the config; here for a RoutingConfig built by hand
+            raise RoutingConfigError(f"{where}.policy: {exc}") from exc
+        key = heads_key(route.name, name, arm.name)
+        if variant.policy == "static":
+            assert variant.model is not None
+            workflow = {model: wf for wf, model in self._workflows.items()}.get(variant.model)
+            return ArmPolicy(name, arm.name, StaticPolicy(route.name, variant.model, variant.fallbacks,
+                                                          workflow=workflow), arm.kind)
+        if arm.router_version is None:
+            self._arm_keys[key] = f"{where}.policy"
+            policy, need = self._rule_policy(route.name, variant, functools.partial(self._heads_for, key),
+                                             heads_name=key)
+            needs.append(need)
+            self._on_active[key] = policy
+            return ArmPolicy(name, arm.name, policy, arm.kind)
+        # A router version: the route's policy over that version's heads, loaded once (versions never change).
+        holder: list[RouterVersion] = []
+        pinned, need = self._rule_policy(route.name, variant, lambda: holder[0].heads_for(key), heads_name=key)
+        version = self._load_version(arm.router_version, need, f"{where}.router_version")
+        holder.append(version)
+        self._fixed_versions.append(version)
+        return ArmPolicy(name, arm.name, pinned, arm.kind, router_version=arm.router_version)
+
+    def _load_version(self, version: str, need: RouteNeeds, where: str) -> RouterVersion:
+        """One version of the ``classifiers.routers_dir`` registry, its heads chosen for ``need``."""
+        if not is_registry(self.routers_dir):
+            raise RoutingConfigError(
+                f"{where}: classifiers.routers_dir ({self.routers_dir or 'not set'}) is not a router registry; "
+                "a router_version arm names a version of one (pointsman train --out REGISTRY)"
+            )
+        assert self.routers_dir is not None
+        try:
+            directory = RouterRegistry(self.routers_dir).version_dir(version)
+        except KeyError as exc:
+            raise RoutingConfigError(f"{where}: {exc.args[0]}") from exc
+        try:
+            loaded = load_router_version(self.config.classifiers.encoder, directory, (need,))
+        except RoutingConfigError as exc:
+            raise RoutingConfigError(_rename(str(exc), need.route.name, f"{where} {version}")) from exc
+        return dataclasses.replace(loaded, version=version)
 
     @property
     def router_version(self) -> str:
@@ -123,7 +205,13 @@ class Brain:
     def load_router(self) -> RouterVersion:
         """Load the router version ``routers_dir`` resolves to now, checked against every route (blocking:
         call it in a thread on a running loop)."""
-        return load_router_version(self.config.classifiers.encoder, self.routers_dir, self._needs)
+        try:
+            return load_router_version(self.config.classifiers.encoder, self.routers_dir, self._needs)
+        except RoutingConfigError as exc:
+            message = str(exc)
+            for key, where in self._arm_keys.items():  # an arm's problems under the arm's own key
+                message = _rename(message, key, where)
+            raise RoutingConfigError(message) from exc
 
     def policy(self, route: str) -> Policy:
         """The policy of ``route`` (``KeyError`` naming the configured routes otherwise)."""
@@ -143,9 +231,7 @@ class Brain:
         read from the old scores would miss the target share until the window refilled (thousands of
         requests). Emptied, the knob uses ``1 - target`` until ``min_samples`` new scores arrive.
         """
-        for name, policy in self.policies.items():
-            if not isinstance(policy, RulePolicy):
-                continue
+        for name, policy in self._on_active.items():
             knob, cq = policy.knob, policy.config.cost_quality
             if knob is None or cq is None or knob.target_share is None:
                 continue
@@ -235,6 +321,11 @@ def knob_windows(routes: Iterable[RouteConfig]) -> dict[str, int]:
         for route in routes
         if route.cost_quality is not None and route.cost_quality.target_strong_share is not None
     }
+
+
+def _rename(message: str, key: str, where: str) -> str:
+    """A problem found under ``routes.<key>`` said under ``where`` (an arm's own config key)."""
+    return message.replace(f"routes.{key}:", f"{where}:").replace(f"routes.{key}.", f"{where}.")
 
 
 def _redacting(routes: Iterable[RouteConfig]) -> bool:

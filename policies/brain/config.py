@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from classifiers.signals import PII_KINDS
 from policies.config import RouteConfig
+from policies.experiments.config import ExperimentConfig, experiment_problems
 from policies.signals import DEFAULT_SIGNAL_SPECS, SignalKind, SignalSpec
 from policies.utility import ModelInfo
 from policies.validation import policy_problems
@@ -171,6 +172,7 @@ class RoutingConfig:
     classifiers: ClassifiersConfig = field(default_factory=ClassifiersConfig)
     models: Mapping[str, ModelInfo] = field(default_factory=dict)
     workflows: tuple[AnyWorkflow, ...] = ()
+    experiments: tuple[ExperimentConfig, ...] = ()
 
     def workflow_models(self) -> dict[str, str]:
         """Workflow name -> the virtual model it is served as (``cascade/<name>`` …)."""
@@ -234,6 +236,7 @@ class _RoutingSections(BaseModel):
     workflows: tuple[WorkflowConfig, ...] = ()
     local_model: LocalModelConfig = LocalModelConfig()
     classifiers: ClassifiersConfig = ClassifiersConfig()
+    experiments: tuple[ExperimentConfig, ...] = ()
 
     @model_validator(mode="after")
     def _cross_references(self) -> _RoutingSections:
@@ -248,6 +251,9 @@ class _RoutingSections(BaseModel):
         workflows = workflow_models(self.workflows)
         problems = workflow_problems(self.workflows, tags)
         problems += [p for route in self.routes for p in route_problems(route, tags, tags, workflows)]
+        problems += experiment_problems(
+            self.experiments, self.routes, tags, workflows, lambda route: route_problems(route, tags, tags, workflows)
+        )
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
@@ -266,7 +272,7 @@ def parse_routing_config(data: Any, env: Mapping[str, str] | None = None) -> Rou
     values = dict(os.environ) if env is None else dict(env)
     sections: dict[str, Any] = {
         key: substitute_env(data[key], values, key)
-        for key in ("routes", "workflows", "local_model", "classifiers")
+        for key in ("routes", "workflows", "local_model", "classifiers", "experiments")
         if key in data
     }
     backends = data.get("backends")
@@ -286,6 +292,7 @@ def parse_routing_config(data: Any, env: Mapping[str, str] | None = None) -> Rou
         classifiers=parsed.classifiers,
         models=model_infos((m for b in parsed.backends for m in b.models), parsed.local_model),
         workflows=parsed.workflows,
+        experiments=parsed.experiments,
     )
 
 
@@ -332,8 +339,8 @@ def describe_validation_error(exc: ValidationError) -> str:
         loc = describe_location(tuple(error["loc"]))
         key = ".".join(str(part) for part in loc) or "<root>"
         message = error["msg"].removeprefix("Value error, ")
-        nested = _NESTED_KEY.match(message) if loc[:1] == ("workflows",) else None
-        if nested:  # a workflow check names the key below the workflow: one dotted path
+        nested = _NESTED_KEY.match(message) if loc[:1] in (("workflows",), ("experiments",)) else None
+        if nested:  # a workflow's (an experiment's) check names the key below it: one dotted path
             key, message = f"{key}.{nested.group(1)}", message[nested.end():]
         if error["type"] == "value_error" and key == "<root>":
             lines.append(message)  # cross-reference checks name their own key path

@@ -43,6 +43,8 @@ rater              a scoring judge: reads the first ``quality=<x>`` in its promp
 pairjudge          a pairwise judge: reads the ``quality=<x>`` markers in order (A then B) and
                    answers ``[[A]]``, ``[[B]]`` or ``[[tie]]``
 echo               answers ``ECHO: `` and the text of the last user message
+switch:<tag>       like ``ok`` (streamed or not) until the test adds ``tag`` to ``state.failing``,
+                   then HTTP 500 every time: an upstream that starts failing at a moment the test picks
 =================  =============================================================================
 
 ``length``, ``always-a`` and the scripted models are not in ``BEHAVIOURS`` (the faults every standard
@@ -93,6 +95,7 @@ class UpstreamState:
         self.headers: list[dict[str, str]] = []
         self.active: Counter[str] = Counter()  # requests in flight per key
         self.peak: Counter[str] = Counter()  # the most in flight at once per key
+        self.failing: set[str] = set()  # tags of the ``switch:<tag>`` models that answer HTTP 500 now
 
 
 def _completion(body: dict[str, Any], text: str, finish: str = "stop") -> dict[str, Any]:
@@ -249,6 +252,8 @@ def build_app(state: UpstreamState) -> Starlette:
         state.headers.append(dict(request.headers))
         seen = state.requests[(model, key)]
         stream = bool(body.get("stream"))
+        if model.startswith("switch:") and model[7:] in state.failing:
+            return JSONResponse({"error": {"message": "switched off", "type": "server_error"}}, status_code=500)
         if model.startswith("hang:"):
             await _sleep_until_disconnect(request, model)
             return Response(status_code=204)

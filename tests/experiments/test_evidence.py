@@ -1,0 +1,43 @@
+"""What adaptive allocation learns from: a served request's outcome (explicit feedback first, then the
+judge's score of the served model, then 0 for an implicit signal) and its cost, per arm; shadow rows and
+client disconnects never count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.experiments.monitor import arm_evidence, request_outcome
+from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
+
+
+def row(arm: str, *feedback: FeedbackRecord, cost: float | None = 0.001, **fields: Any) -> LoggedRequest:
+    record = DecisionRecord(request_id=f"r-{id(feedback)}", created_at=0.0, endpoint="chat.completions",
+                            route="auto", requested_model="auto", model="m", experiment="e", experiment_arm=arm,
+                            cost_usd=cost, **fields)
+    return LoggedRequest(record, None, list(feedback))
+
+
+def fb(score: float, source: str = "user", metric: str = "quality", model: str = "") -> FeedbackRecord:
+    return FeedbackRecord(request_id="r", score=score, metric=metric, source=source, model=model)
+
+
+def test_the_outcome_of_a_served_answer() -> None:
+    assert request_outcome(row("a", fb(1.0), fb(0.0, "rule"), fb(0.2, "judge", model="m")), "quality") == 0.5
+    assert request_outcome(row("a", fb(0.2, "judge", model="m"), fb(0.9, "judge", model="other")), "quality") == 0.2
+    assert request_outcome(row("a", fb(0.0, "implicit", metric="reask")), "quality") == 0.0
+    assert request_outcome(row("a", fb(1.0, metric="helpfulness")), "quality") is None
+    assert request_outcome(row("a"), "quality") is None
+
+
+def test_evidence_per_arm_leaves_shadows_and_disconnects_out() -> None:
+    rows = [
+        row("a", fb(1.0)), row("a", fb(0.0), cost=0.003), row("a", cost=None),
+        row("b", fb(0.5)), row("b", fb(1.0), shadow_of="x"), row("b", fb(1.0), outcome="client_disconnected"),
+    ]
+    evidence = arm_evidence(rows, "quality")
+    a, b = evidence["a"], evidence["b"]
+    assert (a.outcomes, a.quality_sum, a.cost_requests) == (2, 1.0, 2)
+    assert a.mean_cost == pytest.approx(0.002)
+    assert (b.outcomes, b.quality_sum, b.cost_requests) == (1, 0.5, 1)
