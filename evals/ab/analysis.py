@@ -181,8 +181,18 @@ def srm_check(data: ExperimentData, opts: Options) -> tuple[SampleRatioCheck | N
             return None, "skipped: adaptive allocation (arm probabilities change over time)"
     before = rows.created_at < min((s.stopped_at for s in data.stops), default=math.inf)
     arm_values = rows.arm[before].tolist()
+    what = "requests"
+    if rows.unit is not None:
+        # Randomisation is per key (a user, a session ...): count each key once, in the arm it was
+        # assigned to. Counting requests would flag a few heavy users as a broken split. A request
+        # that was its own unit (no key) counts once, as itself.
+        first: dict[str, str] = {}
+        for index, (arm, unit) in enumerate(zip(arm_values, rows.unit[before].tolist(), strict=True)):
+            first.setdefault(unit if unit is not None else f"request:{index}", arm)
+        if len(first) < len(arm_values):
+            arm_values, what = list(first.values()), "assignment keys"
     counts = {a: arm_values.count(a) for a in dict.fromkeys([*weights, *arm_values])}
-    note = "requests before the first arm stop" if data.stops else "all served requests"
+    note = f"{what} before the first arm stop" if data.stops else f"all served {what}"
     return sample_ratio_check(counts, weights, alpha=opts.srm_alpha), note
 
 

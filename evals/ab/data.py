@@ -67,6 +67,9 @@ class ServedRows:
     compared: np.ndarray  # bool
     propensity: np.ndarray  # float, NaN unknown: the arm's probability when the key was assigned
     quality: dict[str, np.ndarray] = field(default_factory=dict)  # source group -> float, NaN none
+    # The randomised unit of each request (a prefix of its assignment key's hash; None: the request
+    # itself); None as a whole when unknown (rows built from plain arrays).
+    unit: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.arm.size)
@@ -78,6 +81,7 @@ class ServedRows:
             error=self.error[mask], cost=self.cost[mask], latency=self.latency[mask], model=self.model[mask],
             strong=self.strong[mask], compared=self.compared[mask], propensity=self.propensity[mask],
             quality={k: v[mask] for k, v in self.quality.items()},
+            unit=None if self.unit is None else self.unit[mask],
         )
 
 
@@ -160,6 +164,14 @@ def served_quality(feedback: Iterable[FeedbackRecord], metric: str) -> dict[str,
     out = {g: float(np.mean(v)) for g, v in sums.items()}
     out["implicit"] = 0.0 if implicit_signal else 1.0
     return out
+
+
+def unit_of(record: DecisionRecord) -> str | None:
+    """The randomised unit the gateway recorded for the request (``decision.experiment.unit``: a
+    prefix of its assignment key's hash), or None when each request was its own unit."""
+    experiment = record.decision.get("experiment")
+    unit = experiment.get("unit") if isinstance(experiment, dict) else None
+    return unit if isinstance(unit, str) and unit else None
 
 
 def is_error(record: DecisionRecord) -> bool:
@@ -256,6 +268,7 @@ def experiment_data(
             (np.nan if i.record.arm_propensity is None else i.record.arm_propensity for i in served), float
         ),
         quality=quality,
+        unit=column((unit_of(i.record) for i in served), object),
     )
     shadow_rows = ShadowRows(
         arm=column((r.experiment_arm or "?" for r in shadows), object),

@@ -60,6 +60,14 @@ class Assignment:
     how: str
     policy: Policy
     router_version: str | None = None
+    # The randomisation unit: a prefix of the key's hash (never the key), so the report can count keys,
+    # not requests, in its sample-ratio check. None when each request is its own unit.
+    unit: str | None = None
+
+    def for_unit(self, unit: str | None) -> Assignment:
+        """This assignment for one key (the fixed-weight ones are shared across keys)."""
+        return Assignment(self.experiment, self.arm, self.assigned, self.propensity, self.key, self.how,
+                          self.policy, self.router_version, unit)
 
     @property
     def header(self) -> bytes:
@@ -76,6 +84,8 @@ class Assignment:
             described["stopped"] = True
         if self.router_version is not None:
             described["router_version"] = self.router_version
+        if self.unit is not None:
+            described["unit"] = self.unit
         return described
 
 

@@ -125,12 +125,15 @@ class ExperimentRuntime:
         key = experiment.key(ctx.body, ctx.headers, ctx.request_id)
         if key is None:
             return None
-        known = experiment.known(key)
-        if known is not None:
-            return known
-        if dry_run:
-            return await experiment.peek(key, self._store.get_assignment)
-        return await experiment.assign_new(key, self._store.put_assignment)
+        assignment = experiment.known(key)
+        if assignment is None:
+            if dry_run:
+                assignment = await experiment.peek(key, self._store.get_assignment)
+            else:
+                assignment = await experiment.assign_new(key, self._store.put_assignment)
+        # 64 bits of the key's hash identify the unit that was randomised (a request keyed by its own
+        # id is its own unit): the report's sample-ratio check counts these, not requests.
+        return assignment.for_unit(None if key.source == "request" else key.hash[:16])
 
     def served(self, ctx: RequestContext, record: DecisionRecord, forwarded: Mapping[str, Any] | None) -> None:
         """A request of an experiment is done (its last byte sent): start its shadow decisions."""

@@ -7,6 +7,7 @@ difference is found, and identical arms are rarely (<= alpha + simulation error)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -226,3 +227,23 @@ def test_the_report_flags_srm_and_says_do_not_trust() -> None:
     assert report["srm"]["mismatch"]
     assert report["verdicts"]["treatment"]["kind"] == "srm"
     assert report["verdict"].startswith("SRM: assignment is broken, do not trust")
+
+
+def test_srm_counts_assignment_keys_not_requests() -> None:
+    """Assignment is per key: 150 keys per arm split evenly, but the treatment's keys happen to send
+    more requests. Counted per request that is a broken split; per key it is not."""
+    rng = np.random.default_rng(3)
+    units = [f"k{i:03d}" for i in range(300)]
+    arm_of = {u: ("control" if i < 150 else "treatment") for i, u in enumerate(units)}
+    sent = [u for u in units for _ in range(1 if arm_of[u] == "control" else 2)]  # heavier treatment keys
+    rng.shuffle(sent)
+    arms = np.array([arm_of[u] for u in sent], dtype=object)
+    rows = served_rows(arms, {"judge": rng.uniform(size=arms.size)})
+    spec = [ArmSpec("control", 0.5, control=True), ArmSpec("treatment", 0.5)]
+    by_request = analyze(ExperimentData("keys", "auto", spec, rows, empty_shadows()))
+    assert by_request["srm"]["mismatch"]  # 150 vs 300 requests
+    keyed = dataclasses.replace(rows, unit=np.array(sent, dtype=object))
+    by_key = analyze(ExperimentData("keys", "auto", spec, keyed, empty_shadows()))
+    assert not by_key["srm"]["mismatch"]
+    assert by_key["srm"]["counts"] == {"control": 150, "treatment": 150}
+    assert "assignment keys" in by_key["srm_note"]

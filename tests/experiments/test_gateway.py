@@ -93,6 +93,13 @@ def expected_arm(user: str) -> str:
     return ArmTable({"control": 0.5, "alt": 0.5}).pick(point.fraction)
 
 
+def unit_of(user: str) -> str:
+    """The randomisation unit recorded for ``user``: 64 bits of its key's hash (never the key)."""
+    key = assignment_key("ab", "user", "conversation", {"user": user}, {}, "unused")
+    assert key is not None
+    return key.hash[:16]
+
+
 def test_an_arm_is_assigned_by_key_and_marked_everywhere(sdk: OpenAI, gateway: GatewayProcess) -> None:
     seen: dict[str, set[str]] = {}
     ids: dict[str, str] = {}
@@ -119,7 +126,7 @@ def test_an_arm_is_assigned_by_key_and_marked_everywhere(sdk: OpenAI, gateway: G
         assert record["arm_propensity"] == pytest.approx(0.5) and record["shadow_of"] is None
         assert rows(gateway, "SELECT decision FROM decisions WHERE request_id = ?", (request_id,))[0][
             "decision"]["experiment"] == {"name": "ab", "arm": expected_arm(user), "propensity": 0.5,
-                                          "key": "user", "how": "hash"}
+                                          "key": "user", "how": "hash", "unit": unit_of(user)}
     counted = metric(gateway.url, "pointsman_experiment_requests", experiment="ab")
     assert counted >= 72
     assert metric(gateway.url, "pointsman_experiment_requests", experiment="ab", arm="alt") > 0
