@@ -192,7 +192,8 @@ def tables(report: Mapping[str, Any]) -> list[Table]:
                     diff_rows, "✔: the interval excludes 0 (a difference declared at the report's alpha)."))
     srm = report.get("srm")
     if srm:
-        out.append(("Sample-ratio check", ["arm", "requests", "observed share", "expected share"],
+        unit = "assignment keys" if "assignment keys" in str(report.get("srm_note", "")) else "requests"
+        out.append(("Sample-ratio check", ["arm", unit, "observed share", "expected share"],
                     [[a, str(n), _pct(n / max(sum(srm["counts"].values()), 1)),
                       _pct(srm["expected_share"].get(a, 0.0))] for a, n in srm["counts"].items()],
                     f"Chi-square p = {srm['p_value']:.3g}; a mismatch (p < {report['method']['srm_alpha']:g}) means "

@@ -37,6 +37,7 @@ Everything here is pure arithmetic (numpy/scipy): no I/O, safe to import from th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -307,9 +308,12 @@ def proportion_difference_path(
     with np.errstate(divide="ignore", invalid="ignore"):
         pt_s = (st + 0.5) / (nt + 1)
         pc_s = (sc + 0.5) / (nc + 1)
-        return mean_difference_path(
+        path = mean_difference_path(
             nt, st / nt, pt_s * (1 - pt_s), nc, sc / nc, pc_s * (1 - pc_s), alpha=alpha, rho=rho
         )
+    # A difference of two rates lies in [-1, 1]: intersecting the interval with it keeps the coverage
+    # and never reports a share change above 100 points.
+    return dataclasses.replace(path, lower=np.clip(path.lower, -1.0, 1.0), upper=np.clip(path.upper, -1.0, 1.0))
 
 
 def proportion_difference_cs(

@@ -247,3 +247,9 @@ def test_srm_counts_assignment_keys_not_requests() -> None:
     assert not by_key["srm"]["mismatch"]
     assert by_key["srm"]["counts"] == {"control": 150, "treatment": 150}
     assert "assignment keys" in by_key["srm_note"]
+
+
+def test_a_rate_difference_never_leaves_minus_one_to_one() -> None:
+    every, none = proportion_difference_cs(100, 100, 0, 100), proportion_difference_cs(0, 100, 100, 100)
+    assert every.significant and -1.0 <= every.lower and every.upper == 1.0
+    assert none.significant and none.lower == -1.0 and none.upper <= 1.0
