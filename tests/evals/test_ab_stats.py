@@ -251,5 +251,5 @@ def test_srm_counts_assignment_keys_not_requests() -> None:
 
 def test_a_rate_difference_never_leaves_minus_one_to_one() -> None:
     every, none = proportion_difference_cs(100, 100, 0, 100), proportion_difference_cs(0, 100, 100, 100)
-    assert every.significant and -1.0 <= every.lower and every.upper == 1.0
+    assert every.significant and every.lower >= -1.0 and every.upper == 1.0
     assert none.significant and none.lower == -1.0 and none.upper <= 1.0
