@@ -10,6 +10,8 @@ the escalation, the last checked answer is the best so far.
 
 from __future__ import annotations
 
+from typing import Any
+
 from classifiers.conversation import conversation_text
 from gateway.workflows import bodies
 from gateway.workflows.confidence import agreement, logprob_confidence, message_text, verifier_confidence
@@ -113,7 +115,8 @@ async def _agreement(run: Run, workflow: CascadeWorkflow, stage: Stage, position
     missing = wanted - len(samples)
     if missing > 0:
         results = await run.settle([
-            run.call("sample", stage.model, base, position=position, label=stage.label) for _ in range(missing)
+            run.call("sample", stage.model, _nth_sample(base, len(samples) + i), position=position, label=stage.label)
+            for i in range(missing)
         ])
         samples += [(result, 0) for result in results if isinstance(result, Answer)]
     if not samples:
@@ -124,6 +127,16 @@ async def _agreement(run: Run, workflow: CascadeWorkflow, stage: Stage, position
     chosen = _only_choice(winner, choice)
     chosen.call.confidence = None if agreed is None else agreed[1]
     return chosen
+
+
+def _nth_sample(body: dict[str, Any], index: int) -> dict[str, Any]:
+    """Sample ``index``'s body: with a client ``seed``, each parallel sample gets its own (seed + index),
+    so the samples stay reproducible but are not one answer repeated (identical samples would always
+    agree: confidence 1 whatever the model knows)."""
+    seed = body.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool) and index > 0:
+        return {**body, "seed": seed + index}
+    return body
 
 
 def _choices(answer: Answer) -> int:

@@ -125,6 +125,17 @@ def test_agreement_falls_back_to_parallel_samples_and_escalates_on_disagreement(
     assert raw.headers["x-pointsman-model"] == "strong"
 
 
+def test_parallel_samples_get_their_own_seeds_when_the_client_sends_one(
+    sdk: OpenAI, upstream: FakeUpstream
+) -> None:
+    """A client seed on every sample would make them one answer repeated: agreement would read 1."""
+    user = key()
+    sdk.chat.completions.create(model="cascade/disagree", messages=MESSAGES, user=user, seed=7)
+    samples = [b for b in sent(upstream, user) if b["model"].startswith("cycle1:")]
+    assert samples[0]["n"] == 3 and samples[0]["seed"] == 7  # one call with n keeps the client's seed
+    assert sorted(b["seed"] for b in samples[1:]) == [8, 9]  # the parallel ones: seed + their index
+
+
 @pytest.mark.parametrize(("workflow", "answered", "confidence"), [
     ("verified", "unsure", 1.0), ("refuted", "strong", 0.0), ("unreadable", "strong", None),
 ])
