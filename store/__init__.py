@@ -31,8 +31,11 @@ from store.records import (
     DecisionRecord,
     ExperimentRow,
     FeedbackRecord,
+    LatencyBin,
     LoggedRequest,
     SubCallRecord,
+    TrafficBucket,
+    TrafficWindow,
 )
 from store.schema import SCHEMA_VERSION
 from store.sqlite import SQLiteDecisionStore
@@ -52,6 +55,7 @@ __all__ = [
     "ExperimentRow",
     "FeedbackRecord",
     "FeedbackWriter",
+    "LatencyBin",
     "LoggedRequest",
     "NullDecisionStore",
     "PostgresDecisionStore",
@@ -59,6 +63,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "SubCallRecord",
+    "TrafficBucket",
+    "TrafficWindow",
     "open_store",
     "open_store_url",
 ]

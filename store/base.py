@@ -13,6 +13,7 @@ from store.records import (
     FeedbackRecord,
     LoggedRequest,
     SubCallRecord,
+    TrafficWindow,
 )
 
 
@@ -86,6 +87,12 @@ class DecisionStore(Protocol):
     async def purge_expired_text(self, now: float) -> int:
         """Delete the text of conversations whose retention ended at or before ``now`` (the
         embedding stays); returns how many conversations lost their text."""
+        ...
+
+    async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:
+        """Served decisions created at or after ``since`` (shadow rows left out), aggregated per
+        ``bucket_seconds``-wide slice: per (slice, route, model) counts, errors, cost, tokens,
+        latency and cache hits, and per slice a latency histogram; one consistent snapshot."""
         ...
 
     # --- experiments (A/B arms, shadow decisions, guardrail stops; every replica reads the same rows)

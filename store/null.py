@@ -14,6 +14,7 @@ from store.records import (
     FeedbackRecord,
     LoggedRequest,
     SubCallRecord,
+    TrafficWindow,
 )
 from store.schema import FORGET_TABLES
 
@@ -62,6 +63,9 @@ class NullDecisionStore:
 
     async def purge_expired_text(self, now: float) -> int:
         return 0
+
+    async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:
+        return TrafficWindow(since=since, bucket_seconds=bucket_seconds)
 
     async def register_experiment(self, name: str, route: str, spec: dict[str, Any]) -> None:
         return None

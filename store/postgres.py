@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 
 from store import experiment_sql as xsql
+from store import traffic_sql as tsql
 from store._codec import (
     encode_conversation,
     encode_feedback,
@@ -33,6 +34,7 @@ from store.records import (
     FeedbackRecord,
     LoggedRequest,
     SubCallRecord,
+    TrafficWindow,
 )
 from store.schema import (
     FORGET_TABLES,
@@ -216,6 +218,17 @@ class PostgresDecisionStore:
                 select_feedback_sql() + " WHERE " + chosen + " ORDER BY metric, source, model", *params
             )
         return join_logged(decisions, conversations, feedback)
+
+    async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:
+        """Served decisions since ``since``, aggregated per ``bucket_seconds`` (one snapshot)."""
+        if bucket_seconds <= 0:
+            raise ValueError("bucket_seconds must be positive")
+        async with self._require_pool().acquire() as conn, conn.transaction(
+            isolation="repeatable_read", readonly=True
+        ):
+            buckets = await conn.fetch(tsql.buckets_sql("postgres"), float(since), float(bucket_seconds))
+            latency = await conn.fetch(tsql.latency_sql("postgres"), float(since), float(bucket_seconds))
+        return tsql.window_from_rows(since, bucket_seconds, buckets, latency)
 
     # --- experiments -----------------------------------------------------------------------------
 

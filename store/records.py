@@ -180,6 +180,51 @@ class ArmTotals:
 
 
 @dataclass(slots=True)
+class TrafficBucket:
+    """Served requests of one (time bucket, route, model) in a :class:`TrafficWindow`: ``bucket`` is
+    the index of its ``bucket_seconds``-wide slice from the window's start; ``route`` is None for a
+    concrete model requested by name. ``errors``: a 5xx or a stream that broke after its 200;
+    ``rejected``: a 4xx (a policy block, a bad request, a rate limit). Sums skip missing values
+    (``latency_requests`` rows had a latency); ``cache_lookups`` rows looked the response cache up
+    (``decision.cache.result`` hit or miss; a bypass is not a lookup), ``cache_hits`` of them hit."""
+
+    bucket: int
+    route: str | None
+    model: str | None
+    requests: int = 0
+    errors: int = 0
+    rejected: int = 0
+    cost_usd: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_requests: int = 0
+    latency_sum_ms: float = 0.0
+    cache_lookups: int = 0
+    cache_hits: int = 0
+
+
+@dataclass(slots=True)
+class LatencyBin:
+    """How many served requests of a time bucket had a latency in bin ``bin`` (an index into
+    ``store.traffic_sql.LATENCY_BOUNDS_MS``; the last bin is everything above its last bound)."""
+
+    bucket: int
+    bin: int
+    count: int
+
+
+@dataclass(slots=True)
+class TrafficWindow:
+    """The decision log's served traffic since ``since``, aggregated in the store (every replica's
+    rows) per ``bucket_seconds``: what the dashboard draws."""
+
+    since: float
+    bucket_seconds: float
+    buckets: list[TrafficBucket] = field(default_factory=list)
+    latency: list[LatencyBin] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class LoggedRequest:
     """A decision joined with its conversation (when kept) and every piece of feedback on it."""
 

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from store import experiment_sql as xsql
+from store import traffic_sql as tsql
 from store._codec import (
     encode_conversation,
     encode_feedback,
@@ -38,6 +39,7 @@ from store.records import (
     FeedbackRecord,
     LoggedRequest,
     SubCallRecord,
+    TrafficWindow,
 )
 from store.schema import (
     FORGET_TABLES,
@@ -283,6 +285,15 @@ class SQLiteDecisionStore:
         ]
         decisions, conversations, feedback = await self._run(self._snapshot_sync, queries)
         return join_logged(decisions, conversations, feedback)
+
+    async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:
+        """Served decisions since ``since``, aggregated per ``bucket_seconds`` (one snapshot)."""
+        if bucket_seconds <= 0:
+            raise ValueError("bucket_seconds must be positive")
+        params = [since, bucket_seconds]
+        queries = [(tsql.buckets_sql("sqlite"), params), (tsql.latency_sql("sqlite"), params)]
+        buckets, latency = await self._run(self._snapshot_sync, queries)
+        return tsql.window_from_rows(since, bucket_seconds, buckets, latency)
 
     # --- experiments -----------------------------------------------------------------------------
 
