@@ -116,6 +116,15 @@ class RateLimitError(PointsmanError):
     code = "rate_limit_exceeded"
 
 
+class BudgetExceededError(PointsmanError):
+    """An API key's spend budget for the period (day, month) is used up (429 ``budget_exceeded``,
+    ``Retry-After``: seconds until the period ends)."""
+
+    status = 429
+    error_type = "insufficient_quota"
+    code = "budget_exceeded"
+
+
 class UpstreamError(PointsmanError):
     """The upstream failed: connection refused/reset, 5xx, or a malformed response (502)."""
 

@@ -8,13 +8,15 @@ brain's :class:`RoutingConfigError` into the gateway's :class:`ConfigError` at t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.config import Config
 from gateway.errors import ConfigError
-from gateway.shared_state import RedisSessionStore, SharedState
+from gateway.shared_state import RedisKnobWindow, RedisSessionStore, SharedState
 from policies.brain import Brain, RoutingConfigError, knob_windows
 from policies.rules import RulePolicy
 
@@ -51,8 +53,18 @@ class RoutingBrain(Brain):
             if isinstance(held.policy, RulePolicy) and held.policy.sessions is not None
             and held.policy not in self._sticky_routes.values()
         }
+        # Target-share knobs calibrate on one window shared by every replica (routes only, not arms).
+        self._shared_knobs = {
+            name: policy for name, policy in self.policies.items()
+            if isinstance(policy, RulePolicy) and policy.knob is not None and policy.knob.target_share is not None
+        }
+        self.knob_windows: dict[str, RedisKnobWindow] = {}
+        self._knob_tasks: list[asyncio.Task[None]] = []
         self.shared_state: SharedState | None = None
-        if config.shared_state.kind == "redis" and (self._sticky_routes or self._sticky_arms):
+        quotas = bool(config.limits.routes) or any(k.limits or k.budgets for k in config.auth.api_keys)
+        if config.shared_state.kind == "redis" and (
+            self._sticky_routes or self._sticky_arms or self._shared_knobs or quotas
+        ):
             self.shared_state = SharedState(config.shared_state)
 
     async def start(self) -> None:
@@ -69,11 +81,31 @@ class RoutingBrain(Brain):
                 assert sticky is not None
                 prefix = f"{self.shared_state.config.key_prefix}arm:{key}:"
                 policy.use_session_store(RedisSessionStore(self.shared_state.client, prefix, sticky.ttl))
-            log.info("session stickiness shared through Redis for route(s) %s", ", ".join(self._sticky_routes))
+            if self._sticky_routes:
+                log.info("session stickiness shared through Redis for route(s) %s", ", ".join(self._sticky_routes))
+            await self._share_knobs(self.shared_state)
         await super().start()
+
+    async def _share_knobs(self, shared: SharedState) -> None:
+        """Calibrate every target-share knob on its route's window in Redis (one sync now, then in the
+        background every ``shared_state.knob_sync_interval`` seconds)."""
+        for name, policy in self._shared_knobs.items():
+            window = RedisKnobWindow(shared.client, shared.config.key_prefix, name, policy,
+                                     lambda: self.router.version)
+            self.knob_windows[name] = window
+            await window.sync()
+            self._knob_tasks.append(asyncio.create_task(window.run(shared.config.knob_sync_interval),
+                                                        name=f"pointsman-knob-sync-{name}"))
+        if self._shared_knobs:
+            log.info("knob windows shared through Redis for route(s) %s", ", ".join(self._shared_knobs))
 
     async def close(self) -> None:
         """Release the brain's workers and the Redis connection."""
+        for task in self._knob_tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._knob_tasks.clear()
         await super().close()
         if self.shared_state is not None:
             await self.shared_state.close()

@@ -1,9 +1,12 @@
 """Hot state shared by gateway replicas through Redis (``shared_state.kind: redis``).
 
-Today that is session stickiness: :class:`RedisSessionStore` implements the policies'
-:class:`~policies.sticky.SessionStore` over one ``redis.asyncio`` client that :class:`SharedState`
-opens at start-up and closes at shutdown (no module-level client). Redis errors and timeouts are
-translated here, at this boundary, into :class:`~policies.sticky.SessionStoreUnavailable`.
+One ``redis.asyncio`` client, opened by :class:`SharedState` at start-up and closed at shutdown (no
+module-level client), serves: session stickiness (:class:`RedisSessionStore`, the policies'
+:class:`~policies.sticky.SessionStore`), the cost-quality knob's score window (:class:`RedisKnobWindow`,
+a :class:`~policies.knob.ScoreSink`), and rate limits and budgets (``gateway/quota/redis_store.py``).
+Redis errors and timeouts are translated at each of these boundaries (sessions:
+:class:`~policies.sticky.SessionStoreUnavailable`; quotas: ``QuotaUnavailable``; the knob keeps its
+local window); ``shared_state.fail`` says what each feature does then.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway.config import SharedStateConfig
@@ -73,6 +77,105 @@ class RedisSessionStore:
             raise SessionStoreUnavailable(f"Redis {what} failed: {type(exc).__name__}") from exc
 
 
+# KEYS[1]: the route's score list. ARGV: window, the number of seed scores, the seeds, then new scores.
+# Seeds (a replica's historic window, from the decision log) are pushed only into an empty list.
+_KNOB_SYNC = """
+local window = tonumber(ARGV[1])
+local nseed = tonumber(ARGV[2])
+local first = 3
+if nseed > 0 then
+  first = 3 + nseed
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    for i = 3, 2 + nseed, 500 do
+      redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 499, 2 + nseed)))
+    end
+  end
+end
+for i = first, #ARGV, 500 do
+  redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 499, #ARGV)))
+end
+redis.call('LTRIM', KEYS[1], -window, -1)
+return redis.call('LRANGE', KEYS[1], 0, -1)
+"""
+
+
+class RedisKnobWindow:
+    """The cost-quality knob's recent-score window of one route, shared by replicas through a Redis list.
+
+    The knob decides on its local copy (no Redis call on the request path); :meth:`add` buffers each
+    observed score and :meth:`sync` (every ``shared_state.knob_sync_interval`` seconds) pushes them and
+    loads the merged window back in one round trip, so replicas calibrate on the same window within
+    one interval. The list is ``<key_prefix>knob:<route>:<router version>``: a promotion (which gives the
+    route a new knob, see ``Brain._recalibrate``) starts a new list. The first sync of a knob seeds an
+    empty list with the knob's own window (historic scores from the decision log). A failing Redis leaves
+    the knob on its local window (it keeps observing: fail-open); buffered scores are sent when Redis
+    answers again.
+    """
+
+    def __init__(self, client: Any, prefix: str, route: str, policy: Any, version: Callable[[], str]) -> None:
+        self._client = client
+        self._script = client.register_script(_KNOB_SYNC)
+        self._prefix = f"{prefix}knob:{route}:"
+        self._policy = policy  # a RulePolicy: its ``knob`` may be replaced by a promotion
+        self._version = version
+        self._knob: Any = None
+        self._pending: list[float] = []
+        self._seed: list[float] | None = None
+        self.failures = 0
+        self._warned_at = float("-inf")
+        self._adopt()
+
+    @property
+    def key(self) -> str:
+        return self._prefix + self._version()
+
+    def add(self, score: float) -> None:
+        """:class:`policies.knob.ScoreSink`: buffer a score for the next sync."""
+        self._pending.append(score)
+        if len(self._pending) > 2 * self._knob.window:  # Redis down for long: keep the newest
+            del self._pending[: len(self._pending) - self._knob.window]
+
+    async def sync(self) -> bool:
+        """Push buffered scores, load the shared window into the knob; False when Redis failed."""
+        from redis.exceptions import RedisError
+
+        if self._policy.knob is not self._knob:
+            self._adopt()
+        knob = self._knob
+        pending, self._pending = self._pending, []
+        seed = self._seed or []
+        args: list[Any] = [knob.window, len(seed), *map(repr, seed), *map(repr, pending)]
+        try:
+            window = await self._script(keys=[self.key], args=args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._pending = pending + self._pending
+            self.failures += 1
+            now = time.monotonic()
+            if now - self._warned_at >= _WARN_EVERY_S:
+                self._warned_at = now
+                log.warning("knob window %s: Redis failed (%s); calibrating on this replica's window",
+                            self._prefix, type(exc).__name__)
+            return False
+        self._seed = None
+        if knob is self._knob:
+            # Scores observed while the round trip was in flight stay in the window until the next sync.
+            knob.replace([*map(float, window), *self._pending])
+        return True
+
+    async def run(self, interval: float) -> None:
+        """Sync every ``interval`` seconds until cancelled."""
+        while True:
+            await self.sync()
+            await asyncio.sleep(interval)
+
+    def _adopt(self) -> None:
+        """Share the policy's current knob: its window seeds the list when the list is new."""
+        self._knob = self._policy.knob
+        self._knob.share(self)
+        self._seed = self._knob.scores()
+        self._pending = []
+
+
 class SharedState:
     """The Redis connection behind ``shared_state.kind: redis``: opened by :meth:`start`, checked, closed."""
 
@@ -83,12 +186,17 @@ class SharedState:
     async def start(self) -> None:
         """Connect and PING, so a wrong URL or a Redis that is down stops start-up with a clear message."""
         import redis.asyncio as redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
         from redis.exceptions import RedisError
 
         cfg = self.config
-        # decode_responses: model names come back as str, as the policies compare them.
+        # decode_responses: model names come back as str, as the policies compare them. No retries:
+        # redis-py's default (10, with exponential back-off) turns a Redis that is down into seconds per
+        # call; each feature handles one failed call itself (shared_state.fail), within ``timeout``.
         client = redis.Redis.from_url(
-            cfg.url, socket_timeout=cfg.timeout, socket_connect_timeout=cfg.timeout, decode_responses=True
+            cfg.url, socket_timeout=cfg.timeout, socket_connect_timeout=cfg.timeout, decode_responses=True,
+            retry=Retry(NoBackoff(), 0),
         )
         try:
             await asyncio.wait_for(client.ping(), max(cfg.timeout, 2.0))

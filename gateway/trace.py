@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from store.records import DecisionRecord
 
@@ -20,6 +21,7 @@ class RequestTrace:
     started: float = field(default_factory=time.perf_counter)
     upstream_seconds: float = 0.0
     headers_sent_at: float | None = None
+    quota: Any = None  # the rate-limit / budget reservation (gateway.quota.Hold) to settle when finished
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000.0

@@ -13,7 +13,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from policies.base import PolicyError
 from policies.echo import client_echo
@@ -34,6 +34,16 @@ class KnobDecision:
     threshold: float
     source: str
     strong: bool
+
+
+class ScoreSink(Protocol):
+    """A score window kept elsewhere (``gateway/shared_state.py``: Redis, so replicas calibrate on one
+    window): :meth:`CostQualityKnob.observe` hands it every score, and whoever keeps it loads the merged
+    window back with :meth:`CostQualityKnob.replace`."""
+
+    def add(self, score: float) -> None:
+        """Take one observed score (must not block: a shared window sends them later, in batches)."""
+        ...
 
 
 class CostQualityKnob:
@@ -58,8 +68,30 @@ class CostQualityKnob:
         # The window in arrival order (to evict the oldest) and sorted (to read quantiles in O(1)).
         self._recent: deque[float] = deque(maxlen=window)
         self._sorted: list[float] = []
+        self._sink: ScoreSink | None = None
         for score in seed:
             self.observe(score)
+
+    @property
+    def window(self) -> int:
+        """How many scores the window keeps at most."""
+        maxlen = self._recent.maxlen
+        assert maxlen is not None
+        return maxlen
+
+    def share(self, sink: ScoreSink) -> None:
+        """Also hand every observed score to ``sink`` (a window shared by replicas)."""
+        self._sink = sink
+
+    def scores(self) -> list[float]:
+        """The window's scores, oldest first."""
+        return list(self._recent)
+
+    def replace(self, scores: Iterable[float]) -> None:
+        """Make the window exactly ``scores`` (oldest first; the last ``window`` of them are kept)."""
+        finite = [s for s in scores if math.isfinite(s)]
+        self._recent = deque(finite, maxlen=self.window)
+        self._sorted = sorted(self._recent)
 
     @property
     def samples(self) -> int:
@@ -70,6 +102,8 @@ class CostQualityKnob:
         """Add a decided request's score to the calibration window (no-op for a fixed threshold)."""
         if self.target_share is None or not math.isfinite(score):
             return
+        if self._sink is not None:
+            self._sink.add(score)
         if len(self._recent) == self._recent.maxlen:
             oldest = self._recent[0]
             del self._sorted[bisect.bisect_left(self._sorted, oldest)]
