@@ -52,6 +52,15 @@ class SSEUsageScanner:
         self.events = 0
         self.finish_length = False
         self._parts: list[str] | None = [] if collect_text else None
+        # With the text: the first choice's finish_reason, and whether anything but content came
+        # (tool calls, a refusal, another choice): the response cache stores only plain text answers.
+        self.finish_reason: str | None = None
+        self.other_deltas = False
+
+    def keep_text(self) -> None:
+        """Collect the text from now on (call before the first chunk)."""
+        if self._parts is None:
+            self._parts = []
 
     @property
     def text(self) -> str | None:
@@ -100,9 +109,18 @@ class SSEUsageScanner:
         if not isinstance(choices, list):
             return
         for choice in choices:
-            if isinstance(choice, dict) and choice.get("index", 0) == 0:
-                delta = choice.get("delta")
-                content = delta.get("content") if isinstance(delta, dict) else None
-                if isinstance(content, str):
-                    assert self._parts is not None
-                    self._parts.append(content)
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("index", 0) != 0:
+                self.other_deltas = True
+                continue
+            delta = choice.get("delta")
+            content = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(content, str):
+                assert self._parts is not None
+                self._parts.append(content)
+            if isinstance(delta, dict) and any(delta.get(k) for k in ("tool_calls", "function_call", "refusal")):
+                self.other_deltas = True
+            finish = choice.get("finish_reason")
+            if isinstance(finish, str):
+                self.finish_reason = finish

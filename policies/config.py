@@ -33,6 +33,7 @@ A route either sends everything to one model (``policy: static``) or decides per
         compare: {share: 0.05, judge: judge-model, max_concurrency: 4, budget_usd_per_hour: 2}
         explore: {epsilon: 0.05}          # logged propensities for off-policy evaluation
         record: {embedding: true, text: false, text_retention_days: 30}
+        cache: {mode: semantic, similarity: 0.95, ttl: 3600}   # opt-in response cache (gateway/cache/)
 
 Structural errors (unknown keys, wrong types, an operator without its value …) are raised by
 pydantic with the key path; cross-checks against the rest of the config (unknown signals and
@@ -435,6 +436,42 @@ class ImplicitSettings(_Strict):
     similarity: float = Field(default=0.8, gt=0.0, le=1.0)
 
 
+class CacheSettings(_Strict):
+    """The route's response cache (``gateway/cache/``): an answer served again without an upstream call.
+
+    ``mode: exact`` hits only a byte-identical request (after block and redact rules; canonical JSON);
+    ``semantic`` also hits when the last user turn's embedding (the routing encoder's) is at least
+    ``similarity`` alike to a cached one's whose scope is identical, with the same numbers in it.
+    The scope (never crossed) is the tenant, the route, the chosen model and every request field but
+    ``stream``, ``stream_options`` and ``user`` (``per_user: true`` adds ``user``): the whole
+    conversation before the last user turn, system prompt, tools, tool_choice, response_format and
+    every sampling parameter (temperature, top_p, max_tokens, seed, stop, n, penalties, logprobs …).
+    Entries live ``ttl`` seconds (at most the route's ``record.text_retention_days``); the in-memory
+    store keeps at most ``max_entries`` per route, a semantic scope at most ``bucket_size`` entries.
+    Last user turns longer than ``max_chars`` are matched exactly only. ``store_text`` also keeps the
+    last user turn's text in the entry (never by default). ``sampled: false`` bypasses requests that
+    sample (``temperature`` absent or > 0); by default they get a replay of the first answer stored.
+    """
+
+    mode: Literal["exact", "semantic"] = "exact"
+    similarity: float = Field(default=0.95, gt=0.0, le=1.0)
+    ttl: float = Field(default=3600.0, gt=0.0)
+    max_entries: int = Field(default=10_000, ge=1)
+    bucket_size: int = Field(default=32, ge=1, le=1024)
+    max_chars: int = Field(default=2000, ge=1)
+    store_text: bool = False
+    sampled: bool = True
+    per_user: bool = False
+
+    @model_validator(mode="after")
+    def _semantic_only(self) -> CacheSettings:
+        if self.mode == "exact":
+            extra = [k for k in ("similarity", "bucket_size", "max_chars") if k in self.model_fields_set]
+            if extra:
+                raise ValueError(f"{', '.join(extra)}: only apply with mode: semantic")
+        return self
+
+
 class RouteConfig(_Strict):
     """A virtual model (``auto`` …) and the policy that decides its requests.
 
@@ -457,6 +494,16 @@ class RouteConfig(_Strict):
     explore: Explore | None = None
     record: RecordSettings = Field(default_factory=RecordSettings)
     implicit: ImplicitSettings = Field(default_factory=ImplicitSettings)
+    cache: CacheSettings | None = None
+
+    @model_validator(mode="after")
+    def _cache_retention(self) -> RouteConfig:
+        if self.cache is not None and self.cache.ttl > self.record.text_retention_days * 86400:
+            raise ValueError(
+                f"cache.ttl: {self.cache.ttl:g} s is longer than record.text_retention_days "
+                f"({self.record.text_retention_days:g} days): cached answers follow the conversation retention"
+            )
+        return self
 
     @model_validator(mode="after")
     def _shape(self) -> RouteConfig:

@@ -100,10 +100,10 @@ class Brain:
         self._marker = active_marker(self.routers_dir) if watch else None
         self.router = ActiveRouter(self.load_router())
         self.router.on_swap(self._recalibrate)
-        # Some route or arm reads a head signal.
+        # Some route or arm reads a head signal, or a route's semantic cache embeds last turns.
         self.needs_encoder = any(self.router.current.routes.values()) or any(
             any(version.routes.values()) for version in self._fixed_versions
-        )
+        ) or any(route.cache is not None and route.cache.mode == "semantic" for route in config.routes)
         self._watch = watch and is_registry(self.routers_dir) and settings.reload_interval > 0
         self._watcher: asyncio.Task[None] | None = None
         # Long requests' rule scans and redactions run in worker processes, off the event loop.

@@ -45,6 +45,8 @@ pairjudge          a pairwise judge: reads the ``quality=<x>`` markers in order 
 echo               answers ``ECHO: `` and the text of the last user message
 switch:<tag>       like ``ok`` (streamed or not) until the test adds ``tag`` to ``state.failing``,
                    then HTTP 500 every time: an upstream that starts failing at a moment the test picks
+text-only          like ``echo`` (streamed or not), but it answers text even when tools are offered (a
+                   model that chose not to call one)
 =================  =============================================================================
 
 ``length``, ``always-a`` and the scripted models are not in ``BEHAVIOURS`` (the faults every standard
@@ -254,6 +256,11 @@ def build_app(state: UpstreamState) -> Starlette:
         stream = bool(body.get("stream"))
         if model.startswith("switch:") and model[7:] in state.failing:
             return JSONResponse({"error": {"message": "switched off", "type": "server_error"}}, status_code=500)
+        if model == "text-only":
+            plain = {k: v for k, v in body.items() if k != "tools"}
+            if stream:
+                return StreamingResponse(_scripted_stream(plain, "echo", seen), media_type="text/event-stream")
+            return JSONResponse(scripted_completion("echo", plain, seen))
         if model.startswith("hang:"):
             await _sleep_until_disconnect(request, model)
             return Response(status_code=204)

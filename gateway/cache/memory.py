@@ -1,0 +1,81 @@
+"""The in-process store (``shared_state.kind: memory``): one per route, bounded by ``max_entries``.
+
+Entries are kept least-recently-used first and expire ``ttl`` seconds after they were stored;
+semantic buckets keep their newest ``bucket_size`` items and are bounded by ``max_entries`` too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+
+from gateway.cache.entry import BucketItem, CachedAnswer
+from gateway.cache.key import CacheKeys
+
+
+class MemoryStore:
+    """Cached answers of one route in this process."""
+
+    def __init__(self, max_entries: int, bucket_size: int) -> None:
+        self.max_entries = max_entries
+        self.bucket_size = bucket_size
+        # key -> (expires at (monotonic), tenant digest, answer)
+        self._entries: OrderedDict[str, tuple[float, str, CachedAnswer]] = OrderedDict()
+        self._buckets: OrderedDict[str, deque[BucketItem]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def lookup(self, keys: CacheKeys) -> tuple[CachedAnswer | None, list[BucketItem]]:
+        """The exact entry (or None) and the items of the request's bucket (semantic mode)."""
+        items: list[BucketItem] = []
+        if keys.bucket is not None:
+            bucket = self._buckets.get(keys.bucket)
+            if bucket is not None:
+                items = list(bucket)
+        return await self.get(keys.exact), items
+
+    async def get(self, key: str) -> CachedAnswer | None:
+        """The live entry stored under ``key``."""
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        if found[0] <= time.monotonic():
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return found[2]
+
+    async def get_for(self, keys: CacheKeys, exact: str) -> CachedAnswer | None:
+        """The entry stored under another exact key (a semantic match)."""
+        return await self.get(exact)
+
+    async def put(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
+        """Store ``answer`` (see :meth:`put_now`)."""
+        self.put_now(keys, answer, item, ttl)
+
+    def put_now(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
+        """Store ``answer`` under ``keys.exact`` (and ``item`` in its bucket), evicting the least recent."""
+        self._entries[keys.exact] = (time.monotonic() + ttl, keys.tenant, answer)
+        self._entries.move_to_end(keys.exact)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        if item is not None and keys.bucket is not None:
+            bucket = self._buckets.get(keys.bucket)
+            if bucket is None:
+                bucket = self._buckets[keys.bucket] = deque(maxlen=self.bucket_size)
+            bucket.appendleft(item)
+            self._buckets.move_to_end(keys.bucket)
+            while len(self._buckets) > self.max_entries:
+                self._buckets.popitem(last=False)
+
+    def forget_tenant(self, tenant: str) -> int:
+        """Drop every entry of a tenant (by its digest); their bucket items point nowhere then."""
+        doomed = [key for key, (_, owner, _) in self._entries.items() if owner == tenant]
+        for key in doomed:
+            del self._entries[key]
+        return len(doomed)
+
+    async def close(self) -> None:
+        self._entries.clear()
+        self._buckets.clear()

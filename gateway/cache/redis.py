@@ -1,0 +1,113 @@
+"""The Redis store (``shared_state.kind: redis``): every replica reads and writes the same entries.
+
+Key names hold digests only: ``<key_prefix>cache:<tenant digest>:e:<exact key>`` (the entry, with a
+TTL) and ``<key_prefix>cache:<tenant digest>:b:<bucket key>`` (a semantic bucket: a list of its newest
+``bucket_size`` items, each an exact key, a time, a digest of its numbers and a float16 embedding).
+A lookup is one round trip (GET + LRANGE pipelined), a semantic hit a second (GET of the entry).
+
+Redis errors and timeouts are translated here, at this one boundary, into :class:`CacheUnavailable`;
+after one, the store is skipped for ``retry_after`` seconds (every request a miss meanwhile), so a
+Redis that hangs costs at most one request a timeout per interval, never every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from gateway.cache.entry import BucketItem, CachedAnswer
+from gateway.cache.key import CacheKeys, tenant_digest
+
+log = logging.getLogger("pointsman.cache")
+_WARN_EVERY_S = 30.0
+
+
+class CacheUnavailable(Exception):
+    """The cache's Redis could not be used for this call (the request goes on as a miss)."""
+
+
+class RedisStore:
+    """Cached answers of one route in Redis, through a client shared by the routes."""
+
+    def __init__(self, client: Any, prefix: str, bucket_size: int, retry_after: float = 1.0) -> None:
+        self._client = client
+        self._prefix = prefix + "cache:"
+        self.bucket_size = bucket_size
+        self.retry_after = retry_after
+        self._down_until = float("-inf")
+        self._warned_at = float("-inf")
+
+    def entry_key(self, keys: CacheKeys) -> str:
+        return f"{self._prefix}{keys.tenant}:e:{keys.exact}"
+
+    def bucket_key(self, keys: CacheKeys) -> str:
+        return f"{self._prefix}{keys.tenant}:b:{keys.bucket}"
+
+    async def lookup(self, keys: CacheKeys) -> tuple[CachedAnswer | None, list[BucketItem]]:
+        """The exact entry (or None) and the items of the request's bucket, in one round trip."""
+        if keys.bucket is None:
+            data = await self._call(lambda: self._client.get(self.entry_key(keys)), "read")
+            return _answer(data), []
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get(self.entry_key(keys))
+        pipe.lrange(self.bucket_key(keys), 0, self.bucket_size - 1)
+        data, raw_items = await self._call(pipe.execute, "read")
+        items = [item for item in (BucketItem.from_bytes(r) for r in raw_items or ()) if item is not None]
+        return _answer(data), items
+
+    async def get_for(self, keys: CacheKeys, exact: str) -> CachedAnswer | None:
+        """The entry stored under another exact key of the same tenant (a semantic match)."""
+        data = await self._call(lambda: self._client.get(f"{self._prefix}{keys.tenant}:e:{exact}"), "read")
+        return _answer(data)
+
+    async def put(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
+        """SET the entry with its TTL (and push ``item`` onto its bucket, trimmed) in one round trip."""
+        ttl_ms = max(1, int(ttl * 1000))
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self.entry_key(keys), answer.to_bytes(), px=ttl_ms)
+        if item is not None and keys.bucket is not None:
+            name = self.bucket_key(keys)
+            pipe.lpush(name, item.to_bytes())
+            pipe.ltrim(name, 0, self.bucket_size - 1)
+            pipe.pexpire(name, ttl_ms)
+        await self._call(pipe.execute, "write")
+
+    async def _call(self, call: Any, what: str) -> Any:
+        from redis.exceptions import RedisError
+
+        now = time.monotonic()
+        if now < self._down_until:
+            raise CacheUnavailable(f"Redis {what} skipped: it failed less than {self.retry_after:g}s ago")
+        try:
+            return await call()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._down_until = time.monotonic() + self.retry_after
+            if now - self._warned_at >= _WARN_EVERY_S:
+                self._warned_at = now
+                log.warning("response cache: Redis %s failed (%s); serving without the cache", what,
+                            type(exc).__name__)
+            raise CacheUnavailable(f"Redis {what} failed: {type(exc).__name__}") from exc
+
+    async def close(self) -> None:
+        """The client is the cache's, closed by it."""
+
+
+def _answer(data: bytes | None) -> CachedAnswer | None:
+    return None if data is None else CachedAnswer.from_bytes(data)
+
+
+def connect(url: str, call_timeout: float) -> Any:
+    """A ``redis.asyncio`` client (bytes in and out) whose every call is bounded by ``call_timeout`` seconds."""
+    import redis.asyncio as redis
+
+    return redis.Redis.from_url(url, socket_timeout=call_timeout, socket_connect_timeout=call_timeout)
+
+
+async def forget_tenant(client: Any, prefix: str, tenant: str | None) -> int:
+    """Delete every cache entry and bucket of ``tenant`` under ``prefix`` (``pointsman forget``); the count."""
+    pattern = f"{prefix}cache:{tenant_digest(tenant)}:*"
+    deleted = 0
+    async for name in client.scan_iter(match=pattern, count=500):
+        deleted += int(await client.delete(name))
+    return deleted

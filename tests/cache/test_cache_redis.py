@@ -1,0 +1,170 @@
+"""The response cache in Redis: shared by replicas, and failing open when Redis stops or hangs.
+
+The multi-replica test uses the shared Redis on 6379 under a key prefix of its own (deleted after).
+The failure tests run their own ``redis-server`` on a spare port and stop, pause and restart it;
+the shared one is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.cache.helpers import AUTH, ask, backend, calls, unique, user_id
+from tests.fakes.upstream import FakeUpstream, free_port
+from tests.gatewayproc import GatewayProcess
+from tests.polling import eventually
+
+SHARED_REDIS = "redis://127.0.0.1:6379/0"
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+
+
+def config(upstream: FakeUpstream, url: str, prefix: str) -> dict[str, Any]:
+    return {
+        "backends": [backend(upstream)],
+        "auth": AUTH,
+        "retry": {"attempts": 1},
+        "classifiers": {"encoder": "static"},
+        "shared_state": {"kind": "redis", "url": url, "key_prefix": prefix},
+        "routes": [
+            {"name": "exact", "model": "echo-model", "cache": {}},
+            {"name": "sem", "model": "echo-model", "cache": {"mode": "semantic"}},
+        ],
+    }
+
+
+class OwnRedis:
+    """A redis-server of this test's own on a spare port, without persistence."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> OwnRedis:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port)
+        eventually(lambda: _pings(client), "own redis-server answers PING", timeout=10)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # in case a test left it paused
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.exceptions.ConnectionError:
+        return False
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    name = f"pointsman-test-cache-{uuid.uuid4().hex[:8]}:"
+    yield name
+    client = redis.Redis.from_url(SHARED_REDIS)
+    for key in client.scan_iter(match=f"{name}*"):
+        client.delete(key)
+
+
+def test_an_entry_written_through_one_replica_is_hit_through_the_other(
+    upstream: FakeUpstream, tmp_path: Path, prefix: str
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = GatewayProcess(config(upstream, SHARED_REDIS, prefix), tmp_path / "a").start(timeout=60)
+    b = GatewayProcess(config(upstream, SHARED_REDIS, prefix), tmp_path / "b").start(timeout=60)
+    try:
+        user, q = user_id(), [{"role": "user", "content": unique("Shared across replicas?")}]
+        first = ask(a.base_url, "exact", q, user=user)
+        assert first.cache == "miss"
+        eventually(lambda: ask(b.base_url, "exact", q, user=user).cache == "hit", "replica b hits a's entry")
+        assert calls(upstream, "echo", user) == 1
+        hit = ask(b.base_url, "exact", q, user=user)
+        assert hit.text == first.text and hit.headers["x-pointsman-backend"] == "cache"
+        # Semantic: a near-duplicate through the other replica.
+        system = {"role": "system", "content": unique("FAQ")}
+        ask(b.base_url, "sem", [system, {"role": "user", "content": "How do I reset my password?"}], user=user)
+        eventually(lambda: ask(a.base_url, "sem", [system, {"role": "user", "content": "how do i reset my password"}],
+                               user=user).cache == "hit", "replica a hits b's entry by similarity")
+        assert calls(upstream, "echo", user) == 2
+        keys = [k.decode() for k in redis.Redis.from_url(SHARED_REDIS).scan_iter(match=f"{prefix}*")]
+        assert keys and all(k.startswith(f"{prefix}cache:") for k in keys)
+        assert not any("password" in k or "Shared" in k for k in keys)  # digests only
+        # pointsman forget --tenant ... --cache-redis: the tenant's entries are gone for every replica.
+        out = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "forget", "--store", f"sqlite:///{a.db_path}", "--tenant",
+             "tenant-a", "--cache-redis", SHARED_REDIS, "--cache-prefix", prefix],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        assert not list(redis.Redis.from_url(SHARED_REDIS).scan_iter(match=f"{prefix}*"))
+        assert ask(b.base_url, "exact", q, user=user).cache == "miss"
+    finally:
+        a.terminate()
+        b.terminate()
+
+
+def test_the_cache_fails_open_when_redis_stops_hangs_or_was_never_up(upstream: FakeUpstream, tmp_path: Path) -> None:
+    own = OwnRedis(tmp_path)
+    gw = GatewayProcess(config(upstream, own.url, "pm:"), tmp_path).start(timeout=60)  # Redis not up yet
+    try:
+        q = [{"role": "user", "content": unique("Is the cache up?")}]
+        down = ask(gw.base_url, "exact", q)
+        assert down.status == 200 and down.cache == "miss"  # started and served without Redis
+
+        own.start()
+        time.sleep(1.1)  # the store skips Redis for 1 s after a failure
+        assert ask(gw.base_url, "exact", q).cache == "miss"
+        eventually(lambda: ask(gw.base_url, "exact", q).cache == "hit", "entries are cached once Redis is up")
+
+        own.stop()  # stopped mid-traffic
+        for _ in range(5):
+            started = time.monotonic()
+            reply = ask(gw.base_url, "exact", q)
+            assert reply.status == 200 and reply.cache == "miss"
+            assert time.monotonic() - started < 1.0
+        sem = ask(gw.base_url, "sem", [{"role": "user", "content": unique("semantic without Redis")}])
+        assert sem.status == 200 and sem.cache == "miss"
+
+        own.start()  # a new, empty Redis on the same port
+        eventually(lambda: ask(gw.base_url, "exact", q).cache == "hit", "the cache recovers", timeout=10)
+
+        assert own.proc is not None
+        os.kill(own.proc.pid, signal.SIGSTOP)  # a Redis that hangs: calls time out (shared_state.timeout)
+        try:
+            for _ in range(4):
+                started = time.monotonic()
+                reply = ask(gw.base_url, "exact", [{"role": "user", "content": unique("Redis hangs")}])
+                assert reply.status == 200 and reply.cache == "miss"
+                assert time.monotonic() - started < 1.5
+        finally:
+            os.kill(own.proc.pid, signal.SIGCONT)
+        decisions = [d for d in gw.decisions() if '"error"' in (d["decision"] or "")]
+        assert decisions  # the records say the cache was unavailable
+    finally:
+        gw.terminate()
+        own.stop()
