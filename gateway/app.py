@@ -23,6 +23,7 @@ from starlette.routing import Route
 from classifiers.registry import resolve_routers_dir
 from gateway.config import Config
 from gateway.contain import ContainUnexpectedErrors
+from gateway.dashboard import DASHBOARD_ROUTES
 from gateway.errors import (
     MethodNotAllowedError,
     PointsmanError,
@@ -34,6 +35,7 @@ from gateway.health import HealthChecker
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
 from gateway.protocol import CHAT, COMPLETIONS, EMBEDDINGS
+from gateway.quota import build_quotas
 from gateway.responses import error_response, gateway_headers, json_response
 from gateway.routing import RoutingBrain, historic_knob_scores
 from gateway.service import ProxyService
@@ -82,6 +84,9 @@ def create_app(config: Config) -> Starlette:
         service = ProxyService(config, pool, client, metrics, recorder, brain.policies, brain.scan_pool,
                                router=brain.router)
         await service.workflows.start()  # answer-confidence heads, when a cascade scores with one
+        quotas = build_quotas(config, brain.shared_state, {n: t.model for n, t in pool.models.items()}, metrics)
+        if quotas is not None:  # rate limits and spend budgets (in memory, or shared through Redis)
+            service.use_quotas(quotas)
         experiments = None
         if config.experiments:
             # Imported only here: the runtime's statistics need scipy, which a gateway without
@@ -95,6 +100,8 @@ def create_app(config: Config) -> Starlette:
         metrics.watch_router(brain.router)
         followups = service.followups
         followups.set_encoder(lambda: brain.encoder)  # for conversation capture (loaded by brain.start)
+        service.cache.set_encoder(lambda: brain.encoder)  # for semantic cache lookups
+        await service.cache.start()  # connects to Redis when the cache lives there (fails open)
         metrics.registry.register(followups.compare.collector())
         metrics.watch_attributes(followups.implicit, {
             f"pointsman_implicit_feedback_{name}": (f"count_{name}", f"Implicit '{name}' feedback rows recorded.")
@@ -119,10 +126,13 @@ def create_app(config: Config) -> Starlette:
         finally:
             service.draining = True
             await service.followups.close()  # running comparisons are cancelled (their upstream calls too)
+            await service.cache.close()  # cache writes in flight finish (briefly), Redis is closed
             if experiments is not None:
                 await experiments.close()  # shadows in flight are cancelled, guardrail tasks stopped
             await health.stop()
             await client.close()
+            if quotas is not None:
+                await quotas.close()  # settlements in flight are written (briefly) before Redis closes
             await brain.close()
             await feedback_writer.stop()  # feedback still waiting is written (or answered 503)
             await recorder.stop()  # flush everything already answered before the process exits
@@ -224,6 +234,7 @@ ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
+    *DASHBOARD_ROUTES,
 ]
 
 

@@ -155,6 +155,28 @@ def _forget(args: argparse.Namespace) -> int:
         print(f"pointsman: forget failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     print("\n".join(describe(counts, tenant=args.tenant, request_id=args.request_id)))
+    if args.cache_redis and args.tenant is not None:
+        return _forget_cached(args.cache_redis, args.cache_prefix, args.tenant)
+    return 0
+
+
+def _forget_cached(url: str, prefix: str, tenant: str) -> int:
+    """Delete a tenant's response-cache entries from the Redis the gateways share."""
+    from gateway.cache.redis import connect, forget_tenant
+
+    async def run() -> int:
+        client = connect(url, 5.0)
+        try:
+            return await forget_tenant(client, prefix, tenant)
+        finally:
+            await client.aclose()
+
+    try:
+        deleted = asyncio.run(run())
+    except Exception as exc:  # unreachable Redis, bad URL: one line, no traceback
+        print(f"pointsman: forget failed for the response cache: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print(f"response cache: {deleted} entries and buckets of tenant {tenant!r} deleted")
     return 0
 
 
@@ -188,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     who.add_argument("--request-id", help="forget everything stored for this request id")
     p_forget.add_argument("--purge-expired", action="store_true",
                           help="delete conversation text whose retention period has ended")
+    p_forget.add_argument("--cache-redis", metavar="URL",
+                          help="with --tenant: also delete the tenant's response-cache entries in this Redis")
+    p_forget.add_argument("--cache-prefix", default="pointsman:",
+                          help="the gateways' shared_state.key_prefix (default pointsman:)")
     sub.add_parser("train", add_help=False,
                    help="train router heads: from labelled data (--data bundled|logs:URL|file:PATH --out REGISTRY) "
                         "into a registry version, or rebuild the shipped artifacts (see --help)")

@@ -139,15 +139,61 @@ class BreakerConfig(_Strict):
     )
 
 
+class RateLimits(_Strict):
+    """Requests and tokens per minute (GCRA: a burst of a whole minute's worth, then a steady rate).
+
+    Tokens are reserved before the call (the prompt's size / 4 + ``max_tokens``, or
+    ``limits.default_completion_tokens``) and settled with the real usage after it.
+    """
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+
+
+class Budget(_Strict):
+    """A spend budget in USD per calendar ``period`` (UTC day or month), from the models' prices."""
+
+    period: Literal["day", "month"]
+    usd: float = Field(gt=0, le=1_000_000)
+
+
 class ApiKey(_Strict):
-    """A client API key, stored as the SHA-256 hex digest (``pointsman hash-key``)."""
+    """A client API key, stored as the SHA-256 hex digest (``pointsman hash-key``), with its optional
+    rate ``limits`` and spend ``budgets`` (see ``gateway/quota``)."""
 
     name: str = Field(min_length=1, description="tenant name recorded in decisions")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    limits: RateLimits | None = None
+    budgets: tuple[Budget, ...] = ()
+
+    @field_validator("budgets")
+    @classmethod
+    def _one_budget_per_period(cls, value: tuple[Budget, ...]) -> tuple[Budget, ...]:
+        periods = [b.period for b in value]
+        if len(set(periods)) != len(periods):
+            raise ValueError("at most one budget per period (day, month)")
+        return value
+
+
+class LimitsConfig(_Strict):
+    """Rate limits per route (or per model / workflow a client names), over every key together.
+
+    ``default_completion_tokens``: what a request without ``max_tokens`` is assumed to write, for the
+    token and spend reservations before the call (settled with the real usage after it).
+    """
+
+    routes: dict[str, RateLimits] = Field(default_factory=dict)
+    default_completion_tokens: int = Field(default=256, ge=1)
 
 
 class AuthConfig(_Strict):
+    """``api_keys``: clients of the ``/v1`` endpoints (none: open). ``admin_keys``: operators of the
+    dashboard (``/dashboard/api/*``); an admin key is not a client key. With neither configured the
+    dashboard is open (the embedded default, on loopback); with any key configured it needs an admin
+    key (so ``api_keys`` alone lock it)."""
+
     api_keys: tuple[ApiKey, ...] = ()
+    admin_keys: tuple[ApiKey, ...] = ()
 
 
 class StoreConfig(_Strict):
@@ -197,6 +243,22 @@ class FeedbackConfig(_Strict):
         return value
 
 
+class SharedStateFailModes(_Strict):
+    """What each shared feature does while Redis cannot be reached (``open``: serve without it;
+    ``closed``: refuse with 503 ``shared_state_unavailable`` and ``Retry-After``).
+
+    Defaults: ``limits: open`` (limits protect capacity; an outage of Redis must not become an outage of
+    the gateway), ``budgets: closed`` (budgets protect money: unmetered spend is what they exist to
+    prevent; only keys that have a budget are refused). ``knob`` and ``sessions`` are always ``open``:
+    the knob keeps calibrating on this replica's own window, a session is decided without stickiness.
+    """
+
+    limits: Literal["open", "closed"] = "open"
+    budgets: Literal["open", "closed"] = "closed"
+    knob: Literal["open"] = "open"
+    sessions: Literal["open"] = "open"
+
+
 class SharedStateConfig(_Strict):
     """Hot state that many gateway replicas must share. ``memory`` (default): each process keeps its own.
 
@@ -206,12 +268,19 @@ class SharedStateConfig(_Strict):
     Keys are ``<key_prefix>sticky:<sha256 of route, tenant and session>``: no session id or prompt
     text is stored. A Redis call that fails or takes longer than ``timeout`` seconds does not fail
     the request: it is decided without stickiness and the decision record says so.
+    Rate limits and spend budgets (``<key_prefix>rl:`` and ``<key_prefix>budget:``) and the cost-quality
+    knob's score window (``<key_prefix>knob:<route>``) live there too; ``fail`` says what each does while
+    Redis is lost. With ``memory``, limits and budgets are per process.
     """
 
     kind: Literal["memory", "redis"] = "memory"
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "pointsman:"
     timeout: float = Field(default=0.25, gt=0, description="seconds per Redis call before deciding without it")
+    fail: SharedStateFailModes = SharedStateFailModes()
+    knob_sync_interval: float = Field(
+        default=1.0, gt=0, le=60, description="seconds between exchanges of the knob's score window with Redis"
+    )
 
     @model_validator(mode="after")
     def _redis_url(self) -> SharedStateConfig:
@@ -242,6 +311,7 @@ class Config(_Strict):
     retry: RetryConfig = RetryConfig()
     breaker: BreakerConfig = BreakerConfig()
     auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
     store: StoreConfig = StoreConfig()
     feedback: FeedbackConfig = FeedbackConfig()
     shared_state: SharedStateConfig = SharedStateConfig()
@@ -292,6 +362,9 @@ class Config(_Strict):
             problems = route_problems(route, models, tags, workflows)
             if problems:
                 raise ValueError("\n  ".join(problems))
+        for name in self.limits.routes:
+            if name not in route_names and name not in models and name not in virtual:
+                raise ValueError(f"limits.routes.{name}: not a route, a model or a workflow's model")
         problems = experiment_problems(
             self.experiments, self.routes, models, workflows,
             lambda route: route_problems(route, models, tags, workflows),

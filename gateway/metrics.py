@@ -88,6 +88,17 @@ class Metrics:
             ("experiment", "arm", "guardrail"), registry=self.registry,
         )
 
+        # Rate limits and spend budgets (gateway/quota), and the shared state (Redis) behind them.
+        self.quota_refused = Counter(
+            "pointsman_quota_refused", "Requests refused by a rate limit or budget (429), or because the shared "
+            "state was unavailable and its feature fails closed (503), by requested model and reason.",
+            ("route", "reason"), registry=self.registry,
+        )
+        self.shared_state_unavailable = Counter(
+            "pointsman_shared_state_unavailable", "Shared-state (Redis) calls that failed, by feature; the feature "
+            "then applies shared_state.fail.", ("feature",), registry=self.registry,
+        )
+
     def watch_pool(self, pool: BackendPool) -> None:
         """Export breaker state and ejections, health and outstanding requests per replica at scrape time."""
         self.registry.register(_PoolCollector(pool))

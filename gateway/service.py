@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from classifiers.offload import ScanPool, ScanUnavailable, redact, with_model_first
 from gateway.auth import KeyChecker
+from gateway.cache import CacheLookup, ResponseCache, cache_headers
 from gateway.config import Config
 from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailableError
 from gateway.feedback import IssuedIds
@@ -56,6 +57,7 @@ from store.records import DecisionRecord
 
 if TYPE_CHECKING:  # the runtime (and the statistics it imports) loads only when experiments are configured
     from gateway.experiments import Assignment, ExperimentRuntime
+    from gateway.quota import Quotas
 
 log = logging.getLogger("pointsman.service")
 T = TypeVar("T")
@@ -92,6 +94,8 @@ class ProxyService:
         # has one, and the shadow arms.
         self.experiments: ExperimentRuntime | None = None
         self._experiment_routes: frozenset[str] = frozenset()
+        # Rate limits and spend budgets (:meth:`use_quotas`; None when none is configured).
+        self.quotas: Quotas | None = None
         # Request ids answered recently, with their tenant: /v1/feedback knows them before the
         # batch writer has flushed their decision records.
         self.issued = IssuedIds(config.feedback.recent_ids)
@@ -99,6 +103,8 @@ class ProxyService:
         self.followups = Followups(config, self.forwarder, pool, recorder)
         # Cascades, fusions, ratings and graphs: their sub-calls go through the same forwarder.
         self.workflows = WorkflowRunner(config, self.forwarder, pool, metrics, recorder)
+        # The routes' opt-in response cache (gateway/cache/): looked up once the forwarded body is known.
+        self.cache = ResponseCache(config, metrics.registry)
         # Plans for concrete model names never change: build them once (a workflow's virtual model
         # is one more name a client may send).
         self._direct_plans = {
@@ -114,6 +120,10 @@ class ProxyService:
                 candidates=(workflow.model_name,), policy="direct", reason="workflow requested by name",
                 workflow=workflow.name,
             )
+
+    def use_quotas(self, quotas: Quotas) -> None:
+        """Reserve every request's rate limits and budgets before forwarding, settle them after."""
+        self.quotas = quotas
 
     def use_experiments(self, experiments: ExperimentRuntime) -> None:
         """Serve the routes of ``experiments`` through their arms (the runtime needs this service's forwarder)."""
@@ -148,6 +158,10 @@ class ProxyService:
             record.stream = bool(body.get("stream"))
             with self._pinned_router(record):
                 plan, joined = await self._plan(request, endpoint, body, trace, raw)
+            if self.quotas is not None:  # 429 when a limit or budget is exhausted (the plan prices it)
+                trace.quota = await self.quotas.reserve(
+                    record.tenant, body["model"], plan.candidates[0], plan.workflow, body, len(raw)
+                )
             if plan.redact:
                 # The policy asked to strip PII before the request leaves the gateway (and the
                 # gateway's own namespace, e.g. a threshold override, never goes upstream).
@@ -158,6 +172,12 @@ class ProxyService:
                 raw = with_model_first(body)
             served.forwarded = body
             await self.followups.decided(served, plan.signals)
+            cached: CacheLookup | None = None
+            if self.cache.enabled:
+                cached = await self.cache.lookup(record, plan, endpoint.name, body)
+                if cached is not None and cached.hit is not None:
+                    response = self._cached(cached, trace, body)  # no upstream call
+                    return response
             if plan.workflow is not None:
                 done = await self._unless_disconnected(
                     request, self.workflows.run(plan.workflow, endpoint, body, trace)
@@ -181,12 +201,18 @@ class ProxyService:
                 streaming = True
                 trace.headers_sent_at = time.perf_counter()
                 record.status = 200
-                return ProxyStream(
-                    result, trace, self._headers(trace), functools.partial(self._finish_stream, served, joined),
-                    scanner=self.followups.stream_scanner(served),
+                on_done: Callable[[RequestTrace, SSEUsageScanner], None] = functools.partial(
+                    self._finish_stream, served, joined
                 )
+                scanner = self.followups.stream_scanner(served)
+                if cached is not None and cached.keys is not None:  # a miss: store the answer if it completes
+                    on_done = self.cache.stream_finisher(cached, on_done)
+                    scanner.keep_text()
+                return ProxyStream(result, trace, self._headers(trace), on_done, scanner=scanner)
             response = self._completed(result, trace)
             answer = result.body
+            if cached is not None and cached.keys is not None:
+                self.cache.completed(cached, record, answer)
             return response
         except PointsmanError as error:
             response = self._error(error, trace)
@@ -402,6 +428,20 @@ class ProxyService:
         ]
         return response
 
+    def _cached(self, cached: CacheLookup, trace: RequestTrace, body: Mapping[str, Any]) -> Response:
+        """A cached answer, as JSON or replayed as an SSE stream when the client streams."""
+        content, content_type = self.cache.serve(cached, trace.record, body)
+        if trace.record.stream:
+            trace.record.ttft_ms = trace.elapsed_ms()  # the whole answer is the first byte
+        trace.headers_sent_at = time.perf_counter()
+        response = Response(content=content, status_code=200, media_type=None)
+        response.raw_headers = [
+            (b"content-type", content_type.encode("latin-1")),
+            (b"content-length", str(len(content)).encode()),
+            *self._headers(trace),
+        ]
+        return response
+
     def _workflow_answer(self, done: WorkflowDone, trace: RequestTrace) -> tuple[Response, bytes]:
         """A workflow's buffered answer (JSON, or an SSE stream when the client streams) and the
         answer as JSON for the follow-ups."""
@@ -444,7 +484,7 @@ class ProxyService:
     ) -> None:
         self.metrics.in_flight.dec()
         done.finish_stream(scanner)  # the record's totals, sub-calls and tree
-        self._finish(trace)
+        self._finish(trace, scanner)
         self.followups.streamed(served, scanner)
         if joined is not None and self.experiments is not None:
             self.experiments.served(joined, trace.record, served.forwarded)
@@ -469,6 +509,8 @@ class ProxyService:
             *([(b"x-pointsman-router", record.router_version.encode())] if record.router_version else []),
             *([(b"x-pointsman-arm", f"{record.experiment}/{record.experiment_arm}".encode())]
               if record.experiment is not None else []),
+            *cache_headers(record.decision),
+            *(trace.quota.headers if trace.quota is not None else ()),
         ]
 
     def _finish_stream(
@@ -480,14 +522,19 @@ class ProxyService:
         target = self.pool.get(record.model or "")
         if target is not None:
             record.cost_usd = cost_usd(target.model, record.prompt_tokens, record.completion_tokens)
-        self._finish(trace)
+        self._finish(trace, scanner)
         self.followups.streamed(served, scanner)  # the client has its last byte: implicit feedback, comparison
         if joined is not None and self.experiments is not None:
             self.experiments.served(joined, record, served.forwarded)  # shadow arms decide now
 
-    def _finish(self, trace: RequestTrace) -> None:
-        """Complete the decision record, update metrics, and hand the record to the batch writer."""
+    def _finish(self, trace: RequestTrace, scanner: SSEUsageScanner | None = None) -> None:
+        """Complete the decision record, update metrics, settle the quota reservation and hand the
+        record to the batch writer."""
         record = trace.record
+        if trace.quota is not None and self.quotas is not None:
+            # A stream without a usage chunk is settled from its chunks of text (one token each).
+            chunks = None if scanner is None else max(scanner.events - int(scanner.saw_done) - 2, 0)
+            self.quotas.settle(trace.quota, record, chunks)
         record.latency_ms = trace.elapsed_ms()
         record.overhead_ms = trace.overhead_ms()
         route, model, backend = record.route or DIRECT_ROUTE, record.model or "", record.backend or ""

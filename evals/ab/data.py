@@ -14,7 +14,8 @@ One served request is one unit. Its columns:
   error) fired on the request and 1 otherwise, so every served request has an implicit score;
 * ``compared``: the request was sampled for a counterfactual comparison. Its cost and judge
   feedback include calls made for learning, so its quality and cost are NaN unless the report
-  includes compared requests.
+  includes compared requests (``--include-compared``). A response-cache hit is left out of quality
+  and cost the same way (it cost nothing, and its answer was made for another request).
 
 Shadow decisions (``shadow_of`` set) are never served rows: they are what a shadow arm would have
 chosen for a served request, kept apart in :class:`ShadowRows`.
@@ -166,6 +167,12 @@ def served_quality(feedback: Iterable[FeedbackRecord], metric: str) -> dict[str,
     return out
 
 
+def cache_hit(record: DecisionRecord) -> bool:
+    """The response cache answered the request (``decision.cache.hit``): no model was called."""
+    cache = record.decision.get("cache")
+    return isinstance(cache, dict) and cache.get("hit") is True
+
+
 def unit_of(record: DecisionRecord) -> str | None:
     """The randomised unit the gateway recorded for the request (``decision.experiment.unit``: a
     prefix of its assignment key's hash), or None when each request was its own unit."""
@@ -244,7 +251,10 @@ def experiment_data(
     strong, basis = strong_model(spec, [i.record for i in served])
     qualities = [served_quality(i.feedback, metric) for i in served]
     compared = np.array([i.record.compared for i in served], dtype=bool)
-    hide = compared & (not include_compared)
+    # A cache hit cost nothing and its answer was chosen for another request: like a compared request
+    # it would bias cost and quality, so both are left out by default (the request still counts).
+    cached = np.array([cache_hit(i.record) for i in served], dtype=bool)
+    hide = (compared | cached) & (not include_compared)
 
     def column(values: Iterable[Any], dtype: Any) -> np.ndarray:
         return np.array(list(values), dtype=dtype)

@@ -312,3 +312,25 @@ def test_several_treatments_share_alpha_and_adaptive_allocation_skips_srm() -> N
     assert report["srm"] is None and report["srm_note"].startswith("skipped: adaptive allocation (thompson")
     assert any("adaptively" in c for c in report["caveats"])
     assert set(report["verdicts"]) == {"a", "b"}
+
+
+def test_cache_hits_are_left_out_of_quality_and_cost_like_compared_requests() -> None:
+    w = world()
+    plain = analyze(experiment_data(NAME, "auto", SPEC, logged(w)))
+    items = logged(w)
+    hit_ids = set()
+    for item in items:
+        r = item.record
+        if r.shadow_of is None and r.experiment_arm == "control" and not r.compared and len(hit_ids) < 20:
+            r.decision = {**r.decision, "cache": {"hit": True, "result": "hit"}}
+            r.cost_usd = 0.0
+            hit_ids.add(r.request_id)
+    cached = analyze(experiment_data(NAME, "auto", SPEC, items))
+    assert cached["arms"]["control"]["requests"] == plain["arms"]["control"]["requests"]  # still served
+    scored = sum(1 for i in items if i.record.request_id in hit_ids and any(f.source == "user" for f in i.feedback))
+    assert cached["arms"]["control"]["quality"]["explicit"]["n"] == plain["arms"]["control"]["quality"]["explicit"][
+        "n"] - scored
+    assert cached["arms"]["control"]["cost_per_request"]["mean"] == pytest.approx(
+        plain["arms"]["control"]["cost_per_request"]["mean"], rel=0.2)  # the zero-cost hits do not drag it down
+    assert cached["arms"]["control"]["cost_per_request"]["n"] == plain["arms"]["control"]["cost_per_request"][
+        "n"] - len(hit_ids)
