@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -39,6 +40,7 @@ from gateway.quota import build_quotas
 from gateway.responses import error_response, gateway_headers, json_response
 from gateway.routing import RoutingBrain, historic_knob_scores
 from gateway.service import ProxyService
+from gateway.tracing import build_tracer
 from gateway.upstream import UpstreamClient
 from policies.echo import client_echo
 from store import DecisionRecorder, FeedbackWriter, open_store
@@ -46,8 +48,13 @@ from store import DecisionRecorder, FeedbackWriter, open_store
 log = logging.getLogger("pointsman.app")
 
 
-def create_app(config: Config) -> Starlette:
-    """Build the gateway app for ``config``. Network clients and tasks start in the lifespan."""
+def create_app(config: Config, *, span_exporter: Any = None) -> Starlette:
+    """Build the gateway app for ``config``. Network clients and tasks start in the lifespan.
+
+    ``span_exporter`` (an OpenTelemetry span exporter, e.g. an in-memory one in tests) receives the
+    spans instead of ``tracing.exporter`` when ``tracing.enabled``.
+    """
+    tracer = build_tracer(config.tracing, span_exporter)  # None when tracing is off
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -82,7 +89,7 @@ def create_app(config: Config) -> Starlette:
                 "pointsman_scan_timeouts": ("timeouts", "Long-request text scans stopped at classifiers.scan_timeout."),
             })
         service = ProxyService(config, pool, client, metrics, recorder, brain.policies, brain.scan_pool,
-                               router=brain.router)
+                               router=brain.router, tracer=tracer)
         await service.workflows.start()  # answer-confidence heads, when a cascade scores with one
         quotas = build_quotas(config, brain.shared_state, {n: t.model for n, t in pool.models.items()}, metrics)
         if quotas is not None:  # rate limits and spend budgets (in memory, or shared through Redis)
@@ -136,6 +143,8 @@ def create_app(config: Config) -> Starlette:
             await brain.close()
             await feedback_writer.stop()  # feedback still waiting is written (or answered 503)
             await recorder.stop()  # flush everything already answered before the process exits
+            if tracer is not None:
+                tracer.shutdown()  # export the spans still buffered
 
     app = Starlette(
         routes=ROUTES,

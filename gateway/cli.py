@@ -19,6 +19,7 @@ from gateway.auth import hash_key
 from gateway.config import Config, load_config
 from gateway.defaults import embedded_default, with_local_backend
 from gateway.errors import ConfigError
+from gateway.logs import configure as configure_logging
 from gateway.workflows import preflight as workflow_preflight
 
 log = logging.getLogger("pointsman")
@@ -76,7 +77,10 @@ async def serve(config: Config) -> None:
                 server_header=False,
                 date_header=False,
                 timeout_graceful_shutdown=int(config.server.drain_timeout + 0.999),
-                log_level="info",
+                log_level=config.logging.level,
+                # JSON logs: uvicorn's own lines go through the root handler (gateway.logs), not its
+                # text handler, so every stderr line is one JSON object.
+                log_config=None if config.logging.format == "json" else uvicorn.config.LOGGING_CONFIG,
             ),
             app,
         )
@@ -294,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         experiments = f", {count} experiment{'s' if count > 1 else ''}" if count else ""
         print(f"{args.config}: ok ({len(config.backends)} backends, {len(config.routes)} routes{experiments})")
         return 0
+    configure_logging(config.logging)  # text or JSON lines, request ids, credentials masked
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         config = config.model_copy(update={"server": config.server.model_copy(update=overrides)})

@@ -300,6 +300,36 @@ class ServerConfig(_Strict):
     log_prompts: bool = Field(default=False, description="prompt text never lands in logs unless true")
 
 
+class LoggingConfig(_Strict):
+    """The gateway's own log on stderr: ``text`` lines or ``json`` (one object per line, with the
+    request id of the request a line is about). Prompt text never lands in the log unless
+    ``include_prompts`` (nor does any API key, whatever it says)."""
+
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    include_prompts: bool = False
+
+
+class TracingConfig(_Strict):
+    """OpenTelemetry tracing (the ``otel`` extra): spans for each request, its signals, its policy
+    decision, every upstream attempt and every workflow step. Off by default; when on without the
+    extra installed, start-up says so."""
+
+    enabled: bool = False
+    service_name: str = Field(default="pointsman", min_length=1)
+    exporter: Literal["otlp", "console", "none"] = "otlp"
+    endpoint: str | None = Field(
+        default=None, description="OTLP/HTTP traces URL; None: the exporter's default (OTEL_EXPORTER_OTLP_* env)"
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        if value is not None:
+            _require_http_url(value)
+        return value
+
+
 class Config(_Strict):
     """The whole gateway configuration."""
 
@@ -318,6 +348,8 @@ class Config(_Strict):
     local_model: LocalModelConfig = LocalModelConfig()
     classifiers: ClassifiersConfig = ClassifiersConfig()
     experiments: tuple[ExperimentConfig, ...] = ()
+    logging: LoggingConfig = LoggingConfig()
+    tracing: TracingConfig = TracingConfig()
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:

@@ -28,6 +28,7 @@ from gateway.errors import (
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool, ModelTarget, Replica
 from gateway.trace import RequestTrace
+from gateway.tracing import Tracer
 from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
 from gateway.upstream_log import failure_log
 from gateway.usage import usage_from_body
@@ -83,8 +84,10 @@ class Forwarder:
     """Sends one request along a plan's candidate models until one answers."""
 
     def __init__(
-        self, pool: BackendPool, client: UpstreamClient, retry: RetryConfig, metrics: Metrics
+        self, pool: BackendPool, client: UpstreamClient, retry: RetryConfig, metrics: Metrics,
+        tracer: Tracer | None = None,
     ) -> None:
+        self.tracer = tracer  # a pointsman.upstream span per attempt (inside a traced request)
         self._pool = pool
         self._client = client
         self._retry = retry
@@ -137,6 +140,10 @@ class Forwarder:
                 if attempt > 0:
                     self._metrics.retries.labels(target.backend.name, name).inc()
                 try:
+                    if self.tracer is not None and self.tracer.active():
+                        return await self._traced_attempt(
+                            path, payload, headers, target, replica, stream, trace, record.attempts
+                        )
                     return await self._attempt(path, payload, headers, target, replica, stream, trace)
                 except UpstreamFailure as failure:
                     last_failure = failure
@@ -149,6 +156,38 @@ class Forwarder:
         if no_replica is not None:
             raise no_replica
         raise ServiceUnavailableError("no configured model could serve this request")
+
+    async def _traced_attempt(
+        self,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        target: ModelTarget,
+        replica: Replica,
+        stream: bool,
+        trace: RequestTrace,
+        attempt: int,
+    ) -> Completed | OpenedStream:
+        """:meth:`_attempt` inside a ``pointsman.upstream`` span, its ``traceparent`` sent upstream.
+        A stream's span ends when its first chunk has arrived (the attempt succeeded)."""
+        tracer = self.tracer
+        assert tracer is not None
+        attributes = {
+            "pointsman.model": target.name, "pointsman.backend": target.backend.name,
+            "pointsman.replica": replica.base_url, "pointsman.attempt": attempt, "pointsman.stream": stream,
+        }
+        with tracer.span("pointsman.upstream", attributes) as span:
+            sent = dict(headers)
+            tracer.inject(sent)
+            try:
+                result = await self._attempt(path, payload, sent, target, replica, stream, trace)
+            except UpstreamFailure as failure:
+                span.set_attribute("pointsman.failure", failure.kind)
+                if failure.status is not None:
+                    span.set_attribute("pointsman.status", failure.status)
+                raise
+            span.set_attribute("pointsman.status", 200 if isinstance(result, OpenedStream) else result.status)
+            return result
 
     async def _attempt(
         self,

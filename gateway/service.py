@@ -29,6 +29,7 @@ from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailabl
 from gateway.feedback import IssuedIds
 from gateway.followups import Followups, Served
 from gateway.forward import Completed, Forwarder, OpenedStream
+from gateway.logs import request_id as current_request_id
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
 from gateway.protocol import (
@@ -44,6 +45,7 @@ from gateway.protocol import (
 from gateway.responses import error_response, gateway_headers, json_response, new_request_id
 from gateway.streaming import ProxyStream
 from gateway.trace import RequestTrace
+from gateway.tracing import Tracer, trace_signals
 from gateway.upstream import UpstreamClient
 from gateway.usage import SSEUsageScanner, cost_usd
 from gateway.workflows import WorkflowDone, WorkflowRunner
@@ -78,15 +80,20 @@ class ProxyService:
         policies: Mapping[str, Policy],
         scan_pool: ScanPool | None = None,
         router: ActiveRouter | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
         self.metrics = metrics
         self.recorder = recorder
         self.keys = KeyChecker(config.auth.api_keys)
-        self.forwarder = Forwarder(pool, client, config.retry, metrics)
+        # OpenTelemetry (gateway.tracing): None when tracing is off, and then no span is ever made.
+        self.tracer = tracer
+        self.forwarder = Forwarder(pool, client, config.retry, metrics, tracer)
         self.draining = False
         self.policies: dict[str, Policy] = dict(policies)
+        if tracer is not None:
+            trace_signals(self.policies.values(), tracer)
         self.scan_pool = scan_pool
         # The router version (registry promotions swap it): every decision is pinned to one.
         self.router = router
@@ -137,11 +144,25 @@ class ProxyService:
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one proxied OpenAI request; every outcome ends in exactly one decision record."""
         request_id = new_request_id()
+        current_request_id.set(request_id)  # every log line of this request carries its id
         record = DecisionRecord(
             request_id=request_id, created_at=time.time(), endpoint=endpoint.name, route=None,
             requested_model=None,
         )
         trace = RequestTrace(record=record)
+        tracer = self.tracer
+        if tracer is None:
+            return await self._handle(request, endpoint, trace)
+        # The request's span: current while it is decided and forwarded, ended by _finish (for a
+        # stream, once its last byte is sent).
+        trace.span = tracer.start("pointsman.request", {"pointsman.endpoint": endpoint.name,
+                                                        "pointsman.request_id": request_id}, request.headers)
+        record.trace_id = tracer.trace_id(trace.span)
+        with tracer.current(trace.span):
+            return await self._handle(request, endpoint, trace)
+
+    async def _handle(self, request: Request, endpoint: Endpoint, trace: RequestTrace) -> Response:
+        record = trace.record
         self.metrics.in_flight.inc()
         streaming = False
         served = Served(record=record, session_id=request.headers.get(SESSION_HEADER))
@@ -279,7 +300,10 @@ class ProxyService:
                     if assignment.router_version is not None:  # the arm decides on its own router version
                         record.router_version = assignment.router_version
             try:
-                plan = await policy.decide(ctx)
+                if self.tracer is None:
+                    plan = await policy.decide(ctx)
+                else:
+                    plan = await self._traced_decide(policy, ctx)
             except PolicyError as exc:
                 record.decision = {"policy": policy.name, "blocked": exc.code}
                 if assignment is not None:
@@ -293,6 +317,18 @@ class ProxyService:
         record.signals = plan.signals
         record.propensity = plan.details.get("propensity")
         return plan, joined
+
+    async def _traced_decide(self, policy: Policy, ctx: RequestContext) -> Plan:
+        """``policy.decide`` inside a ``pointsman.policy`` span (a block is recorded as its error)."""
+        assert self.tracer is not None
+        with self.tracer.span("pointsman.policy", {"pointsman.policy": policy.name}) as span:
+            plan = await policy.decide(ctx)
+            span.set_attributes({
+                "pointsman.decision.policy": plan.policy, "pointsman.candidates": list(plan.candidates),
+                "pointsman.reason": plan.reason,
+                **({"pointsman.workflow": plan.workflow} if plan.workflow is not None else {}),
+            })
+            return plan
 
     @contextlib.contextmanager
     def _pinned_router(self, record: DecisionRecord) -> Iterator[None]:
@@ -322,6 +358,7 @@ class ProxyService:
     async def explain(self, request: Request) -> Response:
         """``POST /v1/route``: the routing decision for a request, without calling any backend."""
         request_id = new_request_id()
+        current_request_id.set(request_id)
         arm_header: bytes | None = None  # x-pointsman-arm, when an experiment arm would decide
         try:
             tenant = self.authenticate(request)
@@ -557,9 +594,29 @@ class ProxyService:
             log.info(
                 "request %s %s: %s %s (%s)", record.request_id, record.endpoint, record.status,
                 record.outcome, record.error_type,
+                extra={"route": route, "model": model, "backend": backend, "status": record.status,
+                       "outcome": record.outcome, "error_type": record.error_type, "attempts": record.attempts},
             )
+        if trace.span is not None:
+            self._end_span(trace, route)
         self.issued.add(record.request_id, record.tenant)
         self.recorder.record(record)
+
+    def _end_span(self, trace: RequestTrace, route: str) -> None:
+        record, span = trace.record, trace.span
+        span.set_attributes({
+            "pointsman.route": route, "pointsman.requested_model": record.requested_model or "",
+            "pointsman.model": record.model or "", "pointsman.backend": record.backend or "",
+            "pointsman.status": record.status, "pointsman.outcome": record.outcome,
+            "pointsman.attempts": record.attempts, "pointsman.stream": record.stream,
+        })
+        if record.error_type is not None:
+            span.set_attribute("pointsman.error_type", record.error_type)
+        if record.status >= 500 or record.outcome == "stream_error":
+            assert self.tracer is not None
+            self.tracer.error(span, record.error_type or record.outcome)
+        span.end()
+        trace.span = None
 
 
 def _scan_unavailable(exc: ScanUnavailable) -> ServiceUnavailableError:

@@ -22,6 +22,7 @@ class RequestTrace:
     upstream_seconds: float = 0.0
     headers_sent_at: float | None = None
     quota: Any = None  # the rate-limit / budget reservation (gateway.quota.Hold) to settle when finished
+    span: Any = None  # the request's OpenTelemetry span (gateway.tracing), ended when finished; None untraced
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000.0

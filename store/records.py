@@ -108,6 +108,8 @@ class DecisionRecord:
     # The request was sampled for a counterfactual comparison (its cost and judge feedback then
     # include calls made for learning, not serving: A/B reports leave it out by default).
     compared: bool = False
+    # The OpenTelemetry trace the request was served in (32 hex digits), when tracing is on.
+    trace_id: str | None = None
     # Not a column: written to the conversations table with the decision, in one transaction.
     conversation: ConversationRecord | None = field(default=None, metadata={"column": False})
     # Not a column: a workflow's sub-calls, written to the subcalls table in the same transaction

@@ -23,7 +23,7 @@ from store.records import COLUMNS, JSON_COLUMNS, DecisionRecord
 Dialect = Literal["sqlite", "postgres"]
 
 #: The newest schema version this code writes.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 DECISIONS_TABLE = "decisions"
 FEEDBACK_TABLE = "feedback"
@@ -315,6 +315,16 @@ def _step4(dialect: Dialect) -> list[str]:
     ]
 
 
+# --- step 5: observability (the OpenTelemetry trace id on decisions) -------------------------------
+
+
+def _step5(dialect: Dialect) -> list[str]:
+    """Alter a step-4 database: the ``trace_id`` column on ``decisions`` (NULL when tracing was off)."""
+    if dialect == "sqlite":
+        return ["ALTER TABLE decisions ADD COLUMN trace_id TEXT"]
+    return ["ALTER TABLE decisions ADD COLUMN IF NOT EXISTS trace_id text"]
+
+
 def version_table_ddl(dialect: Dialect) -> str:
     """CREATE statement for the table recording which migration steps have run."""
     t = _SQL_TYPES[dialect]
@@ -329,7 +339,8 @@ def version_table_ddl(dialect: Dialect) -> str:
 def migrations(dialect: Dialect) -> list[tuple[int, list[str]]]:
     """Numbered migration steps, oldest first. Append new steps; never edit a released one."""
     step1 = _STEP1_SQLITE if dialect == "sqlite" else _STEP1_POSTGRES
-    return [(1, list(step1)), (2, _step2(dialect)), (3, _step3(dialect)), (4, _step4(dialect))]
+    return [(1, list(step1)), (2, _step2(dialect)), (3, _step3(dialect)), (4, _step4(dialect)),
+            (5, _step5(dialect))]
 
 
 # --- statements the stores run -------------------------------------------------------------------

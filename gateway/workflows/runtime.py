@@ -276,13 +276,34 @@ class Run:
             request_id=f"{parent.request_id}:{call.index}", created_at=parent.created_at, endpoint=CHAT.name,
             route=parent.route, requested_model=call.model, tenant=parent.tenant,
         )
+        forwarder = self.runner.forwarder
+        tracer = forwarder.tracer
+        span = None
+        if tracer is not None and tracer.active():  # a pointsman.workflow.step span around its attempts
+            span = tracer.start("pointsman.workflow.step", {
+                "pointsman.workflow": self.workflow.name, "pointsman.step": call.step,
+                "pointsman.model": call.model, "pointsman.index": call.index, "pointsman.stream": stream,
+            })
         try:
-            return await self.runner.forwarder.forward(
-                path=CHAT.path, body=request, raw_body=with_model_first(request),
-                candidates=self.runner.candidates(call.model), stream=stream, trace=RequestTrace(record=shadow),
-            )
+            with contextlib.nullcontext() if span is None or tracer is None else tracer.current(span):
+                result = await forwarder.forward(
+                    path=CHAT.path, body=request, raw_body=with_model_first(request),
+                    candidates=self.runner.candidates(call.model), stream=stream, trace=RequestTrace(record=shadow),
+                )
+            if span is not None:
+                span.set_attribute("pointsman.status", 200 if isinstance(result, OpenedStream) else result.status)
+            return result
+        except BaseException as exc:
+            if span is not None and tracer is not None:
+                span.record_exception(exc)
+                tracer.error(span, type(exc).__name__)
+            raise
         finally:
             call.attempts, call.answered, call.backend = shadow.attempts, shadow.model, shadow.backend
+            if span is not None:
+                span.set_attributes({"pointsman.attempts": shadow.attempts, "pointsman.answered": shadow.model or "",
+                                     "pointsman.backend": shadow.backend or ""})
+                span.end()
 
     def _answer(self, call: SubCall, result: Completed, position: int, label: str) -> Answer:
         call.status = result.status

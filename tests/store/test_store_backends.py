@@ -57,6 +57,7 @@ def full_record() -> DecisionRecord:
         shadow_of="req-served",
         arm_propensity=0.25,
         compared=True,
+        trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
         router_version="v0003-abc123",
         propensity=0.85,
         workflow={"kind": "cascade", "name": "fast", "escalated": True, "steps": [{"index": 0, "confidence": 0.6}],
