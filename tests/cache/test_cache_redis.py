@@ -7,9 +7,7 @@ the shared one is never touched.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,9 +20,10 @@ import pytest
 import redis
 
 from tests.cache.helpers import AUTH, ask, backend, calls, unique, user_id
-from tests.fakes.upstream import FakeUpstream, free_port
+from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 from tests.polling import eventually
+from tests.redisproc import PrivateRedis
 
 SHARED_REDIS = "redis://127.0.0.1:6379/0"
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
@@ -42,43 +41,6 @@ def config(upstream: FakeUpstream, url: str, prefix: str) -> dict[str, Any]:
             {"name": "sem", "model": "echo-model", "cache": {"mode": "semantic"}},
         ],
     }
-
-
-class OwnRedis:
-    """A redis-server of this test's own on a spare port, without persistence."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> OwnRedis:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port)
-        eventually(lambda: _pings(client), "own redis-server answers PING", timeout=10)
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)  # in case a test left it paused
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.exceptions.ConnectionError:
-        return False
 
 
 @pytest.fixture
@@ -129,7 +91,7 @@ def test_an_entry_written_through_one_replica_is_hit_through_the_other(
 
 
 def test_the_cache_fails_open_when_redis_stops_hangs_or_was_never_up(upstream: FakeUpstream, tmp_path: Path) -> None:
-    own = OwnRedis(tmp_path)
+    own = PrivateRedis(tmp_path)
     gw = GatewayProcess(config(upstream, own.url, "pm:"), tmp_path).start(timeout=60)  # Redis not up yet
     try:
         q = [{"role": "user", "content": unique("Is the cache up?")}]
@@ -153,8 +115,7 @@ def test_the_cache_fails_open_when_redis_stops_hangs_or_was_never_up(upstream: F
         own.start()  # a new, empty Redis on the same port
         eventually(lambda: ask(gw.base_url, "exact", q).cache == "hit", "the cache recovers", timeout=10)
 
-        assert own.proc is not None
-        os.kill(own.proc.pid, signal.SIGSTOP)  # a Redis that hangs: calls time out (shared_state.timeout)
+        own.pause()  # a Redis that hangs: calls time out (shared_state.timeout)
         try:
             for _ in range(4):
                 started = time.monotonic()
@@ -162,7 +123,7 @@ def test_the_cache_fails_open_when_redis_stops_hangs_or_was_never_up(upstream: F
                 assert reply.status == 200 and reply.cache == "miss"
                 assert time.monotonic() - started < 1.5
         finally:
-            os.kill(own.proc.pid, signal.SIGCONT)
+            own.resume()
         decisions = [d for d in gw.decisions() if '"error"' in (d["decision"] or "")]
         assert decisions  # the records say the cache was unavailable
     finally:

@@ -25,7 +25,7 @@ import pytest
 
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
-from tests.shared_state.conftest import PrivateRedis
+from tests.redisproc import PrivateRedis
 from tests.shared_state.test_limits_gateway import KEYS, quota_config
 
 BOUND_S = 2.0  # an answer with Redis gone takes at most this long (shared_state.timeout is 0.25 s)
