@@ -34,7 +34,7 @@ from tests.experiments.conftest import MESSAGES, backend, metric, shadow_script,
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import REPO, GatewayProcess
 from tests.polling import eventually
-from tests.store.conftest import PG_DSN, _admin_connect, dsn_with_search_path
+from tests.store.conftest import sync_pg_schema
 
 pytestmark = pytest.mark.postgres
 
@@ -44,20 +44,8 @@ EXPERIMENT = "e2e"
 @pytest.fixture
 def pg_dsn() -> Iterator[str]:
     """A DSN on a fresh, empty schema (dropped afterwards), for this synchronous test."""
-    schema = f"pointsman_test_{uuid.uuid4().hex[:16]}"
-
-    async def admin(sql: str) -> None:
-        conn = await _admin_connect()
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield dsn_with_search_path(PG_DSN, schema)
-    finally:
-        asyncio.run(admin(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    with sync_pg_schema() as dsn:
+        yield dsn
 
 
 def query(dsn: str, sql: str, *args: Any) -> list[dict[str, Any]]:

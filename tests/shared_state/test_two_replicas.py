@@ -25,27 +25,15 @@ from tests.gatewayproc import GatewayProcess
 from tests.polling import eventually
 from tests.shared_state.conftest import REDIS_URL
 from tests.shared_state.test_limits_gateway import KEYS, quota_config
-from tests.store.conftest import PG_DSN, _admin_connect, dsn_with_search_path
+from tests.store.conftest import sync_pg_schema
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
 def pg_dsn() -> Iterator[str]:
-    schema = f"pointsman_test_{uuid.uuid4().hex[:16]}"
-
-    async def admin(sql: str) -> None:
-        conn = await _admin_connect()
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield dsn_with_search_path(PG_DSN, schema)
-    finally:
-        asyncio.run(admin(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    with sync_pg_schema() as dsn:
+        yield dsn
 
 
 @pytest.fixture

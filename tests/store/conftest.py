@@ -8,10 +8,11 @@ with a message saying so: these tests never skip.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -59,6 +60,26 @@ async def pg_schema() -> AsyncIterator[str]:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
+
+
+@contextmanager
+def sync_pg_schema() -> Iterator[str]:
+    """:func:`pg_schema` for synchronous tests (gateway subprocesses): a DSN on a fresh, empty schema,
+    dropped afterwards."""
+    schema = f"pointsman_test_{uuid.uuid4().hex[:16]}"
+
+    async def admin(sql: str) -> None:
+        conn = await _admin_connect()
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield dsn_with_search_path(PG_DSN, schema)
+    finally:
+        asyncio.run(admin(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
 
 
 @pytest.fixture
