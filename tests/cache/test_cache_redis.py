@@ -7,7 +7,6 @@ the shared one is never touched.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +25,6 @@ from tests.polling import eventually
 from tests.redisproc import PrivateRedis
 
 SHARED_REDIS = "redis://127.0.0.1:6379/0"
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 
 
 def config(upstream: FakeUpstream, url: str, prefix: str) -> dict[str, Any]:

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
+from classifiers.answer_confidence import model
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 from tests.workflows.conftest import CHEAP, STRONG, STRONG_TEXT
 from tests.workflows.helpers import extension, feedback
-
-model = pytest.importorskip("classifiers.answer_confidence.model", reason="the answer-confidence head")
 
 SURE = "Three boxes of 14 apples make 3 * 14 = 42 apples. The answer is 42."
 HEDGE = "Hmm, I am not sure about this one, maybe it is something else, I cannot really say"
