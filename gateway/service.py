@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.background import BackgroundTasks
@@ -456,28 +456,14 @@ class ProxyService:
         if result.status >= 400:
             record.outcome = "error"
             record.error_type = f"upstream_{result.status}"
-        trace.headers_sent_at = time.perf_counter()
-        response = Response(content=result.body, status_code=result.status, media_type=None)
-        response.raw_headers = [
-            (b"content-type", result.content_type.encode("latin-1")),
-            (b"content-length", str(len(result.body)).encode()),
-            *self._headers(trace),
-        ]
-        return response
+        return self._buffered(trace, result.status, result.body, result.content_type)
 
     def _cached(self, cached: CacheLookup, trace: RequestTrace, body: Mapping[str, Any]) -> Response:
         """A cached answer, as JSON or replayed as an SSE stream when the client streams."""
         content, content_type = self.cache.serve(cached, trace.record, body)
         if trace.record.stream:
             trace.record.ttft_ms = trace.elapsed_ms()  # the whole answer is the first byte
-        trace.headers_sent_at = time.perf_counter()
-        response = Response(content=content, status_code=200, media_type=None)
-        response.raw_headers = [
-            (b"content-type", content_type.encode("latin-1")),
-            (b"content-length", str(len(content)).encode()),
-            *self._headers(trace),
-        ]
-        return response
+        return self._buffered(trace, 200, content, content_type)
 
     def _workflow_answer(self, done: WorkflowDone, trace: RequestTrace) -> tuple[Response, bytes]:
         """A workflow's buffered answer (JSON, or an SSE stream when the client streams) and the
@@ -490,15 +476,23 @@ class ProxyService:
             record.error_type = f"upstream_{status}"
         elif record.stream:
             record.ttft_ms = trace.elapsed_ms()  # the whole answer is the first byte
+        return self._buffered(trace, status, body, content_type, done.headers()), answer
+
+    def _buffered(
+        self, trace: RequestTrace, status: int, body: bytes, content_type: str,
+        extra: Sequence[tuple[bytes, bytes]] = (),
+    ) -> Response:
+        """A whole answer as one response (an upstream's, a cached one, a workflow's), with the
+        gateway's headers; the headers' time is the time the gateway's work ended."""
         trace.headers_sent_at = time.perf_counter()
         response = Response(content=body, status_code=status, media_type=None)
         response.raw_headers = [
             (b"content-type", content_type.encode("latin-1")),
             (b"content-length", str(len(body)).encode()),
             *self._headers(trace),
-            *done.headers(),
+            *extra,
         ]
-        return response, answer
+        return response
 
     def _workflow_stream(
         self, done: WorkflowDone, trace: RequestTrace, served: Served, joined: RequestContext | None
@@ -519,12 +513,8 @@ class ProxyService:
         self, served: Served, joined: RequestContext | None, done: WorkflowDone, trace: RequestTrace,
         scanner: SSEUsageScanner,
     ) -> None:
-        self.metrics.in_flight.dec()
         done.finish_stream(scanner)  # the record's totals, sub-calls and tree
-        self._finish(trace, scanner)
-        self.followups.streamed(served, scanner)
-        if joined is not None and self.experiments is not None:
-            self.experiments.served(joined, trace.record, served.forwarded)
+        self._stream_done(served, joined, trace, scanner)
 
     def _error(self, error: PointsmanError, trace: RequestTrace) -> Response:
         record = trace.record
@@ -553,16 +543,23 @@ class ProxyService:
     def _finish_stream(
         self, served: Served, joined: RequestContext | None, trace: RequestTrace, scanner: SSEUsageScanner
     ) -> None:
-        self.metrics.in_flight.dec()
         record = trace.record
         record.prompt_tokens, record.completion_tokens = scanner.prompt_tokens, scanner.completion_tokens
         target = self.pool.get(record.model or "")
         if target is not None:
             record.cost_usd = cost_usd(target.model, record.prompt_tokens, record.completion_tokens)
+        self._stream_done(served, joined, trace, scanner)
+
+    def _stream_done(
+        self, served: Served, joined: RequestContext | None, trace: RequestTrace, scanner: SSEUsageScanner
+    ) -> None:
+        """A stream's last byte was sent (its record's usage filled in): finish the record, then what
+        follows an answer (implicit feedback, comparison, shadow arms)."""
+        self.metrics.in_flight.dec()
         self._finish(trace, scanner)
-        self.followups.streamed(served, scanner)  # the client has its last byte: implicit feedback, comparison
+        self.followups.streamed(served, scanner)
         if joined is not None and self.experiments is not None:
-            self.experiments.served(joined, record, served.forwarded)  # shadow arms decide now
+            self.experiments.served(joined, trace.record, served.forwarded)  # shadow arms decide now
 
     def _finish(self, trace: RequestTrace, scanner: SSEUsageScanner | None = None) -> None:
         """Complete the decision record, update metrics, settle the quota reservation and hand the
