@@ -176,6 +176,20 @@ class RedisKnobWindow:
         self._pending = []
 
 
+def redis_client(url: str, timeout: float, *, decode: bool) -> Any:
+    """A ``redis.asyncio`` client whose every call is bounded by ``timeout`` seconds and never retried:
+    redis-py's default (10 retries with exponential back-off) turns a Redis that is down into seconds
+    per call, while each feature handles one failed call itself (``shared_state.fail``)."""
+    import redis.asyncio as redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    return redis.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=decode,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
 class SharedState:
     """The Redis connection behind ``shared_state.kind: redis``: opened by :meth:`start`, checked, closed."""
 
@@ -185,19 +199,11 @@ class SharedState:
 
     async def start(self) -> None:
         """Connect and PING, so a wrong URL or a Redis that is down stops start-up with a clear message."""
-        import redis.asyncio as redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
         from redis.exceptions import RedisError
 
         cfg = self.config
-        # decode_responses: model names come back as str, as the policies compare them. No retries:
-        # redis-py's default (10, with exponential back-off) turns a Redis that is down into seconds per
-        # call; each feature handles one failed call itself (shared_state.fail), within ``timeout``.
-        client = redis.Redis.from_url(
-            cfg.url, socket_timeout=cfg.timeout, socket_connect_timeout=cfg.timeout, decode_responses=True,
-            retry=Retry(NoBackoff(), 0),
-        )
+        # decode_responses: model names come back as str, as the policies compare them.
+        client = redis_client(cfg.url, cfg.timeout, decode=True)
         try:
             await asyncio.wait_for(client.ping(), max(cfg.timeout, 2.0))
             server = await asyncio.wait_for(client.info("server"), max(cfg.timeout, 2.0))

@@ -92,19 +92,14 @@ def storable_completion(body: bytes) -> dict[str, Any] | None:
     return completion
 
 
-def completion_from_stream(
-    *, text: str, model: str, usage: tuple[int | None, int | None], system_fingerprint: str | None = None
-) -> dict[str, Any]:
+def completion_from_stream(*, text: str, model: str, usage: tuple[int | None, int | None]) -> dict[str, Any]:
     """The chat completion a complete streamed answer amounts to (``usage`` zero when the stream had none)."""
     prompt, completion_tokens = usage
     usage_obj = {"prompt_tokens": prompt or 0, "completion_tokens": completion_tokens or 0,
                  "total_tokens": (prompt or 0) + (completion_tokens or 0)}
-    out: dict[str, Any] = {
+    return {
         "id": "chatcmpl-cached", "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
                      "logprobs": None}],
         "usage": usage_obj,
     }
-    if system_fingerprint is not None:
-        out["system_fingerprint"] = system_fingerprint
-    return out

@@ -50,10 +50,6 @@ class MemoryStore:
         """The entry stored under another exact key (a semantic match)."""
         return await self.get(exact)
 
-    async def put(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
-        """Store ``answer`` (see :meth:`put_now`)."""
-        self.put_now(keys, answer, item, ttl)
-
     def put_now(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
         """Store ``answer`` under ``keys.exact`` (and ``item`` in its bucket), evicting the least recent."""
         self._entries[keys.exact] = (time.monotonic() + ttl, keys.tenant, answer)

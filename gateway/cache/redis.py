@@ -98,10 +98,11 @@ def _answer(data: bytes | None) -> CachedAnswer | None:
 
 
 def connect(url: str, call_timeout: float) -> Any:
-    """A ``redis.asyncio`` client (bytes in and out) whose every call is bounded by ``call_timeout`` seconds."""
-    import redis.asyncio as redis
+    """A ``redis.asyncio`` client (bytes in and out) whose every call is bounded by ``call_timeout`` seconds
+    and never retried (the shared-state client's settings)."""
+    from gateway.shared_state import redis_client
 
-    return redis.Redis.from_url(url, socket_timeout=call_timeout, socket_connect_timeout=call_timeout)
+    return redis_client(url, call_timeout, decode=False)
 
 
 async def forget_tenant(client: Any, prefix: str, tenant: str | None) -> int:

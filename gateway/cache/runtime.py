@@ -27,7 +27,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.cache.entry import BucketItem, CachedAnswer, completion_from_stream, storable_completion
-from gateway.cache.key import CacheKeys, bypass_reason, cache_keys
+from gateway.cache.key import CacheKeys, bypass_reason, cache_keys, tenant_digest
 from gateway.cache.memory import MemoryStore
 from gateway.cache.redis import CacheUnavailable, RedisStore, connect, forget_tenant
 from gateway.cache.replay import replay
@@ -275,8 +275,6 @@ class ResponseCache:
 
     async def forget_tenant(self, tenant: str | None) -> int:
         """Delete a tenant's entries from every store (this process's memory, or Redis); the count."""
-        from gateway.cache.key import tenant_digest
-
         if self._client is not None:
             return await forget_tenant(self._client, self._shared.key_prefix, tenant)
         digest = tenant_digest(tenant)
