@@ -23,12 +23,11 @@ from policies.workflows import Caps
 
 #: The completion a call is assumed to write when it has no ``max_tokens`` (for reservations only).
 EXPECTED_COMPLETION_TOKENS = 256
-#: Caps that end a run when reached (``max_fanout`` only makes calls wait their turn).
-CAP_NAMES: tuple[str, ...] = ("max_steps", "max_tokens", "max_seconds", "max_cost_usd")
 
 
 class CapReached(Exception):
-    """A sub-call was not made: ``cap`` (one of :data:`CAP_NAMES`) would be exceeded."""
+    """A sub-call was not made: ``cap`` (``max_steps``, ``max_tokens``, ``max_seconds`` or
+    ``max_cost_usd``; ``max_fanout`` only makes calls wait their turn) would be exceeded."""
 
     def __init__(self, cap: str, detail: str) -> None:
         super().__init__(f"{cap}: {detail}")

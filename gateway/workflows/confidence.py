@@ -237,10 +237,6 @@ class HeadScorer:
         if not (root / "manifest.json").is_file():
             raise FileNotFoundError(f"no answer-confidence artifact at {root} (manifest.json missing)")
 
-    @property
-    def loaded(self) -> bool:
-        return self._head is not None
-
     async def score(self, prompt: str, answer: str) -> float | None:
         """P(the answer is right) for (prompt, answer); None when the head fails or has no answer."""
         return (await self.score_many(prompt, [answer]))[0]

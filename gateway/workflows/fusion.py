@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from gateway.errors import UpstreamError
 from gateway.workflows import bodies
 from gateway.workflows.caps import CapReached
-from gateway.workflows.judging import judge_answers
+from gateway.workflows.judging import judge_answers, judged_final
 from gateway.workflows.outcome import Final
 from gateway.workflows.runtime import Answer, Run
 from policies.workflows import FusionWorkflow, RatingsWorkflow
@@ -89,10 +89,5 @@ async def run_fusion(run: Run) -> Final:
     assert combine.judge is not None
     judgement = await judge_answers(run, combine.judge, combine.mode, combine.prompt, answers)
     scores = [{"model": answer.label, "score": score} for answer, score in zip(answers, judgement.scores, strict=True)]
-    extra = {"judge": {"model": combine.judge, "mode": combine.mode, "scores": scores}}
-    best = judgement.best()
-    if best is None:
-        if run.capped is not None:
-            raise CapReached(run.capped.cap, run.capped.detail)
-        return Final(answer=answers[0], degraded="the judge scored no answer", extra=extra)
-    return Final(answer=answers[best], extra=extra)
+    return judged_final(run, answers, judgement, {"judge": {"model": combine.judge, "mode": combine.mode,
+                                                            "scores": scores}})

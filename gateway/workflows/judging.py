@@ -13,9 +13,12 @@ import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.compare import ANSWER_CHARS, DEFAULT_JUDGE_PROMPT, pair_scores, parse_verdict
 from gateway.workflows.bodies import conversation_text, judge_request
+from gateway.workflows.caps import CapReached
+from gateway.workflows.outcome import Final
 from gateway.workflows.runtime import Answer, Run
 
 SCORED_MAX_TOKENS = 16
@@ -67,6 +70,17 @@ class Judgement:
         """Index of the highest score (the first on ties); None when no answer was scored."""
         known = [(score, -i) for i, score in enumerate(self.scores) if score is not None]
         return -max(known)[1] if known else None
+
+
+def judged_final(run: Run, answers: Sequence[Answer], judgement: Judgement, extra: dict[str, Any]) -> Final:
+    """The best-scored answer; when none was scored, the cap that stopped the judging, else the
+    first answer, marked degraded."""
+    best = judgement.best()
+    if best is None:
+        if run.capped is not None:
+            raise CapReached(run.capped.cap, run.capped.detail)
+        return Final(answer=answers[0], degraded="the judge scored no answer", extra=extra)
+    return Final(answer=answers[best], extra=extra)
 
 
 async def judge_answers(

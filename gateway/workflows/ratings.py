@@ -15,9 +15,8 @@ import time
 from typing import Any
 
 from classifiers.conversation import conversation_text
-from gateway.workflows.caps import CapReached
 from gateway.workflows.fusion import fan_out
-from gateway.workflows.judging import Judgement, judge_answers
+from gateway.workflows.judging import Judgement, judge_answers, judged_final
 from gateway.workflows.outcome import Final
 from gateway.workflows.runtime import Answer, Run
 from policies.workflows import RatingsWorkflow
@@ -37,12 +36,7 @@ async def run_ratings(run: Run) -> Final:
         judgement = Judgement(scores, "head", "answer-confidence head")
     ratings = _ratings(answers, judgement)
     _store(run, workflow, answers, judgement)
-    best = judgement.best()
-    if best is None:
-        if run.capped is not None:
-            raise CapReached(run.capped.cap, run.capped.detail)
-        return Final(answer=answers[0], degraded="the judge scored no answer", extra={"ratings": ratings})
-    return Final(answer=answers[best], extra={"ratings": ratings})
+    return judged_final(run, answers, judgement, {"ratings": ratings})
 
 
 def _ratings(answers: list[Answer], judgement: Judgement) -> list[dict[str, Any]]:

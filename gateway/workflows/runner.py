@@ -135,8 +135,7 @@ class WorkflowRunner:
             cancelled = isinstance(exc, asyncio.CancelledError)
             finish(run, None, trace.record, self.metrics, outcome="cancelled" if cancelled else "failed")
             raise
-        done = WorkflowDone(run, final)
-        return done
+        return WorkflowDone(run, final)
 
     async def _execute(self, run: Run) -> Final:
         workflow = run.workflow
