@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from store._codec import RowLike, decode_json, encode_json
+from store._codec import RowLike, decode_json
 from store.records import ArmStop, ArmTotals, ExperimentRow
 from store.schema import ARM_STOPS_TABLE, ASSIGNMENTS_TABLE, DECISIONS_TABLE, EXPERIMENTS_TABLE, Dialect
 
@@ -106,11 +106,6 @@ def insert_assignment_sql(dialect: Dialect) -> str:
         f"INSERT INTO {ASSIGNMENTS_TABLE} (experiment, key_hash, arm, propensity, assigned_at) VALUES ({values}) "
         "ON CONFLICT (experiment, key_hash) DO NOTHING"
     )
-
-
-def encode_spec(spec: dict[str, Any], *, strip_nul: bool = False) -> str:
-    """An experiment spec or stop detail as JSON text (never raises for odd values)."""
-    return encode_json(spec, strip_nul=strip_nul)
 
 
 def experiment_from_row(row: RowLike) -> ExperimentRow:

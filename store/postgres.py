@@ -18,6 +18,7 @@ from store import traffic_sql as tsql
 from store._codec import (
     encode_conversation,
     encode_feedback,
+    encode_json,
     encode_row,
     encode_subcall,
     feedback_from_row,
@@ -235,7 +236,7 @@ class PostgresDecisionStore:
     async def register_experiment(self, name: str, route: str, spec: dict[str, Any]) -> None:
         """Register (or replace) an experiment's route and normalised spec."""
         await self._require_pool().execute(
-            xsql.upsert_experiment_sql("postgres"), name, route, xsql.encode_spec(spec, strip_nul=True), time.time()
+            xsql.upsert_experiment_sql("postgres"), name, route, encode_json(spec, strip_nul=True), time.time()
         )
 
     async def fetch_experiment(self, name: str) -> ExperimentRow | None:
@@ -251,7 +252,7 @@ class PostgresDecisionStore:
     ) -> bool:
         """Store an arm's stop; False when it was already stopped (the first stop is kept)."""
         status = await self._require_pool().execute(
-            xsql.insert_stop_sql("postgres"), experiment, arm, reason, xsql.encode_spec(detail, strip_nul=True), at,
+            xsql.insert_stop_sql("postgres"), experiment, arm, reason, encode_json(detail, strip_nul=True), at,
             replica,
         )
         return int(status.rsplit(" ", 1)[-1]) > 0  # "INSERT 0 <n>"

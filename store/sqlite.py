@@ -23,6 +23,7 @@ from store import traffic_sql as tsql
 from store._codec import (
     encode_conversation,
     encode_feedback,
+    encode_json,
     encode_row,
     encode_subcall,
     feedback_from_row,
@@ -299,7 +300,7 @@ class SQLiteDecisionStore:
 
     async def register_experiment(self, name: str, route: str, spec: dict[str, Any]) -> None:
         """Register (or replace) an experiment's route and normalised spec."""
-        params = (name, route, xsql.encode_spec(spec), time.time())
+        params = (name, route, encode_json(spec), time.time())
         await self._run(self._write_one_sync, xsql.upsert_experiment_sql("sqlite"), params)
 
     async def fetch_experiment(self, name: str) -> ExperimentRow | None:
@@ -314,7 +315,7 @@ class SQLiteDecisionStore:
         self, experiment: str, arm: str, reason: str, detail: dict[str, Any], replica: str | None, at: float
     ) -> bool:
         """Store an arm's stop; False when it was already stopped (the first stop is kept)."""
-        params = (experiment, arm, reason, xsql.encode_spec(detail), at, replica)
+        params = (experiment, arm, reason, encode_json(detail), at, replica)
         return await self._run(self._write_one_sync, xsql.insert_stop_sql("sqlite"), params) > 0
 
     async def resume_arm(self, experiment: str, arm: str) -> bool:

@@ -14,27 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from evals.report_plots import _plt  # the eval report's look
+
 PALETTE = ("#1f5fbf", "#e07b00", "#2a9d47", "#d62728", "#8c564b", "#9467bd", "#17becf")
 PLOT_TITLES = {
     "quality_over_time": "Quality per arm over time (always-valid bands)",
     "difference_over_time": "Difference against control over time",
     "requests_over_time": "Requests per arm over time",
 }
-
-
-def _plt() -> Any:
-    """pyplot on the Agg backend, with the eval report's look."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({
-        "font.size": 10, "axes.titlesize": 12, "axes.labelsize": 10.5, "legend.fontsize": 9,
-        "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.25,
-        "figure.dpi": 110, "savefig.dpi": 110,
-    })
-    return plt
 
 
 def _arr(values: Sequence[Any] | None) -> np.ndarray:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from evals.ab.plots import PLOT_TITLES, write_plots
 from evals.report import jsonable
+from evals.report_render import _html_table, _md_table, _missing, _num, _pct
 
 FORMATS = ("md", "html", "json")
 Table = tuple[str, list[str], list[list[str]], str]
@@ -47,18 +47,6 @@ def write_ab_report(report: Mapping[str, Any], out_dir: Path, formats: Iterable[
 
 
 # ----------------------------------------------------------------------------- formatting
-
-
-def _missing(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and not math.isfinite(v))
-
-
-def _num(v: Any, digits: int = 3) -> str:
-    return "n/a" if _missing(v) else f"{v:.{digits}f}"
-
-
-def _pct(v: Any) -> str:
-    return "n/a" if _missing(v) else f"{100 * v:.1f}%"
 
 
 def _money(v: Any) -> str:
@@ -234,13 +222,6 @@ def method_lines(report: Mapping[str, Any]) -> list[str]:
 # ----------------------------------------------------------------------------- Markdown
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *(line(r) for r in rows)])
-
-
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The report as Markdown (plots referenced by file name)."""
     out = [f"# pointsman ab: experiment `{report['experiment']}`", ""]
@@ -275,12 +256,6 @@ dl.facts dt{font-weight:600;color:#555} dl.facts dd{margin:0}
 figure{margin:0} figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#666;font-size:.9em}
 """
-
-
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _figure(name: str, path: Path) -> str:

@@ -11,10 +11,10 @@ import asyncio
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import Config
+from gateway.config import Config, ModelConfig
+from gateway.usage import cost_usd
 from policies.brain.active import ActiveRouter
 from store.base import DecisionStore
 from store.records import DecisionRecord, ExperimentRow, TrafficWindow
@@ -27,27 +27,15 @@ MIN_WINDOW, MAX_WINDOW = 60, 30 * 86400
 RECENT = 25
 
 
-@dataclass(frozen=True, slots=True)
-class Price:
-    input_per_mtok: float
-    output_per_mtok: float
-
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok) / 1e6
-
-
 class Baseline:
     """What each request would have cost on an always-strong policy: its tokens priced at its route's
     strong model (``cost_quality.strong``), or at the dearest configured model for routes without a
     cost-quality pair. A model requested by name was not routed: its baseline is its own cost."""
 
     def __init__(self, config: Config) -> None:
-        self.prices: dict[str, Price] = {}
-        for backend in config.backends:
-            for model in backend.models:
-                self.prices[model.name] = Price(model.input_cost_per_mtok, model.output_cost_per_mtok)
-        dearest = max(self.prices.items(), key=lambda kv: kv[1].input_per_mtok + kv[1].output_per_mtok, default=None)
-        self.dearest: str | None = dearest[0] if dearest else None
+        self.prices: dict[str, ModelConfig] = {m.name: m for backend in config.backends for m in backend.models}
+        dearest = max(self.prices.values(), key=lambda m: m.input_cost_per_mtok + m.output_cost_per_mtok, default=None)
+        self.dearest: str | None = dearest.name if dearest else None
         self.strong: dict[str, str | None] = {}
         for route in config.routes:
             strong = route.cost_quality.strong if route.cost_quality is not None else None
@@ -63,7 +51,7 @@ class Baseline:
         model = self.model_for(route)
         if model is None:
             return actual
-        return self.prices[model].cost(prompt_tokens, completion_tokens)
+        return cost_usd(self.prices[model], prompt_tokens, completion_tokens) or 0.0
 
 
 def choose_bucket(window: float) -> int:

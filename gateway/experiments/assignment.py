@@ -66,6 +66,8 @@ class Assignment:
 
     def for_unit(self, unit: str | None) -> Assignment:
         """This assignment for one key (the fixed-weight ones are shared across keys)."""
+        if unit == self.unit:
+            return self
         return Assignment(self.experiment, self.arm, self.assigned, self.propensity, self.key, self.how,
                           self.policy, self.router_version, unit)
 
@@ -171,8 +173,6 @@ class LiveExperiment:
     async def assign_new(self, key: AssignmentKey, put: PutAssignment, *, now: float | None = None) -> Assignment:
         """Assign a key this replica has not seen (adaptive): by the current allocation, stored so every
         replica keeps it (``put`` returns the arm the store holds, maybe another replica's)."""
-        import asyncio
-
         table = self.allocation
         arm = table.pick(key.fraction)
         propensity = table.shares[arm]
