@@ -69,6 +69,7 @@ from evals.data import resolve_data_dir  # noqa: E402
 from evals.data.split import fold_of  # noqa: E402
 from evals.embeddings import embed_prompts, get_encoder, prompt_text  # noqa: E402
 from evals.metrics import evaluate_scores, percentile_ci  # noqa: E402
+from evals.quality import roc_auc  # noqa: E402
 from evals.train_answer_confidence import (  # noqa: E402
     INNER_FOLDS,
     INNER_SEED,
@@ -117,12 +118,6 @@ def _progress(desc: str, total: int | None = None) -> Progress:
 
 def _cost95(summary: dict[str, Any], name: str) -> float:
     return float(summary[name]["0.95"]["relative_cost"])
-
-
-def _auc(y: np.ndarray, s: np.ndarray) -> float:
-    from sklearn.metrics import roc_auc_score
-
-    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else float("nan")
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -237,7 +232,7 @@ def _fixed_head_oof(exp: Experiment, cfg: HeadConfig, folds: np.ndarray) -> tupl
         x, y, w = training_rows(exp.feats, exp.data, train, cfg.strong_weight)
         head = fit_answer_head(x, y, w, exp.feats.dim, cfg)
         oof[test] = head.raw_proba(exp.feats.weak[test])[:, 1]
-        aucs.append(_auc(exp.data.weak_good[test], oof[test]))
+        aucs.append(roc_auc(exp.data.weak_good[test], oof[test]))
     return oof, aucs
 
 
@@ -264,7 +259,7 @@ def run(exp: Experiment, draws: int, seed: int, log: Callable[[str], None]) -> d
         ablations[label] = {
             "config": cfg.name,
             "weak_auc_per_fold": [round(a, 4) for a in aucs],
-            "weak_auc_pooled": round(_auc(data.weak_good, oof), 4),
+            "weak_auc_pooled": round(roc_auc(data.weak_good, oof), 4),
         }
         log(f"  ablation {label}: AUC per fold {ablations[label]['weak_auc_per_fold']}")
 
@@ -362,7 +357,7 @@ def run(exp: Experiment, draws: int, seed: int, log: Callable[[str], None]) -> d
         "weak_or_strong_right": float(np.maximum(qs, qw).mean()),
         "head": cv,
         "ablations": ablations,
-        "zero_shot_auc": {k: round(_auc(data.weak_good, v), 4) for k, v in exp.zero_shot_conf.items()},
+        "zero_shot_auc": {k: round(roc_auc(data.weak_good, v), 4) for k, v in exp.zero_shot_conf.items()},
         "router_apgr": {
             "logreg on prompt embedding": round(evaluate_scores(router_ref, qs, qw).apgr, 4),
             **{k: round(evaluate_scores(v, qs, qw).apgr, 4) for k, v in exp.extra_routers.items()},

@@ -67,7 +67,7 @@ def conversation_text(body: Mapping[str, Any], max_chars: int = DEFAULT_MAX_CHAR
         return ""
     last_user, system, history, tools = _split(body)
     if not system and not history and not tools:
-        return _clip(last_user, max_chars)
+        return clip_middle(last_user, max_chars)
 
     sections: dict[str, Any] = {"last_user": last_user, "system": system, "history": history, "tools": tools}
     present = [name for name, _ in SHARES if sections[name]]
@@ -80,7 +80,8 @@ def conversation_text(body: Mapping[str, Any], max_chars: int = DEFAULT_MAX_CHAR
     for name in present:
         if alloc[name] <= 0:
             continue
-        rendered = _render_history(history, alloc[name]) if name == "history" else _clip(sections[name], alloc[name])
+        limit = alloc[name]
+        rendered = _render_history(history, limit) if name == "history" else clip_middle(sections[name], limit)
         if rendered:
             parts.append(HEADERS[name] + rendered)
     text = SECTION_SEPARATOR.join(parts)
@@ -151,7 +152,7 @@ def _render_message(role: str, message: Mapping[str, Any]) -> str:
     label = role
     if role in ("tool", "function") and isinstance(message.get("name"), str):
         label = f"{role} {message['name']}"
-    return _clip(f"{label}: {text}", HISTORY_MESSAGE_CHARS)
+    return clip_middle(f"{label}: {text}", HISTORY_MESSAGE_CHARS)
 
 
 def _render_call(function: Mapping[str, Any]) -> str:
@@ -207,8 +208,8 @@ def _render_history(history: list[str], limit: int) -> str:
         marker = _dropped_marker(len(history) - 1)
         room = limit - len(marker) - 1
         if room > len(ELLIPSIS) + 8:
-            return (marker + "\n" if len(history) > 1 else "") + _clip(history[-1], room)
-        return _clip(history[-1], limit)
+            return (marker + "\n" if len(history) > 1 else "") + clip_middle(history[-1], room)
+        return clip_middle(history[-1], limit)
     return "\n".join([marker, *reversed(kept)])
 
 
@@ -226,7 +227,7 @@ def _head(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
-def _clip(text: str, limit: int) -> str:
+def clip_middle(text: str, limit: int) -> str:
     """``text`` if it fits, else its head and tail (2:1) around ``[…]``; never longer than ``limit``."""
     if len(text) <= limit:
         return text

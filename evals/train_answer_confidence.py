@@ -48,6 +48,7 @@ from evals.data.routellm import STRONG, WEAK
 from evals.data.split import fold_of
 from evals.dataset import records_hash
 from evals.embeddings import embed_texts, get_encoder, prompt_text
+from evals.quality import roc_auc
 
 LABELS = ("bad", "good")
 OUTER_FOLDS = 5
@@ -185,12 +186,6 @@ def training_rows(
     return np.vstack(xs), np.concatenate(ys), np.concatenate(ws)
 
 
-def _auc(y: np.ndarray, s: np.ndarray) -> float:
-    from sklearn.metrics import roc_auc_score
-
-    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else float("nan")
-
-
 @dataclass
 class Selection:
     """The chosen configuration, every configuration's inner-CV AUC, and the chosen one's inner
@@ -224,7 +219,7 @@ def select_config(
             head = fit_answer_head(x, y, w, feats.dim, cfg, seed)
             ow[te] = head.raw_proba(feats.weak[te])[:, 1]
             os_[te] = head.raw_proba(feats.strong[te])[:, 1]
-            per.append(_auc(data.weak_good[te], ow[te]))
+            per.append(roc_auc(data.weak_good[te], ow[te]))
         aucs[cfg.name] = float(np.nanmean(per))
         oofs[cfg.name] = (ow, os_)
     best = max(grid, key=lambda c: aucs[c.name])
@@ -299,8 +294,8 @@ def cross_validate(
             {
                 "fold": f,
                 "chosen": fh.selection.config.name,
-                "weak_auc": round(_auc(data.weak_good[te], ow[te]), 4),
-                "strong_auc": round(_auc(data.strong_good[te], os_[te]), 4),
+                "weak_auc": round(roc_auc(data.weak_good[te], ow[te]), 4),
+                "strong_auc": round(roc_auc(data.strong_good[te], os_[te]), 4),
                 "prompts": int(te.sum()),
             }
         )
@@ -312,8 +307,8 @@ def cross_validate(
         "method": "5-fold CV by prompt hash; hyperparameters chosen by inner 4-fold CV inside each training fold",
         "per_fold": per_fold,
         "weak_auc_mean": round(float(np.mean([r["weak_auc"] for r in per_fold])), 4),
-        "weak_auc_pooled": round(_auc(data.weak_good, ow), 4),
-        "strong_auc_pooled": round(_auc(data.strong_good, os_), 4),
+        "weak_auc_pooled": round(roc_auc(data.weak_good, ow), 4),
+        "strong_auc_pooled": round(roc_auc(data.strong_good, os_), 4),
         "calibration_weak": {
             k: round(v, 4) for k, v in calibration_report(np.column_stack([1 - ow, ow]), data.weak_good).items()
         },

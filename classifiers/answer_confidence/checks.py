@@ -124,11 +124,6 @@ _RELATIONS = re.compile(
 )
 
 
-def number_words(text: str) -> list[float]:
-    """Values of the number words in ``text`` (``'three'`` -> 3, ``'half'`` -> 0.5, ``'twice'`` -> 2, ...)."""
-    return [NUMBER_WORDS[w] for w in _NUMBER_WORD.findall(text.lower())]
-
-
 def _final_form(answer: str) -> tuple[float | None, int]:
     """The number of the last final-form statement, and how many distinct numbers such statements give."""
     found: list[tuple[int, float]] = []

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from classifiers.answer_confidence.checks import CHECK_NAMES, check_vector
+from classifiers.conversation import clip_middle  # the renderer's 2:1 head-and-tail clip
 from classifiers.encoders.base import Encoder
 from classifiers.heads.head import Head, load_head
 
@@ -29,18 +30,6 @@ DEFAULT_ENCODER = "static"
 PROMPT_CHARS = 800
 ANSWER_CHARS = 1200
 ANSWER_MARKER = "\n\n[answer] "
-ELLIPSIS = "[…]"
-
-
-def clip_middle(text: str, limit: int) -> str:
-    """``text`` if it fits in ``limit`` characters, else its head and tail (2:1) around ``[…]``."""
-    if len(text) <= limit:
-        return text
-    room = limit - len(ELLIPSIS) - 2
-    if room < 8:
-        return text[:limit]
-    head = (room * 2) // 3
-    return f"{text[:head]} {ELLIPSIS} {text[len(text) - (room - head) :]}"
 
 
 def answer_text(prompt: str, answer: str) -> str:
