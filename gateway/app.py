@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from classifiers.registry import resolve_routers_dir
+from gateway.balancing.hints import share_hints
 from gateway.config import Config
 from gateway.contain import ContainUnexpectedErrors
 from gateway.dashboard import DASHBOARD_ROUTES
@@ -116,6 +117,11 @@ def create_app(config: Config, *, span_exporter: Any = None) -> Starlette:
         })
         health = HealthChecker(pool, client)
         health.start()
+        hints = None
+        if brain.shared_state is not None:  # replicas' session/prefix placements shared with peer gateways
+            hints = share_hints(pool.backends, brain.shared_state.client, config.shared_state.key_prefix)
+            if hints is not None:
+                hints.start()
         app.state.service = service
         feedback_writer = FeedbackWriter(
             recorder.store, config.feedback.batch_size, write_timeout=config.feedback.write_timeout
@@ -137,6 +143,8 @@ def create_app(config: Config, *, span_exporter: Any = None) -> Starlette:
             if experiments is not None:
                 await experiments.close()  # shadows in flight are cancelled, guardrail tasks stopped
             await health.stop()
+            if hints is not None:
+                await hints.close()
             await client.close()
             if quotas is not None:
                 await quotas.close()  # settlements in flight are written (briefly) before Redis closes

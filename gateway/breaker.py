@@ -101,6 +101,8 @@ class CircuitBreaker:
         self.min_requests = min_requests
         self.failure_rate = failure_rate
         self.may_eject_for_errors = may_eject_for_errors
+        # Told when the breaker ejects its replica (the pool drops the replica's affinity then).
+        self.on_trip: Callable[[], None] | None = None
         self.name = name
         self.ejections: Counter[str] = Counter()  # by reason: "transport", "error_rate"
         self._clock = clock
@@ -199,3 +201,5 @@ class CircuitBreaker:
         self._window.clear()
         self.ejections[reason] += 1
         log.warning("replica %s ejected (%s) for %gs", self.name, reason, self.cooldown)
+        if self.on_trip is not None:
+            self.on_trip()

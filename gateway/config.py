@@ -56,6 +56,51 @@ class HealthCheck(_Strict):
     healthy_after: int = Field(default=1, ge=1, description="consecutive successes to mark up")
 
 
+class EngineMetrics(_Strict):
+    """The engines' own load, polled with the health checks (``kind: vllm`` or ``sglang``: the engine's
+    Prometheus ``/metrics``, running + waiting requests and KV-cache usage); balancing counts what the
+    engine runs beyond this gateway's own requests (other gateways' traffic). ``path`` is taken from the
+    replica's origin (``scheme://host:port``), where vLLM and SGLang serve it, not from its ``/v1`` base
+    URL."""
+
+    kind: Literal["none", "vllm", "sglang"] = "none"
+    path: str = "/metrics"
+
+
+class BalancingConfig(_Strict):
+    """How a request picks one of a backend's replicas (``gateway/balancing``).
+
+    ``policy``: ``least_outstanding`` (default), ``round_robin``, ``session_affinity`` (a session's first
+    turn to the least-loaded replica, later turns to the same one), ``cache_aware`` (the replica most
+    likely to hold the longest prefix of the conversation, unless its load exceeds the least-loaded
+    one's by more than ``balance_abs`` and by more than a factor ``balance_rel``; then by load).
+    ``load``: what "load" counts, requests in flight or estimated tokens in flight (thresholds are in
+    the same unit). ``partition: tenant`` keeps tenants' affinity apart (a shared prompt cache is a
+    timing side channel between tenants); ``none`` lets tenants with the same prompts share replicas.
+    The prefix index holds at most ``max_entries`` blocks of ``block_bytes`` and forgets a block after
+    ``ttl`` seconds unused. With ``shared_state.kind: redis`` and ``share_hints``, gateways in front of
+    the same replicas exchange session -> replica hints through Redis, off the request path, every
+    ``hint_interval`` seconds.
+    """
+
+    policy: Literal["least_outstanding", "round_robin", "session_affinity", "cache_aware"] = "least_outstanding"
+    load: Literal["requests", "tokens"] = "requests"
+    balance_abs: float = Field(default=4.0, ge=0, description="load above the least-loaded replica's before load wins")
+    balance_rel: float = Field(default=1.5, ge=1, description="load ratio to the least-loaded replica before load wins")
+    partition: Literal["tenant", "none"] = "tenant"
+    block_bytes: int = Field(default=2048, ge=64, le=1 << 20)
+    max_entries: int = Field(default=262_144, ge=1, description="prefix blocks (or sessions) remembered per backend")
+    ttl: float = Field(default=600.0, gt=0, description="seconds a prefix block or session is remembered unused")
+    share_hints: bool = True
+    hint_interval: float = Field(default=0.2, gt=0, le=60)
+    engine_metrics: EngineMetrics = EngineMetrics()
+
+    @property
+    def shares_hints(self) -> bool:
+        """Whether placements are exchanged with peer gateways (an affinity policy with ``share_hints``)."""
+        return self.share_hints and self.policy in ("session_affinity", "cache_aware")
+
+
 class BackendConfig(_Strict):
     """An OpenAI-compatible upstream: one or more replicas serving the same models."""
 
@@ -67,6 +112,7 @@ class BackendConfig(_Strict):
     max_concurrency: int = Field(default=256, ge=1, description="in-flight requests per replica")
     timeouts: Timeouts = Timeouts()
     health: HealthCheck = HealthCheck()
+    balancing: BalancingConfig = BalancingConfig()
 
     @field_validator("base_url")
     @classmethod

@@ -12,11 +12,12 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from classifiers.offload import replace_model
+from gateway.balancing import Affinity, Choice, affinity_of
 from gateway.config import RetryConfig
 from gateway.errors import (
     PointsmanError,
@@ -55,6 +56,7 @@ class OpenedStream:
     first_chunk: bytes
     target: ModelTarget
     replica: Replica
+    load_tokens: int = 0  # what this request added to the replica's tokens in flight
     _finished: bool = False
 
     def finish(self, *, ok: bool, failure: UpstreamFailure | None = None, reuse: bool = True) -> None:
@@ -66,6 +68,7 @@ class OpenedStream:
             return
         self._finished = True
         self.replica.outstanding -= 1
+        self.replica.tokens_in_flight -= self.load_tokens
         if ok:
             if reuse:
                 self.response.release()
@@ -109,6 +112,7 @@ class Forwarder:
         last_failure: UpstreamFailure | None = None
         no_replica: PointsmanError | None = None
         previous: str | None = None
+        affinities: dict[tuple[str, int], Affinity] = {}  # per (partition, block size): computed once
         for name in candidates:
             target = self._pool.get(name)
             if target is None:  # plans are validated against the pool at start-up; defensive only
@@ -120,8 +124,12 @@ class Forwarder:
             payload = _payload(body, raw_body, target.model.wire_name)
             headers = _upstream_headers(target)
             tried: list[Replica] = []
+            backend = target.backend
+            affinity = affinity_of(backend.policy, backend.config.balancing, raw_body, record.tenant,
+                                   trace.session_id, body, affinities)
             for attempt in range(self._retry.attempts):
-                replica = target.backend.pick(exclude=tried)
+                choice = backend.choose(exclude=tried, affinity=affinity)
+                replica = None if choice is None else cast(Replica, choice.replica)
                 if replica is None or not replica.breaker.acquire():
                     no_replica = (
                         RateLimitError(
@@ -134,17 +142,21 @@ class Forwarder:
                         )
                     )
                     break
+                assert choice is not None
                 tried.append(replica)
+                backend.placed(choice, affinity)
                 record.replica = replica.base_url
+                if backend.policy.name != "least_outstanding":
+                    record.decision["replica"] = choice.describe(backend.policy.name)
                 record.attempts += 1
                 if attempt > 0:
                     self._metrics.retries.labels(target.backend.name, name).inc()
                 try:
                     if self.tracer is not None and self.tracer.active():
                         return await self._traced_attempt(
-                            path, payload, headers, target, replica, stream, trace, record.attempts
+                            path, payload, headers, target, choice, stream, trace, record.attempts
                         )
-                    return await self._attempt(path, payload, headers, target, replica, stream, trace)
+                    return await self._attempt(path, payload, headers, target, choice, stream, trace)
                 except UpstreamFailure as failure:
                     last_failure = failure
                     self._metrics.upstream_errors.labels(target.backend.name, name, failure.kind).inc()
@@ -163,7 +175,7 @@ class Forwarder:
         payload: bytes,
         headers: Mapping[str, str],
         target: ModelTarget,
-        replica: Replica,
+        choice: Choice,
         stream: bool,
         trace: RequestTrace,
         attempt: int,
@@ -172,6 +184,7 @@ class Forwarder:
         A stream's span ends when its first chunk has arrived (the attempt succeeded)."""
         tracer = self.tracer
         assert tracer is not None
+        replica = cast(Replica, choice.replica)
         attributes = {
             "pointsman.model": target.name, "pointsman.backend": target.backend.name,
             "pointsman.replica": replica.base_url, "pointsman.attempt": attempt, "pointsman.stream": stream,
@@ -180,7 +193,7 @@ class Forwarder:
             sent = dict(headers)
             tracer.inject(sent)
             try:
-                result = await self._attempt(path, payload, sent, target, replica, stream, trace)
+                result = await self._attempt(path, payload, sent, target, choice, stream, trace)
             except UpstreamFailure as failure:
                 span.set_attribute("pointsman.failure", failure.kind)
                 if failure.status is not None:
@@ -195,12 +208,15 @@ class Forwarder:
         payload: bytes,
         headers: Mapping[str, str],
         target: ModelTarget,
-        replica: Replica,
+        choice: Choice,
         stream: bool,
         trace: RequestTrace,
     ) -> Completed | OpenedStream:
         timeouts = target.backend.config.timeouts
+        replica = cast(Replica, choice.replica)
+        tokens = choice.load_tokens
         replica.outstanding += 1
+        replica.tokens_in_flight += tokens
         started = time.perf_counter()
         response: UpstreamResponse | None = None
         handed_over = False
@@ -215,7 +231,9 @@ class Forwarder:
                 if not first:
                     raise UpstreamFailure("malformed", "upstream closed the stream before sending any data")
                 handed_over = True
-                return OpenedStream(response=response, first_chunk=first, target=target, replica=replica)
+                return OpenedStream(
+                    response=response, first_chunk=first, target=target, replica=replica, load_tokens=tokens
+                )
             data = await response.read_all()
             prompt_tokens = completion_tokens = None
             if response.status == 200:
@@ -246,6 +264,7 @@ class Forwarder:
             trace.upstream_seconds += time.perf_counter() - started
             if not handed_over:
                 replica.outstanding -= 1
+                replica.tokens_in_flight -= tokens
 
     async def _backoff(self, attempt: int, failure: UpstreamFailure, trace: RequestTrace) -> bool:
         """Sleep before the next attempt on the same model; False means move on to the next model."""

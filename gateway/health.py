@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 
+from gateway.balancing.engine_load import origin_of, parse_engine_metrics
 from gateway.pool import BackendPool, Replica
 from gateway.upstream import UpstreamClient, UpstreamFailure
 
@@ -61,11 +62,36 @@ class HealthChecker:
             replica.consecutive_health_failures += 1
             if replica.healthy and replica.consecutive_health_failures >= settings.unhealthy_after:
                 replica.healthy = False
+                replica.backend.lost(replica)
                 log.warning("replica %s of backend %s failed health checks", replica.base_url, replica.backend.name)
         return passed
 
+    async def read_engine_load(self, replica: Replica) -> bool:
+        """Read the engine's own load into ``replica`` (``balancing.engine_metrics``); False when it
+        could not be read (the replica then counts only this gateway's requests)."""
+        settings = replica.backend.config.balancing.engine_metrics
+        headers = {"Authorization": replica.backend.auth_header} if replica.backend.auth_header else {}
+        ours = replica.outstanding  # before the await: what this gateway had in flight as the engine counted
+        load = None
+        try:
+            status, body = await self._client.get(
+                origin_of(replica.base_url) + settings.path, headers, replica.backend.config.health.timeout
+            )
+            if status == 200:
+                load = parse_engine_metrics(body.decode("utf-8", "replace"), settings.kind)
+        except UpstreamFailure:
+            pass
+        if load is None:
+            replica.external_load, replica.kv_cache_usage = 0.0, None
+            return False
+        replica.external_load = max(load.running + load.waiting - ours, 0.0)
+        replica.kv_cache_usage = load.kv_cache_usage
+        return True
+
     async def _run(self, replica: Replica) -> None:
         interval = replica.backend.config.health.interval
+        engine = replica.backend.config.balancing.engine_metrics.kind != "none"
         while True:
-            await self.check_once(replica)
+            if await self.check_once(replica) and engine:
+                await self.read_engine_load(replica)
             await asyncio.sleep(interval)

@@ -140,6 +140,20 @@ class _PoolCollector(Collector):
         outstanding = GaugeMetricFamily(
             "pointsman_replica_outstanding", "Requests in flight to the replica.", labels=("backend", "replica")
         )
+        tokens = GaugeMetricFamily(
+            "pointsman_replica_tokens_in_flight",
+            "Estimated uncached prompt + expected output tokens of the requests in flight to the replica.",
+            labels=("backend", "replica"),
+        )
+        engine = GaugeMetricFamily(
+            "pointsman_replica_engine_external_load",
+            "Requests the engine reports running or waiting beyond this gateway's own (engine metrics).",
+            labels=("backend", "replica"),
+        )
+        kv_usage = GaugeMetricFamily(
+            "pointsman_replica_kv_cache_usage", "The engine's KV-cache usage, 0..1 (engine metrics).",
+            labels=("backend", "replica"),
+        )
         for replica in self._pool.replicas():
             key = (replica.backend.name, replica.base_url)
             state.add_metric(key, int(replica.breaker.state))
@@ -147,7 +161,24 @@ class _PoolCollector(Collector):
                 ejections.add_metric((*key, reason), replica.breaker.ejections[reason])
             healthy.add_metric(key, 1.0 if replica.healthy else 0.0)
             outstanding.add_metric(key, replica.outstanding)
-        yield from (state, ejections, healthy, outstanding)
+            tokens.add_metric(key, replica.tokens_in_flight)
+            engine.add_metric(key, replica.external_load)
+            if replica.kv_cache_usage is not None:
+                kv_usage.add_metric(key, replica.kv_cache_usage)
+        choices = CounterMetricFamily(
+            "pointsman_replica_choices",
+            "Replica placements by balancing policy and reason (load, prefix, imbalance, session, in_turn).",
+            labels=("backend", "policy", "reason"),
+        )
+        entries = GaugeMetricFamily(
+            "pointsman_replica_affinity_entries", "Prefix blocks or sessions the backend's balancing remembers.",
+            labels=("backend",),
+        )
+        for backend in self._pool.backends:
+            for reason, count in backend.choices.items():
+                choices.add_metric((backend.name, backend.policy.name, reason), count)
+            entries.add_metric((backend.name,), backend.policy.remembered())
+        yield from (state, ejections, healthy, outstanding, tokens, engine, kv_usage, choices, entries)
 
 
 class _RouterCollector(Collector):

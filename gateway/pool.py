@@ -1,8 +1,10 @@
 """The backend pool: models → backends → replicas, with load balancing and health state.
 
-Replica choice is least-outstanding-requests among replicas that are healthy, whose breaker lets
-traffic through and that are under their concurrency limit; ties are broken round-robin so equal
-replicas share load evenly.
+A replica is usable when it is healthy, its breaker lets traffic through and it is under its
+concurrency limit. Among usable replicas the backend's ``balancing.policy`` chooses
+(:mod:`gateway.balancing`): least outstanding requests by default (ties in turn, so equal replicas
+share load evenly), or session / prefix-cache affinity with bounded imbalance. A replica that fails
+its health checks or is ejected by its breaker loses its affinity at once (:meth:`Backend.lost`).
 
 Each replica's breaker (:mod:`gateway.breaker`) may eject it for a high 5xx rate only while another
 replica of the same backend is serving (healthy, breaker closed): the last one stays in.
@@ -11,12 +13,16 @@ replica of the same backend is serving (healthy, breaker closed): the last one s
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
+from gateway.balancing import Affinity, Choice, ReplicaPolicy, make_policy
+from gateway.balancing.hints import ReplicaHints
 from gateway.breaker import BreakerState, CircuitBreaker
-from gateway.config import BackendConfig, BreakerConfig, ModelConfig
+from gateway.config import BackendConfig, BalancingConfig, BreakerConfig, ModelConfig
+
+_NO_AFFINITY = Affinity()
 
 
 @dataclass(slots=True, eq=False)
@@ -26,7 +32,11 @@ class Replica:
     backend: Backend
     base_url: str
     breaker: CircuitBreaker
+    slot: int = 0  # position in the backend's replica list (its bit in the prefix index)
     outstanding: int = 0
+    tokens_in_flight: int = 0  # estimated uncached prompt + output tokens of the requests in flight
+    external_load: float = 0.0  # requests the engine reports beyond this gateway's own (engine metrics)
+    kv_cache_usage: float | None = None  # the engine's KV-cache usage (0..1) when it reports one
     healthy: bool = True
     consecutive_health_failures: int = 0
     consecutive_health_successes: int = 0
@@ -39,23 +49,43 @@ class Backend:
     config: BackendConfig
     replicas: list[Replica] = field(default_factory=list)
     auth_header: str | None = None
-    _rr: itertools.count = field(default_factory=itertools.count)
+    policy: ReplicaPolicy = field(default_factory=lambda: make_policy("least_outstanding"))
+    hints: ReplicaHints | None = None  # placements shared with peer gateways (balancing.share_hints)
+    choices: dict[str, int] = field(default_factory=dict)  # placements by reason (load, prefix, ...)
 
     @property
     def name(self) -> str:
         return self.config.name
 
-    def pick(self, exclude: Iterable[Replica] = ()) -> Replica | None:
-        """The least-loaded usable replica, preferring ones not in ``exclude``; None if none is usable."""
-        excluded = set(exclude)
+    def choose(self, exclude: Iterable[Replica] = (), affinity: Affinity = _NO_AFFINITY) -> Choice | None:
+        """The balancing policy's pick among usable replicas, preferring ones not in ``exclude`` (a
+        retry goes elsewhere when it can); None if no replica is usable."""
         limit = self.config.max_concurrency
         usable = [r for r in self.replicas if r.healthy and r.outstanding < limit and r.breaker.available()]
         if not usable:
             return None
-        fresh = [r for r in usable if r not in excluded] or usable
-        least = min(r.outstanding for r in fresh)
-        tied = [r for r in fresh if r.outstanding == least]
-        return tied[next(self._rr) % len(tied)] if len(tied) > 1 else tied[0]
+        if exclude:
+            excluded = set(exclude)
+            usable = [r for r in usable if r not in excluded] or usable
+        return self.policy.choose(usable, affinity)
+
+    def pick(self, exclude: Iterable[Replica] = (), affinity: Affinity = _NO_AFFINITY) -> Replica | None:
+        """The chosen replica (see :meth:`choose`), or None if none is usable."""
+        choice = self.choose(exclude, affinity)
+        return None if choice is None else cast(Replica, choice.replica)
+
+    def placed(self, choice: Choice, affinity: Affinity) -> None:
+        """The request goes to ``choice``: the policy remembers it and peers hear of it."""
+        self.policy.served(choice, affinity)
+        self.choices[choice.reason] = self.choices.get(choice.reason, 0) + 1
+        if self.hints is not None:
+            key = self.policy.hint_key(choice, affinity)
+            if key is not None:
+                self.hints.publish(self, key, cast(Replica, choice.replica).base_url)
+
+    def lost(self, replica: Replica) -> None:
+        """``replica`` went down or was ejected: its sessions and cached prefixes re-balance at once."""
+        self.policy.forget(replica.slot)
 
     def others_serving(self, replica: Replica) -> bool:
         """Whether a replica other than ``replica`` is healthy with its breaker closed."""
@@ -90,9 +120,12 @@ class BackendPool:
         self.models: dict[str, ModelTarget] = {}
         for config in backends:
             backend = Backend(
-                config=config, auth_header=f"Bearer {config.api_key}" if config.api_key else None
+                config=config, auth_header=f"Bearer {config.api_key}" if config.api_key else None,
+                policy=replica_policy(config.balancing),
             )
-            backend.replicas = [_replica(backend, url, breaker) for url in config.replica_urls]
+            backend.replicas = [
+                _replica(backend, slot, url, breaker) for slot, url in enumerate(config.replica_urls)
+            ]
             self.backends.append(backend)
             for model in config.models:
                 self.models[model.name] = ModelTarget(model=model, backend=backend)
@@ -105,7 +138,15 @@ class BackendPool:
             yield from backend.replicas
 
 
-def _replica(backend: Backend, url: str, config: BreakerConfig) -> Replica:
+def replica_policy(config: BalancingConfig) -> ReplicaPolicy:
+    """The replica policy a backend's ``balancing`` section describes."""
+    return make_policy(
+        config.policy, load=config.load, balance_abs=config.balance_abs, balance_rel=config.balance_rel,
+        max_entries=config.max_entries, ttl=config.ttl,
+    )
+
+
+def _replica(backend: Backend, slot: int, url: str, config: BreakerConfig) -> Replica:
     breaker = CircuitBreaker(
         config.failure_threshold,
         config.cooldown,
@@ -114,6 +155,7 @@ def _replica(backend: Backend, url: str, config: BreakerConfig) -> Replica:
         failure_rate=config.failure_rate,
         name=f"{url} of backend {backend.name!r}",
     )
-    replica = Replica(backend=backend, base_url=url, breaker=breaker)
+    replica = Replica(backend=backend, base_url=url, breaker=breaker, slot=slot)
     breaker.may_eject_for_errors = functools.partial(backend.others_serving, replica)
+    breaker.on_trip = functools.partial(backend.lost, replica)
     return replica

@@ -62,8 +62,9 @@ class RoutingBrain(Brain):
         self._knob_tasks: list[asyncio.Task[None]] = []
         self.shared_state: SharedState | None = None
         quotas = bool(config.limits.routes) or any(k.limits or k.budgets for k in config.auth.api_keys)
+        hints = any(b.balancing.shares_hints for b in config.backends)  # replica affinity across gateways
         if config.shared_state.kind == "redis" and (
-            self._sticky_routes or self._sticky_arms or self._shared_knobs or quotas
+            self._sticky_routes or self._sticky_arms or self._shared_knobs or quotas or hints
         ):
             self.shared_state = SharedState(config.shared_state)
 

@@ -166,6 +166,7 @@ class ProxyService:
         self.metrics.in_flight.inc()
         streaming = False
         served = Served(record=record, session_id=request.headers.get(SESSION_HEADER))
+        trace.session_id = served.session_id
         response: Response | None = None
         answer: bytes | None = None
         joined: RequestContext | None = None  # the request's context, when shadow arms will decide on it too

@@ -23,6 +23,7 @@ class RequestTrace:
     headers_sent_at: float | None = None
     quota: Any = None  # the rate-limit / budget reservation (gateway.quota.Hold) to settle when finished
     span: Any = None  # the request's OpenTelemetry span (gateway.tracing), ended when finished; None untraced
+    session_id: str | None = None  # the client's x-pointsman-session-id (replica session affinity)
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000.0

@@ -198,11 +198,30 @@ class UpstreamClient:
 
     async def get_status(self, url: str, headers: Mapping[str, str], timeout: float) -> int:  # noqa: ASYNC109
         """Status of a GET (health checks). Raises :class:`UpstreamFailure` on any transport error."""
+        status, _ = await self.get(url, headers, timeout, max_bytes=0)
+        return status
+
+    async def get(
+        self, url: str, headers: Mapping[str, str], timeout: float,  # noqa: ASYNC109 - a deadline
+        max_bytes: int = 1 << 20,
+    ) -> tuple[int, bytes]:
+        """Status and (at most ``max_bytes`` of the) body of a GET: health checks, engine metrics.
+        Raises :class:`UpstreamFailure` on any transport error."""
         try:
             async with asyncio.timeout(timeout):
                 async with self.session.get(url, headers=headers) as resp:
-                    await resp.read()
-                    return resp.status
+                    if not max_bytes:
+                        await resp.read()
+                        return resp.status, b""
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in resp.content.iter_chunked(65536):
+                        chunks.append(chunk)
+                        size += len(chunk)
+                        if size >= max_bytes:  # a runaway body: keep the head, drop the connection
+                            resp.close()
+                            break
+                    return resp.status, b"".join(chunks)[:max_bytes]
         except TimeoutError as exc:
             raise UpstreamFailure("first_byte_timeout", "health check timed out") from exc
         except aiohttp.ClientError as exc:

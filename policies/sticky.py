@@ -123,14 +123,15 @@ def session_key(ctx: RequestContext) -> tuple[str, str]:
     session = ctx.session_id or _header(ctx.headers, SESSION_HEADER)
     if session:
         return scope + "id\x00" + session, "header"
-    prefix = _prefix(ctx.body)
+    prefix = conversation_start(ctx.body)
     digest = hashlib.sha256(json.dumps(prefix, sort_keys=True, default=str).encode()).hexdigest()[:32]
     return scope + "prefix\x00" + digest, "prefix"
 
 
-def _prefix(body: Mapping[str, Any]) -> list[Any]:
-    """``[role, content]`` of the system/developer messages up to the first user message, and of it
-    (content as given: images and all); a legacy completions request's prompt."""
+def conversation_start(body: Mapping[str, Any]) -> list[Any]:
+    """What identifies a conversation without a session id: ``[role, content]`` of the system/developer
+    messages up to the first user message, and of it (content as given: images and all); a legacy
+    completions request's prompt."""
     if message_list(body) is None:
         return [body.get("prompt")]
     prefix: list[Any] = []

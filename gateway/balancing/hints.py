@@ -1,0 +1,158 @@
+"""Session -> replica hints shared by gateways in front of the same replicas, through Redis.
+
+Replica choice is local and in-process (no Redis call on the request path). Each placement an
+affinity policy makes (a session's replica, or a conversation's last full prefix block and its
+replica) is buffered; every ``hint_interval`` seconds one round trip appends the buffer to a Redis
+stream per backend (``<key_prefix>replica-hints:<backend>``, capped near ``MAX_STREAM`` entries) and
+reads what peer gateways appended since the last read. A peer's hint is applied as if this gateway
+had made the placement, so two gateways mostly agree on where a session lives: a session whose turns
+alternate between gateways still lands on one replica.
+
+Replicas are named by base URL in the stream (gateways may list them in different orders); keys are
+64-bit hashes (no session id, tenant or prompt text reaches Redis). A gateway starts by reading the
+last ``ttl`` seconds of the stream (stream ids are millisecond timestamps), so a restarted gateway
+knows where live sessions are. A failing Redis costs only agreement: hints are kept (bounded) and
+sent when it answers again; the failure is logged once per 30 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.pool import Backend
+
+log = logging.getLogger("pointsman.balancing")
+
+#: Entries a backend's stream keeps (approximately: ``XADD MAXLEN ~``).
+MAX_STREAM = 100_000
+#: Hints buffered per backend while Redis is away; the oldest go first.
+MAX_PENDING = 20_000
+#: Entries read per stream per round trip.
+READ_COUNT = 5_000
+_WARN_EVERY_S = 30.0
+
+
+class ReplicaHints:
+    """Publishes this gateway's placements and applies its peers', for backends that share hints."""
+
+    def __init__(self, client: Any, key_prefix: str, backends: Sequence[Backend], interval: float) -> None:
+        self._client = client
+        self._interval = interval
+        self.gateway_id = os.urandom(6).hex()
+        self._backends = {self._stream(key_prefix, b.name): b for b in backends}
+        self._stream_of = {b.name: self._stream(key_prefix, b.name) for b in backends}
+        self._slots = {b.name: {r.base_url: r.slot for r in b.replicas} for b in backends}
+        self._pending: dict[str, deque[tuple[int, str]]] = {
+            name: deque(maxlen=MAX_PENDING) for name in self._stream_of
+        }
+        oldest_ms = int((time.time() - max(b.config.balancing.ttl for b in backends)) * 1000) if backends else 0
+        self._last_id = {stream: f"{max(oldest_ms, 0)}-0" for stream in self._backends}
+        self.applied = 0  # peers' hints applied (for tests and metrics)
+        self.failures = 0
+        self._warned_at = float("-inf")
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @staticmethod
+    def _stream(prefix: str, backend: str) -> str:
+        return f"{prefix}replica-hints:{backend}"
+
+    def publish(self, backend: Backend, key: int, replica_url: str) -> None:
+        """Buffer one placement for the next sync (O(1), no I/O)."""
+        pending = self._pending.get(backend.name)
+        if pending is not None:
+            pending.append((key, replica_url))
+
+    async def sync(self) -> bool:
+        """Send buffered placements and apply peers' new ones in one round trip; False if Redis failed."""
+        from redis.exceptions import RedisError
+
+        sent: dict[str, list[tuple[int, str]]] = {}
+        pipe = self._client.pipeline(transaction=False)
+        for name, pending in self._pending.items():
+            if pending:
+                batch = list(pending)
+                pending.clear()
+                sent[name] = batch
+                stream = self._stream_of[name]
+                for key, url in batch:
+                    pipe.xadd(stream, {"g": self.gateway_id, "k": key, "r": url}, maxlen=MAX_STREAM, approximate=True)
+        pipe.xread(dict(self._last_id), count=READ_COUNT)
+        try:
+            results = await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            for name, batch in sent.items():  # keep them (bounded) for the next round trip
+                self._pending[name].extendleft(reversed(batch))
+            self.failures += 1
+            now = time.monotonic()
+            if now - self._warned_at >= _WARN_EVERY_S:
+                self._warned_at = now
+                log.warning("replica hints: Redis failed (%s); gateways may disagree on session placement",
+                            type(exc).__name__)
+            return False
+        self._apply(results[-1] or [])
+        return True
+
+    def _apply(self, streams: Any) -> None:
+        for stream, entries in streams:
+            name = stream.decode() if isinstance(stream, bytes) else str(stream)
+            backend = self._backends.get(name)
+            if backend is None:
+                continue
+            slots = self._slots[backend.name]
+            for entry_id, fields in entries:
+                self._last_id[name] = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                values = {_text(k): _text(v) for k, v in fields.items()}
+                if values.get("g") == self.gateway_id:
+                    continue
+                slot = slots.get(values.get("r", ""))
+                try:
+                    key = int(values.get("k", ""))
+                except ValueError:
+                    continue  # not ours to read: another version's entry
+                if slot is not None:
+                    backend.policy.apply_hint(key, slot)
+                    self.applied += 1
+
+    def start(self) -> None:
+        """Sync every ``interval`` seconds in the background until :meth:`close`."""
+        self._task = asyncio.create_task(self._run(), name="replica-hints")
+
+    async def close(self) -> None:
+        """Stop syncing. Bounded: a Redis client that swallows the cancellation of a call in flight
+        (seen with redis-py under load) must not hold up the gateway's shutdown."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(task, 2.0)
+
+    async def _run(self) -> None:
+        while not self._closed:
+            await self.sync()
+            await asyncio.sleep(self._interval)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def share_hints(backends: Sequence[Backend], client: Any, key_prefix: str) -> ReplicaHints | None:
+    """Hints for the backends whose ``balancing`` shares them (each backend's ``hints`` is set), or None."""
+    sharing = [b for b in backends if b.config.balancing.shares_hints]
+    if not sharing:
+        return None
+    hints = ReplicaHints(client, key_prefix, sharing, min(b.config.balancing.hint_interval for b in sharing))
+    for backend in sharing:
+        backend.hints = hints
+    return hints
