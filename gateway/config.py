@@ -88,7 +88,7 @@ class BalancingConfig(_Strict):
     balance_abs: float = Field(default=4.0, ge=0, description="load above the least-loaded replica's before load wins")
     balance_rel: float = Field(default=1.5, ge=1, description="load ratio to the least-loaded replica before load wins")
     partition: Literal["tenant", "none"] = "tenant"
-    block_bytes: int = Field(default=2048, ge=64, le=1 << 20)
+    block_bytes: int = Field(default=4096, ge=64, le=1 << 20)
     max_entries: int = Field(default=262_144, ge=1, description="prefix blocks (or sessions) remembered per backend")
     ttl: float = Field(default=600.0, gt=0, description="seconds a prefix block or session is remembered unused")
     share_hints: bool = True

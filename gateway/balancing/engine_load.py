@@ -39,7 +39,7 @@ def parse_engine_metrics(text: str, kind: str) -> EngineLoad | None:
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
-        name_end = len(line)
+        name_end = len(line) - 1
         for i, char in enumerate(line):
             if char in "{ ":
                 name_end = i
@@ -47,8 +47,9 @@ def parse_engine_metrics(text: str, kind: str) -> EngineLoad | None:
         slot = wanted.get(line[:name_end])
         if slot is None:
             continue
+        rest = line.rsplit("}", 1)[-1] if line[name_end] == "{" else line[name_end:]
         try:
-            value = float(line.rsplit("}", 1)[-1].split()[0])
+            value = float(rest.split()[0])  # "value [timestamp]"
         except (ValueError, IndexError):
             continue
         if value != value:  # NaN

@@ -57,7 +57,7 @@ def tenant_seed(tenant: str | None) -> int:
     return _hash(tenant.encode()) if tenant else 0
 
 
-def prefix_blocks(raw_body: bytes, *, seed: int = 0, block_bytes: int = 2048) -> PrefixBlocks:
+def prefix_blocks(raw_body: bytes, *, seed: int = 0, block_bytes: int = 4096) -> PrefixBlocks:
     """The chained block hashes of a request body's conversation (from ``"messages"`` or ``"prompt"``
     on; the whole body when it has neither). Never raises on odd input: it only hashes bytes."""
     start = -1

@@ -1,0 +1,102 @@
+"""Session -> replica hints between gateways through a real Redis: what one gateway placed, its peer
+learns within a sync; nothing reaches Redis on the request path; a Redis that goes away costs only
+agreement, and the hints buffered meanwhile arrive once it is back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gateway.balancing import Affinity, prefix_blocks
+from gateway.balancing.hints import ReplicaHints, share_hints
+from gateway.config import BackendConfig, BreakerConfig
+from gateway.pool import BackendPool
+from gateway.shared_state import redis_client
+from tests.redisproc import PrivateRedis
+
+URLS = ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+
+
+def _pool(policy: str, urls: list[str] = URLS) -> BackendPool:
+    config = BackendConfig.model_validate({
+        "name": "engines", "replicas": urls, "models": [{"name": "m"}],
+        "balancing": {"policy": policy, "hint_interval": 0.05},
+    })
+    return BackendPool([config], BreakerConfig())
+
+
+def _turn(turns: int) -> bytes:
+    messages = [{"role": "user", "content": "task " * 2000}]
+    messages += [{"role": "tool", "content": f"result {k} " * 900} for k in range(turns)]
+    return orjson.dumps({"model": "m", "messages": messages})
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path).start()
+    yield server
+    server.stop()
+
+
+async def test_a_peer_learns_where_a_conversation_went(redis_server: PrivateRedis) -> None:
+    # The peer lists the replicas in the other order: hints name replicas by URL, not position.
+    here, peer = _pool("cache_aware"), _pool("cache_aware", URLS[::-1])
+    clients = [redis_client(redis_server.url, 1.0, decode=True) for _ in range(2)]
+    try:
+        hints_here = share_hints(here.backends, clients[0], "t:")
+        hints_peer = share_hints(peer.backends, clients[1], "t:")
+        assert isinstance(hints_here, ReplicaHints) and isinstance(hints_peer, ReplicaHints)
+        backend = here.backends[0]
+        target = backend.replicas[1]
+        target.outstanding = 0
+        backend.replicas[0].outstanding = 1  # so the first turn goes to replicas[1] by load
+        first = Affinity(blocks=prefix_blocks(_turn(1)))
+        choice = backend.choose(affinity=first)
+        assert choice is not None and choice.replica is target
+        backend.placed(choice, first)
+        assert await hints_here.sync() and await hints_peer.sync()
+        assert hints_peer.applied == 1
+        # The next turn arrives at the peer, whose own view knows nothing of this conversation.
+        later = Affinity(blocks=prefix_blocks(_turn(2)))
+        theirs = peer.backends[0].choose(affinity=later)
+        assert theirs is not None and theirs.reason == "prefix"
+        assert theirs.replica.base_url == target.base_url  # type: ignore[attr-defined]
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def test_sessions_are_shared_and_a_lost_redis_only_delays_them(redis_server: PrivateRedis) -> None:
+    here, peer = _pool("session_affinity"), _pool("session_affinity")
+    clients = [redis_client(redis_server.url, 0.3, decode=True) for _ in range(2)]
+    try:
+        hints_here = share_hints(here.backends, clients[0], "t:")
+        hints_peer = share_hints(peer.backends, clients[1], "t:")
+        assert hints_here is not None and hints_peer is not None
+        assert await hints_peer.sync()  # the peer has read the (empty) stream up to now
+        redis_server.stop()
+        backend = here.backends[0]
+        affinity = Affinity(session=12345)
+        backend.replicas[0].outstanding = 5
+        choice = backend.choose(affinity=affinity)
+        assert choice is not None
+        backend.placed(choice, affinity)  # no Redis call here: the request is not held up
+        assert not await hints_here.sync()  # Redis is gone: the hint is kept
+        assert hints_here.failures == 1
+        redis_server.start()
+        assert await hints_here.sync()
+        assert await hints_peer.sync()
+        assert hints_peer.applied == 1
+        peer_choice = peer.backends[0].choose(affinity=Affinity(session=12345))
+        assert peer_choice is not None and peer_choice.reason == "session"
+        assert peer_choice.replica.base_url == choice.replica.base_url  # type: ignore[attr-defined]
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def test_least_outstanding_backends_share_nothing() -> None:
+    assert share_hints(_pool("least_outstanding").backends, object(), "t:") is None
