@@ -95,7 +95,18 @@ def _config(engines: tuple[FakeEngine, FakeEngine], **balancing: Any) -> dict[st
 def gateway(
     engines: tuple[FakeEngine, FakeEngine], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
-    proc = GatewayProcess(_config(engines), tmp_path_factory.mktemp("replicas")).start()
+    config = _config(engines)
+    # A routed, sticky route over two models of the same replicas: the brain keeps a session on its
+    # model, the backend keeps it on its replica.
+    config["backends"][0]["models"] += [{"name": "small", "upstream_name": "m"}, {"name": "big", "upstream_name": "m"}]
+    config["classifiers"] = {"encoder": "static"}
+    config["routes"] = [{
+        "name": "smart", "policy": "rules",
+        "cost_quality": {"signal": "difficulty", "strong": "big", "weak": "small", "target_strong_share": 0.5,
+                         "min_samples": 1},
+        "sticky": {"enabled": True, "ttl": 600},
+    }]
+    proc = GatewayProcess(config, tmp_path_factory.mktemp("replicas")).start()
     yield proc
     proc.terminate()
 
@@ -152,6 +163,19 @@ def test_a_session_stays_on_the_replica_that_holds_its_prefix(
     assert [reason for _, reason in reasons[1:]] == ["prefix"] * 4
 
 
+def test_model_stickiness_and_replica_affinity_work_together(
+    gateway: GatewayProcess, engines: tuple[FakeEngine, FakeEngine], client: openai.OpenAI
+) -> None:
+    session = AgentSession(6)
+    ids = [session.turn(client, model="smart")[0] for _ in range(4)]
+    records = [gateway.decision(i) for i in ids]
+    decisions = [json.loads(r["decision"]) for r in records]
+    assert len({r["model"] for r in records}) == 1  # the route kept the session on its model
+    assert [d["details"]["sticky"] for d in decisions[1:]] == ["kept"] * 3
+    assert len({r["replica"] for r in records}) == 1  # and the backend kept it on its replica
+    assert [d["replica"]["reason"] for d in decisions[1:]] == ["prefix"] * 3
+
+
 def test_least_outstanding_scatters_the_same_session(
     engines: tuple[FakeEngine, FakeEngine], tmp_path: Path
 ) -> None:
@@ -166,9 +190,9 @@ def test_least_outstanding_scatters_the_same_session(
         proc.terminate()
     served = [len(e.served(session.name)) for e in engines]
     assert served == [2, 2]
-    # Each later turn landed where the previous turn was not cached: it prefilled two turns' worth of
-    # new text (more than the < 4,000 characters a turn costs when it stays, as above).
-    later = sorted((r for e in engines for r in e.served(session.name)), key=lambda r: r["at"])[1:]
+    # From the third turn on, each landed where the previous turn was not cached: it prefilled two
+    # turns' worth of new text (more than the < 4,000 characters a turn costs when it stays, as above).
+    later = sorted((r for e in engines for r in e.served(session.name)), key=lambda r: r["at"])[2:]
     assert all(r["uncached_chars"] > 5000 for r in later), [r["uncached_chars"] for r in later]
 
 
