@@ -257,10 +257,7 @@ class CacheAware(ReplicaPolicy):
         blocks = affinity.blocks
         if blocks is None or not blocks.hashes:
             return None
-        hashes, ends = blocks.hashes, blocks.ends
-        if len(hashes) > 1 and ends[-1] - ends[-2] < ends[0]:  # every block but the last is ends[0] long
-            return hashes[-2]
-        return hashes[-1]
+        return blocks.hashes[max(blocks.last_full(), 0)]
 
     def apply_hint(self, key: int, slot: int) -> None:
         self.index.record((key,), 1 << slot)

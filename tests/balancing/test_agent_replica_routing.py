@@ -214,15 +214,23 @@ def test_an_overloaded_replica_spills_the_session_by_load(
     eventually(lambda: sum(_metric(gateway, "pointsman_replica_outstanding", e) for e in engines) == 6, "6 in flight")
     on_home = _metric(gateway, "pointsman_replica_outstanding", engines[home])
     on_other = _metric(gateway, "pointsman_replica_outstanding", engines[1 - home])
+    # Tokens in flight: the branches' uncached prompt (the replica that holds the prefix owes little of
+    # it) plus their expected output (256 each, no max_tokens given).
+    tokens_home = _metric(gateway, "pointsman_replica_tokens_in_flight", engines[home])
+    tokens_other = _metric(gateway, "pointsman_replica_tokens_in_flight", engines[1 - home])
     for engine in engines:
         httpx.post(engine.origin + "/control", json={"release": True})
     for thread in threads:
         thread.join(timeout=30)
     assert len(results) == 6
+    eventually(lambda: all(_metric(gateway, "pointsman_replica_tokens_in_flight", e) == 0 for e in engines),
+               "tokens in flight back to 0")
     # The prefix holder took branches until its load passed the least-loaded one's by more than
     # balance_abs (2) and balance_rel (1.5x); the rest went by load.
     assert on_home >= 3 and on_other >= 1, (on_home, on_other)
     assert on_home - on_other <= 2 + 1
+    per_home, per_other = tokens_home / on_home, tokens_other / on_other
+    assert 256 < per_home < per_other, (per_home, per_other)
     reasons = [_replica_reason(gateway, i)[1] for i in results]
     assert "imbalance" in reasons and "prefix" in reasons
 

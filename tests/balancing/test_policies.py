@@ -62,8 +62,9 @@ def test_a_later_turn_shares_every_full_block_of_the_earlier_one() -> None:
     assert len(earlier.hashes) > 10
     # All but the earlier turn's last (partial) block are shared, whatever the fields before "messages".
     assert _common(earlier.hashes, later.hashes) == len(earlier.hashes) - 1
-    assert later.ends[-1] > earlier.ends[-1]
-    assert earlier.tokens() == earlier.ends[-1] // 4
+    assert later.total_bytes > earlier.total_bytes
+    assert earlier.tokens() == earlier.total_bytes // 4
+    assert earlier.end(0) == 1024 and earlier.end(-1) == earlier.total_bytes
 
 
 def test_different_conversations_and_tenants_share_nothing() -> None:
