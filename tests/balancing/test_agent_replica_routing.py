@@ -138,6 +138,16 @@ def _home(engines: tuple[FakeEngine, FakeEngine], session: AgentSession) -> int:
     return latest.index(max(latest))
 
 
+def _settled_session(
+    client: openai.OpenAI, engines: tuple[FakeEngine, FakeEngine], seed: int, turns: int
+) -> tuple[AgentSession, int]:
+    """A session that has had ``turns`` turns, and the index of the engine holding it."""
+    session = AgentSession(seed)
+    for _ in range(turns):
+        session.turn(client)
+    return session, _home(engines, session)
+
+
 def _replica_reason(gateway: GatewayProcess, request_id: str) -> tuple[str, str]:
     """(replica URL, the balancing policy's reason) from the request's decision record."""
     record = gateway.decision(request_id)
@@ -199,10 +209,7 @@ def test_least_outstanding_scatters_the_same_session(
 def test_an_overloaded_replica_spills_the_session_by_load(
     gateway: GatewayProcess, engines: tuple[FakeEngine, FakeEngine], client: openai.OpenAI
 ) -> None:
-    session = AgentSession(3)
-    for _ in range(2):
-        session.turn(client)
-    home = _home(engines, session)
+    session, home = _settled_session(client, engines, 3, turns=2)
     # The agent fans out: six parallel branches of the same conversation, held by the engine until
     # released, so the gateway sees them in flight.
     results: list[str] = []
@@ -239,10 +246,7 @@ def test_a_queue_the_engine_reports_moves_the_session(
     gateway: GatewayProcess, engines: tuple[FakeEngine, FakeEngine], client: openai.OpenAI
 ) -> None:
     """Another gateway's traffic, seen only in the engine's own /metrics, counts as load."""
-    session = AgentSession(4)
-    for _ in range(2):
-        session.turn(client)
-    home = _home(engines, session)
+    session, home = _settled_session(client, engines, 4, turns=2)
     httpx.post(engines[home].origin + "/control", json={"waiting": 10})
     eventually(lambda: _metric(gateway, "pointsman_replica_engine_external_load", engines[home]) == 10,
                "the engine's queue read by the gateway")
@@ -256,10 +260,7 @@ def test_a_queue_the_engine_reports_moves_the_session(
 def test_an_unhealthy_replica_loses_its_sessions_at_once(
     gateway: GatewayProcess, engines: tuple[FakeEngine, FakeEngine], client: openai.OpenAI
 ) -> None:
-    session = AgentSession(5)
-    for _ in range(3):
-        session.turn(client)
-    home = _home(engines, session)
+    session, home = _settled_session(client, engines, 5, turns=3)
     other = engines[1 - home]
     httpx.post(engines[home].origin + "/control", json={"healthy": False})
     eventually(lambda: _metric(gateway, "pointsman_replica_healthy", engines[home]) == 0, "replica marked down")
