@@ -85,7 +85,9 @@ class BalancingConfig(_Strict):
 
     policy: Literal["least_outstanding", "round_robin", "session_affinity", "cache_aware"] = "least_outstanding"
     load: Literal["requests", "tokens"] = "requests"
-    balance_abs: float = Field(default=4.0, ge=0, description="load above the least-loaded replica's before load wins")
+    balance_abs: float = Field(
+        default=16.0, ge=0, description="load above the least-loaded replica's before load wins"
+    )
     balance_rel: float = Field(default=1.5, ge=1, description="load ratio to the least-loaded replica before load wins")
     partition: Literal["tenant", "none"] = "tenant"
     block_bytes: int = Field(default=4096, ge=64, le=1 << 20)

@@ -212,7 +212,7 @@ class CacheAware(ReplicaPolicy):
     needs_blocks = True
 
     def __init__(
-        self, load: LoadKind = "requests", *, balance_abs: float = 4.0, balance_rel: float = 1.5,
+        self, load: LoadKind = "requests", *, balance_abs: float = 16.0, balance_rel: float = 1.5,
         bounded: bool = True, max_entries: int = 262_144, ttl: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -270,7 +270,7 @@ class CacheAware(ReplicaPolicy):
 
 
 def make_policy(
-    name: PolicyName, *, load: LoadKind = "requests", balance_abs: float = 4.0, balance_rel: float = 1.5,
+    name: PolicyName, *, load: LoadKind = "requests", balance_abs: float = 16.0, balance_rel: float = 1.5,
     max_entries: int = 262_144, ttl: float = 600.0, clock: Callable[[], float] = time.monotonic,
 ) -> ReplicaPolicy:
     """A policy by name (``prefix_affinity`` is ``cache_aware`` without load bounds)."""
