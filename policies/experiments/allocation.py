@@ -92,7 +92,9 @@ class ThompsonAllocator:
         wins = self._win_shares(arms, evidence)
         k = len(arms)
         floor = self.min_propensity if self.min_propensity * k < 1 else 1.0 / k
-        mixed = {arm: floor + (1.0 - k * floor) * wins[i] for i, arm in enumerate(arms)}
+        # Plain floats, not numpy scalars: these go into JSON (orjson writes a numpy float64 through
+        # ``default=str`` as a string: /v1/route showed "propensity": "0.93").
+        mixed = {arm: floor + (1.0 - k * floor) * float(wins[i]) for i, arm in enumerate(arms)}
         total = sum(mixed.values())
         return {arm: mixed.get(arm, 0.0) / total for arm in self.arms}
 

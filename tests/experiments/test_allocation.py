@@ -32,6 +32,9 @@ def test_evidence_moves_new_keys_to_the_better_arm_down_to_the_floor() -> None:
     close = allocator.propensities({"c": evidence(20, 0.5), "a": evidence(20, 0.55)})
     assert 0.5 < close["a"] < 0.95  # little evidence: still exploring
     assert sum(close.values()) == pytest.approx(1.0)
+    # Plain floats: they are written into JSON (/v1/route, decision records), where a numpy scalar
+    # would turn into a string.
+    assert all(type(v) is float for v in (*p.values(), *close.values()))
 
 
 def test_cost_counts_against_quality_with_lambda() -> None:
