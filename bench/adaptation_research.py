@@ -80,6 +80,11 @@ def head_tail(text: str, head: int = 200, tail: int = 800) -> str:
     return text if len(text) <= head + tail + 5 else f"{text[:head]} […] {text[-tail:]}"
 
 
+def tail(text: str, chars: int = 600) -> str:
+    """Research text form: the last ``chars`` characters (the question after a shared few-shot preamble)."""
+    return text[-chars:]
+
+
 def load_data(
     data_dir: Path, encoders: Sequence[str], with_prior: bool, holdout_seed: int = HOLDOUT_SEED, prior_sample: int = 0
 ) -> Data:
@@ -105,10 +110,12 @@ def load_data(
         keep = np.sort(np.random.default_rng(0).choice(len(routellm), prior_sample, replace=False))
         routellm = [routellm[i] for i in keep]
     for name in encoders:
-        base = "minilm" if name.startswith("minilm") else name
+        base = name.split("-")[0]  # "minilm-headtail", "static-tail": the encoder, another text form
         enc = get_encoder(base)
         if name == "minilm-headtail":
             emb = embed_texts(enc, [head_tail(t) for t in data.texts], progress=False)
+        elif name.endswith("-tail"):
+            emb = embed_texts(enc, [tail(t) for t in data.texts], progress=False)
         else:
             emb = embed_prompts(enc, prompts, progress=False)
         data.emb[name] = emb
@@ -116,11 +123,12 @@ def load_data(
         shipped = ROUTERS / f"difficulty-gpt4-mixtral-{base}"
         if name == base and shipped.exists():
             data.shipped[name] = load_head(shipped).predict_proba(data.x[name])[:, 1]
-        if routellm and name == base:
-            r_emb = embed_prompts(enc, [r.prompt for r in routellm], progress=False)
+        if routellm and (name == base or name.endswith("-tail")):
+            r_texts = [prompt_text(r.prompt) for r in routellm]
+            r_emb = embed_texts(enc, [tail(t) if name.endswith("-tail") else t for t in r_texts], progress=False)
             r_gain_scale = np.array([1 / 9 if r.dataset == "mt_bench" else 1.0 for r in routellm])
             data.prior[name] = PairPrior(
-                x=build_features(r_emb, [prompt_text(r.prompt) for r in routellm]),
+                x=build_features(r_emb, r_texts),
                 strong_q=np.array([r.strong_quality for r in routellm]) * r_gain_scale,
                 weak_q=np.array([r.weak_quality for r in routellm]) * r_gain_scale,
                 weight=np.ones(len(routellm)),
@@ -290,6 +298,8 @@ def methods(encoders: Sequence[str]) -> dict[str, Method]:
         out[f"LR cv-C [{e}]"] = lr_cv(e)
         out[f"kNN gain [{e}]"] = knn_gain(e)
         out[f"ridge-gain, no prior [{e}]"] = pair_fit(e)
+        if e.endswith("-tail"):
+            out[f"pair_fit: ridge-gain + prior [{e}]"] = pair_fit(e, prior=True)
         if e in ENCODERS:
             out[f"ridge-gain + shipped logit [{e}]"] = shipped_feature(e)
             out[f"prior only (RouteLLM ridge) [{e}]"] = prior_only(e)
