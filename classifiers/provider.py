@@ -32,8 +32,14 @@ DOMAIN_ARTIFACT = "domain-{encoder}"
 PAIR_ARTIFACT_GLOB = "difficulty-*--*-{encoder}"
 #: The per-model quality head (``pointsman train --quality <source>``); never shipped with the package.
 QUALITY_ARTIFACT = "quality-{source}-{encoder}"
+#: Signals computed from the request itself (rules, patterns, counts).
 RULE_SIGNALS: tuple[str, ...] = ("pii", "jailbreak", "tools", "length")
+#: Signals computed by trained heads on the conversation's embedding (when the head is there).
 HEAD_SIGNALS: tuple[str, ...] = ("difficulty", "domain", "quality")
+#: The catalogue: every built-in signal a provider can compute. Config validation takes its known
+#: signals from here (a route's keyword lists are added per route), so a rule can only name a signal
+#: something computes.
+PROVIDED_SIGNALS: frozenset[str] = frozenset(RULE_SIGNALS + HEAD_SIGNALS)
 
 #: Where a provider reads its heads from on each computation (a hot-reloadable router's current set).
 HeadSource = Callable[[], Mapping[str, Head]]

@@ -100,18 +100,16 @@ class SignalSpec:
         return None if self.fields else SignalSpec(SignalKind.ANY)
 
 
-# The types of the signals ``classifiers`` provides, as far as the policy layer relies on them.
-# The gateway may pass the provider's own specs to validation instead (for instance with the
-# trained domain head's label set).
+# The types of the signals ``classifiers`` provides (``classifiers.provider.PROVIDED_SIGNALS``), as
+# far as the policy layer relies on them; keyword lists get theirs from their definition. The gateway
+# may pass the provider's own specs to validation instead (for instance with the PII label set).
 DEFAULT_SIGNAL_SPECS: dict[str, SignalSpec] = {
     "difficulty": SignalSpec(SignalKind.PROBABILITY),
     "jailbreak": SignalSpec(SignalKind.PROBABILITY),
     "domain": SignalSpec(SignalKind.LABEL),
     "pii": SignalSpec(SignalKind.LABELS),
-    "keywords": SignalSpec(SignalKind.LABELS),
     "tools": SignalSpec(SignalKind.BOOL),
     "length": SignalSpec(SignalKind.NUMBER),
-    "tokens": SignalSpec(SignalKind.NUMBER),
     "quality": SignalSpec(SignalKind.MAPPING),
 }
 

@@ -131,7 +131,8 @@ class _Checker:
     def signal(self, path: str, name: str) -> bool:
         if name in self.signals:
             return True
-        self.fail(path, f"unknown signal {name!r}{_suggest(name, self.signals)}")
+        hint = _suggest(name, self.signals) or f" (known: {', '.join(sorted(self.signals))})"
+        self.fail(path, f"unknown signal {name!r}{hint}")
         return False
 
     def route(self, cfg: RouteConfig, known_signals: set[str], specs: dict[str, SignalSpec]) -> None:

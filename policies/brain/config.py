@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from classifiers.provider import PROVIDED_SIGNALS
 from classifiers.signals import PII_KINDS
 from policies.config import RouteConfig
 from policies.experiments.config import ExperimentConfig, experiment_problems
@@ -214,7 +215,7 @@ def route_problems(
     if route.policy == "static" and route.model is None:
         return [f"routes.{route.name}.model: a static route needs a model"]
     return policy_problems(
-        route.name, route, set(DEFAULT_SIGNAL_SPECS), models, tags, signal_specs=SIGNAL_SPECS, workflows=workflows
+        route.name, route, PROVIDED_SIGNALS, models, tags, signal_specs=SIGNAL_SPECS, workflows=workflows
     )
 
 

@@ -32,6 +32,16 @@ BAD_POLICIES = [
         id="unknown-signal",
     ),
     pytest.param(
+        # Nothing computes a signal called 'tokens': it used to pass validation and then stop start-up
+        # with "no trained head for encoder 'static'", pointing at the wrong thing.
+        {"rules": [{"name": "r", "when": {"signal": "tokens", "op": "gt", "value": 1000},
+                    "action": {"route": "big"}}],
+         "model": "small"},
+        "routes.auto.rules.0.when.signal: unknown signal 'tokens' "
+        "(known: difficulty, domain, jailbreak, length, pii, quality, tools)",
+        id="signal-nothing-computes",
+    ),
+    pytest.param(
         {"rules": [{"name": "r", "action": {"route": "big"},
                     "when": {"all": [{"signal": "difficulty", "op": "gt", "value": 0.8},
                                      {"signal": "difficulty", "op": "lt", "value": 0.2}]}}],

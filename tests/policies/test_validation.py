@@ -41,7 +41,8 @@ OK = "{name: ok, when: {signal: domain, op: eq, value: code}, action: {route: co
 
 
 def test_a_valid_policy_passes() -> None:
-    validate_policy("auto", route_config(rules(OK)), KNOWN_SIGNALS, set(MODELS), TAGS)
+    assert problems(rules(OK)) == []
+    validate_policy("auto", route_config(rules(OK)), KNOWN_SIGNALS, set(MODELS), TAGS)  # does not raise
 
 
 def test_unknown_signal_names_the_key_and_suggests() -> None:
@@ -275,3 +276,12 @@ def test_candidates_the_quality_signal_cannot_score_are_named() -> None:
     assert problems(fixed, signal_specs=specs) == []
     # Without declared labels (config-time validation, before any head is loaded) nothing is assumed.
     assert problems(text) == []
+
+
+def test_the_signal_catalogue_declares_a_type_for_every_provided_signal() -> None:
+    # One catalogue: what the provider computes is what validation accepts, and each has a type.
+    from classifiers.provider import PROVIDED_SIGNALS, build_extractors
+    from policies import DEFAULT_SIGNAL_SPECS
+
+    assert set(DEFAULT_SIGNAL_SPECS) == set(PROVIDED_SIGNALS)
+    assert set(build_extractors()) <= set(PROVIDED_SIGNALS)
