@@ -73,7 +73,8 @@ class BalancingConfig(_Strict):
     ``policy``: ``least_outstanding`` (default), ``round_robin``, ``session_affinity`` (a session's first
     turn to the least-loaded replica, later turns to the same one), ``cache_aware`` (the replica most
     likely to hold the longest prefix of the conversation, unless its load exceeds the least-loaded
-    one's by more than ``balance_abs`` and by more than a factor ``balance_rel``; then by load).
+    one's by more than ``balance_abs`` and by more than a factor ``balance_rel``; then by load; a
+    conversation shorter than one block follows its session).
     ``load``: what "load" counts, requests in flight or estimated tokens in flight (thresholds are in
     the same unit). ``partition: tenant`` keeps tenants' affinity apart (a shared prompt cache is a
     timing side channel between tenants); ``none`` lets tenants with the same prompts share replicas.

@@ -73,6 +73,18 @@ class PrefixIndex:
                 entries.move_to_end(key)
         self._trim(now)
 
+    def place(self, key: int, bit: int) -> None:
+        """Note that ``key`` now belongs to replica ``bit`` alone (a session's last replica, touched)."""
+        entries = self._entries
+        now = self._clock()
+        entry = entries.get(key)
+        if entry is None:
+            entries[key] = [bit, now]
+        else:
+            entry[0], entry[1] = bit, now
+            entries.move_to_end(key)
+        self._trim(now)
+
     def forget(self, bit: int) -> None:
         """Void replica ``bit``'s part of every entry touched until now (its cache is gone or unreachable)."""
         now = self._clock()

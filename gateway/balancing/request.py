@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import orjson
 import xxhash
 
 from gateway.balancing.prefix import prefix_blocks, tenant_seed
@@ -56,15 +55,49 @@ def affinity_of(
 
 def session_hash(tenant: str | None, session_id: str | None, body: Mapping[str, Any]) -> int:
     """A 64-bit key of the request's session: its ``x-pointsman-session-id``, else the conversation's
-    start (system prompt and first user message, which every later turn repeats), scoped by tenant."""
+    start (system prompt and first user message, which every later turn repeats), scoped by tenant.
+
+    Only the first :data:`SESSION_START_CHARS` characters of the start are hashed: the key places a
+    session on a replica, so two sessions that open with the same 8k characters may share one (their
+    shared prefix is cached there anyway), and a 100k-token pasted first message costs no more than a
+    short one.
+    """
     scope = (tenant or "").encode() + b"\x00"
     if session_id:
         return xxhash.xxh3_64_intdigest(scope + b"id\x00" + session_id.encode())
-    try:
-        start = orjson.dumps(conversation_start(body))
-    except TypeError:
-        start = repr(conversation_start(body)).encode()
-    return xxhash.xxh3_64_intdigest(scope + b"start\x00" + start)
+    digest = xxhash.xxh3_64(scope + b"start\x00")
+    _feed(digest, conversation_start(body), SESSION_START_CHARS)
+    return digest.intdigest()
+
+
+#: Characters of a conversation's start that make its session key (see :func:`session_hash`).
+SESSION_START_CHARS = 8192
+
+
+def _feed(digest: Any, value: Any, budget: int) -> int:
+    """Hash ``value``'s strings (structure-marked, cut to ``budget`` characters in all) into ``digest``;
+    returns the budget left. Walks JSON-like values: strings, lists, dicts (sorted keys), scalars."""
+    if budget <= 0:
+        return 0
+    if isinstance(value, str):
+        piece = value[:budget]
+        digest.update(b"s" + piece.encode("utf-8", "surrogatepass") + b"\x00")
+        return budget - len(piece)
+    if isinstance(value, list | tuple):
+        digest.update(b"[")
+        for item in value:
+            budget = _feed(digest, item, budget)
+        digest.update(b"]")
+        return budget
+    if isinstance(value, Mapping):
+        digest.update(b"{")
+        for key in sorted(value, key=str):
+            budget = _feed(digest, str(key), budget)
+            budget = _feed(digest, value[key], budget)
+        digest.update(b"}")
+        return budget
+    digest.update(b"v" + repr(value).encode() + b"\x00")
+    return budget
 
 
 def _output_tokens(body: Mapping[str, Any]) -> int:

@@ -10,9 +10,11 @@ requests and tokens in flight, load reported by the engine) and the request thro
   one while it is usable (a bounded, aged table of session -> replica).
 * ``cache_aware``: the replica most likely to hold the longest prefix of the conversation
   (:class:`~gateway.balancing.index.PrefixIndex`), unless its load exceeds the least-loaded replica's by
-  more than ``balance_abs`` *and* by more than a factor ``balance_rel``; then, or when no replica has
-  seen any of the prefix, the least-loaded one. Without bounds (``bounded=False``) it is pure prefix
-  affinity — a baseline that shows what the bounds are for.
+  more than ``balance_abs`` *and* by more than a factor ``balance_rel``; then the least-loaded one.
+  When no replica holds a whole block of the prefix (a short chat fits in one partial block, which
+  changes every turn), the replica that served the session last, under the same bounds; else the
+  least-loaded one. Without bounds (``bounded=False``) it is pure prefix affinity — a baseline that
+  shows what the bounds are for.
 
 Load is requests in flight (``load: requests``) or estimated tokens in flight (``load: tokens``), plus
 what the engines report beyond this gateway's own requests when engine metrics are polled.
@@ -210,6 +212,7 @@ class CacheAware(ReplicaPolicy):
 
     name = "cache_aware"
     needs_blocks = True
+    needs_session = True
 
     def __init__(
         self, load: LoadKind = "requests", *, balance_abs: float = 16.0, balance_rel: float = 1.5,
@@ -226,13 +229,17 @@ class CacheAware(ReplicaPolicy):
 
     def choose(self, candidates: Sequence[R], affinity: Affinity) -> Choice:
         blocks = affinity.blocks
-        if blocks is None or not blocks.hashes:
-            return self._finish(self.least_loaded(candidates), "load", -1, affinity)
         usable = 0
         for replica in candidates:
             usable |= 1 << replica.slot
-        position, mask = self.index.longest(blocks.hashes, usable)
-        if position < 0:
+        position, mask, reason = -1, 0, "prefix"
+        if blocks is not None and blocks.hashes:
+            position, mask = self.index.longest(blocks.hashes, usable)
+        if position < 0 and affinity.session is not None:
+            # The session key lives in the same index as a one-block "prefix" of its own (see served).
+            found, mask = self.index.longest((affinity.session,), usable)
+            reason = "session" if found == 0 else reason
+        if not mask:
             return self._finish(self.least_loaded(candidates), "load", -1, affinity)
         holders = [r for r in candidates if mask >> r.slot & 1]
         best = self.least_loaded(holders)
@@ -242,22 +249,27 @@ class CacheAware(ReplicaPolicy):
             mine = load(best)
             if mine > least + self.balance_abs and mine > least * self.balance_rel:
                 return self._finish(self.least_loaded(candidates), "imbalance", -1, affinity)
-        return self._finish(best, "prefix", position, affinity)
+        return self._finish(best, reason, position, affinity)
 
     def served(self, choice: Choice, affinity: Affinity) -> None:
+        slot_bit = 1 << choice.replica.slot
+        if affinity.session is not None:
+            # Where the session went last (one entry, overwritten): the fallback when no block matches.
+            self.index.place(affinity.session, slot_bit)
         blocks = affinity.blocks
         if blocks is None or not blocks.hashes:
             return
         # Blocks up to the match were recorded for this replica when it first saw them: touch the
         # matched one (it stays recent) and add the rest.
-        self.index.record(blocks.hashes, 1 << choice.replica.slot, max(choice.matched, 0))
+        self.index.record(blocks.hashes, slot_bit, max(choice.matched, 0))
 
     def hint_key(self, choice: Choice, affinity: Affinity) -> int | None:
-        # The last full block: the request's final, partial block is not in its next turn.
+        # The last full block: the request's final, partial block is not in its next turn. A
+        # conversation shorter than one block: its session, which peers keep like a block.
         blocks = affinity.blocks
-        if blocks is None or not blocks.hashes:
-            return None
-        return blocks.hashes[max(blocks.last_full(), 0)]
+        if blocks is not None and blocks.last_full() >= 0:
+            return blocks.hashes[blocks.last_full()]
+        return affinity.session
 
     def apply_hint(self, key: int, slot: int) -> None:
         self.index.record((key,), 1 << slot)

@@ -11,7 +11,15 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from gateway.balancing import Affinity, CacheAware, SessionAffinity, make_policy, prefix_blocks, tenant_seed
+from gateway.balancing import (
+    Affinity,
+    CacheAware,
+    SessionAffinity,
+    make_policy,
+    prefix_blocks,
+    session_hash,
+    tenant_seed,
+)
 from gateway.balancing.engine_load import origin_of, parse_engine_metrics
 from gateway.balancing.index import PrefixIndex
 from gateway.config import BackendConfig
@@ -84,6 +92,27 @@ def test_odd_bodies_hash_without_errors() -> None:
 
 
 # --- the prefix index ----------------------------------------------------------------------------
+
+
+def test_a_session_key_holds_across_turns_and_stays_within_its_tenant() -> None:
+    first = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]}
+    later = {"messages": [*first["messages"], {"role": "assistant", "content": "hello"},
+                          {"role": "user", "content": "more"}]}
+    assert session_hash("t", None, first) == session_hash("t", None, later)
+    assert session_hash("t", None, first) != session_hash("u", None, first)
+    other = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hey"}]}
+    assert session_hash("t", None, first) != session_hash("t", None, other)
+    assert session_hash("t", "s-1", first) == session_hash("t", "s-1", other)  # the header wins
+    assert session_hash("t", "s-1", first) != session_hash("t", "s-2", first)
+    # Odd content hashes (parts, images, numbers, lone surrogates) and stays a 64-bit key.
+    odd = {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800 x"},
+                                                     {"type": "image_url", "image_url": {"url": "data:," + "A" * 10}},
+                                                     {"n": 1.5, "b": None}]}]}
+    assert 0 <= session_hash(None, None, odd) < 2**64
+    # A huge first message costs no more than its first 8k characters: the key is the same.
+    big = "x" * 8192
+    assert session_hash(None, None, {"messages": [{"role": "user", "content": big + "a" * 100_000}]}) == \
+        session_hash(None, None, {"messages": [{"role": "user", "content": big + "b"}]})
 
 
 def test_the_index_finds_the_longest_prefix_a_usable_replica_saw() -> None:
@@ -179,6 +208,43 @@ def test_cache_aware_reports_the_cached_share_it_expects() -> None:
     assert choice.reason == "prefix"
     assert 0 < choice.cached_tokens < affinity.prompt_tokens()
     assert choice.load_tokens == affinity.prompt_tokens() - choice.cached_tokens + 100
+
+
+def _chat(turns: int) -> bytes:
+    """A short chat: every turn fits in the first 4 KiB block, so no block is shared between turns."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for k in range(turns):
+        messages += [{"role": "user", "content": f"question {k}"}, {"role": "assistant", "content": f"answer {k}"}]
+    return _body([*messages, {"role": "user", "content": "and now?"}])
+
+
+def test_cache_aware_keeps_a_short_chat_on_its_replica_through_its_session() -> None:
+    policy = CacheAware(balance_abs=2, balance_rel=1.5)
+    replicas = [Rep(0), Rep(1), Rep(2)]
+    home = _place(policy, replicas, _chat(0), session=5)
+    for turns in range(1, 4):
+        for r in replicas:
+            r.outstanding = 2 if r is home else 0  # busier, within the bound
+        affinity = Affinity(blocks=prefix_blocks(_chat(turns)), session=5)
+        assert affinity.blocks is not None and affinity.blocks.last_full() < 0
+        choice = policy.choose(replicas, affinity)
+        assert (choice.replica, choice.reason) == (home, "session")
+        policy.served(choice, affinity)
+    home.outstanding = 3  # past both bounds: load wins, and the session follows its new replica
+    moved = _place(policy, replicas, _chat(4), session=5)
+    assert moved is not home
+    for r in replicas:
+        r.outstanding = 0
+    assert policy.choose(replicas, Affinity(blocks=prefix_blocks(_chat(5)), session=5)).replica is moved
+    policy.forget(moved.slot)  # its replica lost its cache: the session goes by load again
+    assert policy.choose(replicas, Affinity(blocks=prefix_blocks(_chat(6)), session=5)).reason == "load"
+    # A peer learns a short chat's placement from its session key.
+    peer = CacheAware()
+    key = policy.hint_key(policy.choose([Rep(2)], Affinity(blocks=prefix_blocks(_chat(0)), session=8)),
+                          Affinity(blocks=prefix_blocks(_chat(0)), session=8))
+    assert key == 8
+    peer.apply_hint(8, 2)
+    assert peer.choose(replicas, Affinity(blocks=prefix_blocks(_chat(1)), session=8)).replica.slot == 2
 
 
 def test_session_affinity_keeps_a_session_and_rebalances_when_its_replica_is_lost() -> None:
