@@ -1,6 +1,7 @@
-"""What choosing a replica costs per request, in-process: prefix hashing + the policy's choice + its
-bookkeeping, at 16 replicas for conversations up to 32k tokens, with the prefix index filled to a
-given size. Also checks that a request allocates nothing that grows with the index (tracemalloc: the
+"""What choosing a replica costs per request, in-process: prefix hashing, the session key, the policy's
+choice and its bookkeeping (as the gateway does it, through ``gateway.balancing.request.affinity_of``), at
+16 replicas for conversations up to 32k tokens, with the prefix index filled to a given size. Also checks
+that a request allocates nothing that grows with the index (tracemalloc: the
 bytes a request leaves allocated and its peak, at a small and at a full index).
 
 Target (issue "agent-session and KV-cache-aware replica routing"): <= 50 us per request at 16 replicas
@@ -30,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._procs import BENCH_DIR, cpu_model
 from gateway.balancing import Affinity, ReplicaPolicy, make_policy, prefix_blocks
+from gateway.balancing.request import affinity_of
+from gateway.config import BalancingConfig
 
 TARGET_US = 50.0
 REPLICAS = 16
@@ -144,8 +147,14 @@ def main() -> int:
             warm = Affinity(blocks=prefix_blocks(previous_turn))
             policy.served(policy.choose(replicas, warm), warm)  # the session's previous turn was placed
 
-            def step(raw: bytes = raw, policy: ReplicaPolicy = policy) -> object:
-                affinity = Affinity(blocks=prefix_blocks(raw), session=hash(raw[:64]))
+            body = orjson.loads(raw)  # the gateway has parsed the body before it picks a replica
+            settings = BalancingConfig(policy=policy_name)  # type: ignore[arg-type]
+
+            def step(raw: bytes = raw, policy: ReplicaPolicy = policy, body: Any = body,
+                     settings: BalancingConfig = settings) -> object:
+                # What the gateway does per request: the affinity the policy reads (prefix blocks and the
+                # session key, tenant-scoped), the choice and its bookkeeping.
+                affinity = affinity_of(policy, settings, raw, "tenant-a", None, body, {})
                 choice = policy.choose(replicas, affinity)
                 policy.served(choice, affinity)
                 return choice
