@@ -41,7 +41,7 @@ import numpy as np
 from classifiers.heads import Head, build_features
 from classifiers.registry import RouterRegistry, is_registry, pair_artifact
 from evals.data.split import fold_of
-from evals.labelled import LabelledRequest, LoadedSource, encoder_matches, load_routellm_rows, models_of
+from evals.labelled import LabelledRequest, LoadedSource, encoder_matches, models_of
 from evals.metrics import evaluate_scores
 
 Log = Callable[[str], None]
@@ -52,7 +52,7 @@ DEFAULT_FOLDS = 5
 DEFAULT_RESAMPLES = 1000
 QUALITY_SOURCE = "labelled"
 QUALITY_C_GRID: tuple[float, ...] = (0.001, 0.01, 0.1)
-#: The warm-start prior uses at most this many bundled prompts (a seeded sample of the ~15,000).
+#: The warm-start prior uses at most this many bundled prompts (the shipped sample, evals.data.prior).
 PRIOR_MAX_ROWS = 3000
 
 
@@ -477,7 +477,7 @@ class TrainOptions:
     out: Path
     strong: str | None = None
     weak: str | None = None
-    warm_start: bool | None = None  # None: on when the bundled data is found
+    warm_start: bool | None = None  # None: on (the shipped prior), off only if it cannot be read
     prior_weight: float | None = None
     seed: int = 0
     folds: int = DEFAULT_FOLDS
@@ -505,25 +505,25 @@ def _prior(
     """The warm-start prior for one pair (bundled data as a ``PairPrior``), or (None, None)."""
     if opts.warm_start is False:
         return None, None
-    from evals.data import STRONG, WEAK, resolve_data_dir
+    from evals.data import STRONG, WEAK
+    from evals.data.prior import PRIOR_FILE, load_prior_rows, sample_rows
     from evals.pair_fit import PRIOR_WEIGHT, PairPrior
 
     matches = (strong, weak) == (STRONG, WEAK)
     if matches and loaded_bundled:
         log(f"  warm start skipped for {strong} vs {weak}: the bundled data is already training data")
         return None, {"source": "bundled", "used": False, "reason": "bundled data is training data"}
-    root = resolve_data_dir(opts.data_dir)
-    if not (root / "routellm").is_dir():
-        if opts.warm_start is None:  # the default: train without a prior, and say so
-            log(f"  no warm start for {strong} vs {weak}: no bundled data (routellm/) under {root}")
-            return None, {"source": "bundled", "used": False, "reason": f"no routellm/ under {root}"}
-        raise TrainError(f"--warm-start needs the bundled data: no routellm/ under {root} (set POINTSMAN_DATA_DIR)")
-    rows = load_routellm_rows(root)
-    if len(rows) > opts.prior_rows:
-        # A seeded sample: the prior's total weight is fixed anyway, and every fit (one per CV fold
-        # and penalty) pays for each prior row.
-        keep = np.sort(np.random.default_rng(opts.seed).choice(len(rows), opts.prior_rows, replace=False))
-        rows = [rows[i] for i in keep]
+    try:
+        # The sample that ships in the package (evals/data/prior): the same prior on every install.
+        rows = load_prior_rows()
+    except OSError as exc:  # a broken install: say so, and train without a prior unless it was asked for
+        if opts.warm_start is None:
+            log(f"  no warm start for {strong} vs {weak}: the shipped prior {PRIOR_FILE} cannot be read ({exc})")
+            return None, {"source": "bundled", "used": False, "reason": f"cannot read {PRIOR_FILE}"}
+        raise TrainError(f"--warm-start needs the shipped prior {PRIOR_FILE}: {exc}") from exc
+    # Fewer rows on request (a seeded sample): the prior's total weight is fixed anyway, and every fit
+    # (one per CV fold and penalty) pays for each prior row.
+    rows = sample_rows(rows, opts.prior_rows, opts.seed)
     emb = embed_rows(rows, encoder, progress=opts.progress)
     x = emb.features(cheap=cheap)
     qs = np.array([r.qualities[STRONG] for r in emb.rows], dtype=np.float64)

@@ -304,11 +304,13 @@ def test_train_from_logs_uses_stored_embeddings_when_the_text_was_not_kept(
     assert RouterRegistry(out).versions()[0].data[0]["source"] == f"logs:sqlite:///{db}"
 
 
-def test_warm_start_uses_the_bundled_data_as_a_prior(tmp_path: Path, labelled: Path) -> None:
+def test_warm_start_uses_the_bundled_data_as_a_prior(
+    tmp_path: Path, labelled: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from evals.retrain import TrainOptions, train_registry_version
-    from tests.conftest import routing_data_dir
 
-    routing_data_dir("routellm")
+    # The prior ships in the package: no routing data directory is needed (an installed Pointsman has none).
+    monkeypatch.setenv("POINTSMAN_DATA_DIR", str(tmp_path / "no-data-here"))
     out = tmp_path / "routers"
     # The command's path with a smaller prior sample (the CLI's default is 3,000 prompts) to stay quick.
     opts = TrainOptions(sources=[f"file:{labelled}"], encoders=["static"], out=out, warm_start=True, folds=2,
@@ -328,3 +330,23 @@ def test_a_prior_weight_without_a_prior_is_a_usage_error(tmp_path: Path, labelle
         main(["train", "--data", f"file:{labelled}", "--out", str(tmp_path / "r"), "--prior-weight", "0.2",
               "--no-warm-start", *TRAIN])
     assert usage.value.code == 2
+
+
+def test_the_shipped_prior_is_the_seeded_sample_of_the_bundled_data() -> None:
+    # What `python -m evals.data.prior` rebuilds, byte for byte, from the routing data.
+    import tempfile
+
+    from evals.data import STRONG as GPT4
+    from evals.data import WEAK as MIXTRAL
+    from evals.data.prior import PRIOR_FILE, PRIOR_ROWS, build_prior_file, load_prior_rows
+    from tests.conftest import routing_data_dir
+
+    data = routing_data_dir("routellm")
+    rows = load_prior_rows()
+    assert len(rows) == PRIOR_ROWS
+    assert all(set(r.qualities) == {GPT4, MIXTRAL} and r.source.startswith("bundled:") for r in rows)
+    assert all(0.0 <= q <= 1.0 for r in rows for q in r.qualities.values() if q is not None)
+    with tempfile.TemporaryDirectory() as tmp:
+        rebuilt = Path(tmp) / "prior.jsonl.gz"
+        build_prior_file(data, rebuilt)
+        assert rebuilt.read_bytes() == PRIOR_FILE.read_bytes()
