@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.balancing.select import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL
 from gateway.errors import ConfigError
 from policies.brain import config as _routing
 from policies.brain.config import (  # the routing sections' schema, shared with offline replay
@@ -87,9 +88,11 @@ class BalancingConfig(_Strict):
     policy: Literal["least_outstanding", "round_robin", "session_affinity", "cache_aware"] = "least_outstanding"
     load: Literal["requests", "tokens"] = "requests"
     balance_abs: float = Field(
-        default=16.0, ge=0, description="load above the least-loaded replica's before load wins"
+        default=DEFAULT_BALANCE_ABS, ge=0, description="load above the least-loaded replica's before load wins"
     )
-    balance_rel: float = Field(default=1.5, ge=1, description="load ratio to the least-loaded replica before load wins")
+    balance_rel: float = Field(
+        default=DEFAULT_BALANCE_REL, ge=1, description="load ratio to the least-loaded replica before load wins"
+    )
     partition: Literal["tenant", "none"] = "tenant"
     block_bytes: int = Field(default=4096, ge=64, le=1 << 20)
     max_entries: int = Field(default=262_144, ge=1, description="prefix blocks (or sessions) remembered per backend")

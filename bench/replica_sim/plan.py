@@ -24,7 +24,7 @@ from bench.replica_sim.profile import EngineProfile
 from bench.replica_sim.run import RunResult, RunSpec, simulate
 from bench.replica_sim.search import Goodput, find_goodput
 from bench.replica_sim.traces import TraceParams
-from gateway.balancing.select import LoadKind, PolicyName
+from gateway.balancing.select import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, LoadKind, PolicyName
 
 POLICIES: tuple[PolicyName, ...] = (
     "round_robin", "least_outstanding", "session_affinity", "prefix_affinity", "cache_aware",
@@ -101,7 +101,7 @@ QUICK_BALANCE: tuple[tuple[LoadKind, float, float], ...] = (
     ("requests", 2.0, 1.5), ("requests", 16.0, 1.5), ("tokens", 32768.0, 1.5),
 )
 #: The gateway's default (``backends[].balancing`` in gateway/config.py): chosen from this sweep.
-DEFAULT_BALANCE: tuple[LoadKind, float, float] = ("requests", 16.0, 1.5)
+DEFAULT_BALANCE: tuple[LoadKind, float, float] = ("requests", DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +113,8 @@ class Search:
     seed: int
     policy: PolicyName
     load: LoadKind = "requests"
-    balance_abs: float = 16.0
-    balance_rel: float = 1.5
+    balance_abs: float = DEFAULT_BALANCE_ABS
+    balance_rel: float = DEFAULT_BALANCE_REL
     variant: str = "base"
 
     def spec(self) -> tuple[RunSpec, float]:
@@ -177,8 +177,8 @@ class Tail:
     seed: int
     policy: PolicyName
     load: LoadKind = "requests"
-    balance_abs: float = 16.0
-    balance_rel: float = 1.5
+    balance_abs: float = DEFAULT_BALANCE_ABS
+    balance_rel: float = DEFAULT_BALANCE_REL
 
     @property
     def rate(self) -> float:

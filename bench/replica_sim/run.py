@@ -28,7 +28,7 @@ from bench.replica_sim.engine import Engine, Request
 from bench.replica_sim.profile import EngineProfile
 from bench.replica_sim.traces import Session, TraceParams, trace
 from gateway.balancing import Affinity, make_policy, prefix_blocks
-from gateway.balancing.select import LoadKind, PolicyName
+from gateway.balancing.select import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, LoadKind, PolicyName
 
 #: What the gateway assumes a request will generate when it has no ``max_tokens`` (select.Affinity).
 EXPECTED_OUTPUT = 256
@@ -44,8 +44,8 @@ class RunSpec:
     policy: PolicyName
     seed: int
     load: LoadKind = "requests"
-    balance_abs: float = 16.0
-    balance_rel: float = 1.5
+    balance_abs: float = DEFAULT_BALANCE_ABS
+    balance_rel: float = DEFAULT_BALANCE_REL
     duration: float = 300.0
     warmup: float = 60.0
     profile: EngineProfile = field(default_factory=EngineProfile)
