@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
@@ -155,7 +154,11 @@ class LeastOutstanding(ReplicaPolicy):
 
 
 class SessionAffinity(ReplicaPolicy):
-    """A session's first turn to the least-loaded replica, later turns to the same one while usable."""
+    """A session's first turn to the least-loaded replica, later turns to the same one while usable.
+
+    The table is a :class:`~gateway.balancing.index.PrefixIndex` keyed by session (bounded, aged out,
+    a lost replica's sessions voided at once), each session owned by the one replica it went to last.
+    """
 
     name = "session_affinity"
     needs_session = True
@@ -165,51 +168,34 @@ class SessionAffinity(ReplicaPolicy):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(load)
-        self.max_sessions = max_sessions
-        self.ttl = ttl
-        self._clock = clock
-        self._sessions: OrderedDict[int, list[float]] = OrderedDict()  # session -> [slot, touched_at]
+        self.index = PrefixIndex(max_sessions, ttl, clock)
 
     def choose(self, candidates: Sequence[R], affinity: Affinity) -> Choice:
         if affinity.session is not None:
-            entry = self._sessions.get(affinity.session)
-            if entry is not None and entry[1] >= self._clock() - self.ttl:
-                slot = int(entry[0])
-                for replica in candidates:
-                    if replica.slot == slot:
-                        return self._finish(replica, "session", -1, affinity)
+            usable = 0
+            for replica in candidates:
+                usable |= 1 << replica.slot
+            _, mask = self.index.longest((affinity.session,), usable)
+            if mask:
+                home = next(r for r in candidates if mask >> r.slot & 1)
+                return self._finish(home, "session", -1, affinity)
         return self._finish(self.least_loaded(candidates), "load", -1, affinity)
 
     def served(self, choice: Choice, affinity: Affinity) -> None:
         if affinity.session is not None:
-            self.place(affinity.session, choice.replica.slot)
+            self.index.place(affinity.session, 1 << choice.replica.slot)
 
     def hint_key(self, choice: Choice, affinity: Affinity) -> int | None:
         return affinity.session
 
     def remembered(self) -> int:
-        return len(self._sessions)
+        return len(self.index)
 
     def apply_hint(self, key: int, slot: int) -> None:
-        self.place(key, slot)
-
-    def place(self, session: int, slot: int) -> None:
-        """Keep ``session`` on the replica at ``slot`` (a local pick or a peer gateway's hint)."""
-        sessions = self._sessions
-        now = self._clock()
-        entry = sessions.get(session)
-        if entry is None:
-            sessions[session] = [slot, now]
-            while len(sessions) > self.max_sessions:
-                sessions.popitem(last=False)
-        else:
-            entry[0], entry[1] = slot, now
-            sessions.move_to_end(session)
+        self.index.place(key, 1 << slot)
 
     def forget(self, slot: int) -> None:
-        # Rare (a replica went down): one pass over the table, so its sessions re-balance at once.
-        for session in [s for s, entry in self._sessions.items() if int(entry[0]) == slot]:
-            del self._sessions[session]
+        self.index.forget(1 << slot)
 
 
 class CacheAware(ReplicaPolicy):
