@@ -14,18 +14,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from gateway.config import SharedStateConfig
 from gateway.errors import ConfigError
+from gateway.redis_failures import RedisFailures, redis_errors
 from policies.sticky import SessionStoreUnavailable
 
 log = logging.getLogger("pointsman.shared_state")
 
-# A failing Redis would otherwise log once per request.
-_WARN_EVERY_S = 30.0
 
 
 class RedisSessionStore:
@@ -36,7 +34,7 @@ class RedisSessionStore:
         self._client = client
         self._prefix = prefix + "sticky:"
         self._ttl_ms = max(1, int(ttl * 1000))
-        self._warned_at = float("-inf")
+        self._failures = RedisFailures(log, "session store", "deciding without stickiness")
 
     def redis_key(self, key: str) -> str:
         """The Redis key of a session key (a hash: session ids and tenants are not stored)."""
@@ -62,18 +60,12 @@ class RedisSessionStore:
         await self._call(self._client.set(self.redis_key(key), model, px=self._ttl_ms), "write")
 
     async def _call(self, call: Any, what: str) -> Any:
-        from redis.exceptions import RedisError
-
         # socket_timeout bounds each read and write on the connection (set in SharedState.start), so
         # no asyncio.wait_for task is needed per call.
         try:
             return await call
-        except (RedisError, OSError, TimeoutError) as exc:
-            now = time.monotonic()
-            if now - self._warned_at >= _WARN_EVERY_S:
-                self._warned_at = now
-                log.warning("session store: Redis %s failed (%s); deciding without stickiness", what,
-                            type(exc).__name__)
+        except redis_errors() as exc:
+            self._failures.failed(exc, what)
             raise SessionStoreUnavailable(f"Redis {what} failed: {type(exc).__name__}") from exc
 
 
@@ -122,7 +114,7 @@ class RedisKnobWindow:
         self._pending: list[float] = []
         self._seed: list[float] | None = None
         self.failures = 0
-        self._warned_at = float("-inf")
+        self._failure_log = RedisFailures(log, f"knob window {self._prefix}", "calibrating on this replica's window")
         self._adopt()
 
     @property
@@ -137,8 +129,6 @@ class RedisKnobWindow:
 
     async def sync(self) -> bool:
         """Push buffered scores, load the shared window into the knob; False when Redis failed."""
-        from redis.exceptions import RedisError
-
         if self._policy.knob is not self._knob:
             self._adopt()
         knob = self._knob
@@ -147,14 +137,10 @@ class RedisKnobWindow:
         args: list[Any] = [knob.window, len(seed), *map(repr, seed), *map(repr, pending)]
         try:
             window = await self._script(keys=[self.key], args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except redis_errors() as exc:
             self._pending = pending + self._pending
             self.failures += 1
-            now = time.monotonic()
-            if now - self._warned_at >= _WARN_EVERY_S:
-                self._warned_at = now
-                log.warning("knob window %s: Redis failed (%s); calibrating on this replica's window",
-                            self._prefix, type(exc).__name__)
+            self._failure_log.failed(exc, "sync")
             return False
         self._seed = None
         if knob is self._knob:

@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from gateway.redis_failures import RedisFailures, redis_errors
+
 if TYPE_CHECKING:
     from gateway.pool import Backend
 
@@ -37,7 +39,6 @@ MAX_STREAM = 100_000
 MAX_PENDING = 20_000
 #: Entries read per stream per round trip.
 READ_COUNT = 5_000
-_WARN_EVERY_S = 30.0
 
 
 class ReplicaHints:
@@ -57,7 +58,7 @@ class ReplicaHints:
         self._last_id = {stream: f"{max(oldest_ms, 0)}-0" for stream in self._backends}
         self.applied = 0  # peers' hints applied (for tests and metrics)
         self.failures = 0
-        self._warned_at = float("-inf")
+        self._failure_log = RedisFailures(log, "replica hints", "gateways may disagree on session placement")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -73,8 +74,6 @@ class ReplicaHints:
 
     async def sync(self) -> bool:
         """Send buffered placements and apply peers' new ones in one round trip; False if Redis failed."""
-        from redis.exceptions import RedisError
-
         sent: dict[str, list[tuple[int, str]]] = {}
         pipe = self._client.pipeline(transaction=False)
         for name, pending in self._pending.items():
@@ -88,15 +87,11 @@ class ReplicaHints:
         pipe.xread(dict(self._last_id), count=READ_COUNT)
         try:
             results = await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except redis_errors() as exc:
             for name, batch in sent.items():  # keep them (bounded) for the next round trip
                 self._pending[name].extendleft(reversed(batch))
             self.failures += 1
-            now = time.monotonic()
-            if now - self._warned_at >= _WARN_EVERY_S:
-                self._warned_at = now
-                log.warning("replica hints: Redis failed (%s); gateways may disagree on session placement",
-                            type(exc).__name__)
+            self._failure_log.failed(exc, "sync")
             return False
         self._apply(results[-1] or [])
         return True

@@ -13,14 +13,13 @@ Redis that hangs costs at most one request a timeout per interval, never every r
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from gateway.cache.entry import BucketItem, CachedAnswer
 from gateway.cache.key import CacheKeys, tenant_digest
+from gateway.redis_failures import RedisFailures, redis_errors
 
 log = logging.getLogger("pointsman.cache")
-_WARN_EVERY_S = 30.0
 
 
 class CacheUnavailable(Exception):
@@ -35,8 +34,7 @@ class RedisStore:
         self._prefix = prefix + "cache:"
         self.bucket_size = bucket_size
         self.retry_after = retry_after
-        self._down_until = float("-inf")
-        self._warned_at = float("-inf")
+        self._failures = RedisFailures(log, "response cache", "serving without the cache", retry_after)
 
     def entry_key(self, keys: CacheKeys) -> str:
         return f"{self._prefix}{keys.tenant}:e:{keys.exact}"
@@ -74,19 +72,12 @@ class RedisStore:
         await self._call(pipe.execute, "write")
 
     async def _call(self, call: Any, what: str) -> Any:
-        from redis.exceptions import RedisError
-
-        now = time.monotonic()
-        if now < self._down_until:
+        if self._failures.skipping():
             raise CacheUnavailable(f"Redis {what} skipped: it failed less than {self.retry_after:g}s ago")
         try:
             return await call()
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._down_until = time.monotonic() + self.retry_after
-            if now - self._warned_at >= _WARN_EVERY_S:
-                self._warned_at = now
-                log.warning("response cache: Redis %s failed (%s); serving without the cache", what,
-                            type(exc).__name__)
+        except redis_errors() as exc:
+            self._failures.failed(exc, what)
             raise CacheUnavailable(f"Redis {what} failed: {type(exc).__name__}") from exc
 
     async def close(self) -> None:

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.quota._types import WINDOW_MS, Bucket, Correction, QuotaUnavailable, Spend, Verdict
+from gateway.redis_failures import RedisFailures, redis_errors
 
 log = logging.getLogger("pointsman.quota")
 
-_WARN_EVERY_S = 30.0
 
 # KEYS: buckets then spend counters. ARGV[1]: the number of buckets, then per bucket (interval_ms, cost),
 # then per spend line (limit_nano, cost_nano, ttl_s). Returns {1, remaining_1, reset_ms_1, ...} or
@@ -103,8 +103,7 @@ class RedisQuotaStore:
         self._reserve = client.register_script(RESERVE)
         self._settle = client.register_script(SETTLE)
         self._retry_after = retry_after
-        self._down_until = float("-inf")
-        self._warned_at = float("-inf")
+        self._failures = RedisFailures(log, "quotas", "applying shared_state.fail", retry_after)
 
     async def reserve(self, buckets: Sequence[Bucket], spends: Sequence[Spend]) -> Verdict:
         keys = [b.key for b in buckets] + [s.key for s in spends]
@@ -139,17 +138,11 @@ class RedisQuotaStore:
         """The client belongs to :class:`~gateway.shared_state.SharedState`, which closes it."""
 
     async def _call(self, call: Any, what: str) -> Any:
-        from redis.exceptions import RedisError
-
-        now = time.monotonic()
-        if now < self._down_until:
+        if self._failures.skipping():
             call.close()  # the coroutine was never awaited
             raise QuotaUnavailable(f"Redis {what} skipped: it failed less than {self._retry_after:g}s ago")
         try:
             return await call
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._down_until = time.monotonic() + self._retry_after
-            if now - self._warned_at >= _WARN_EVERY_S:
-                self._warned_at = now
-                log.warning("quotas: Redis %s failed (%s); applying shared_state.fail", what, type(exc).__name__)
+        except redis_errors() as exc:
+            self._failures.failed(exc, what)
             raise QuotaUnavailable(f"Redis {what} failed: {type(exc).__name__}") from exc
