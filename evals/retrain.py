@@ -40,6 +40,7 @@ import numpy as np
 
 from classifiers.heads import Head, build_features
 from classifiers.registry import RouterRegistry, is_registry, pair_artifact
+from evals.data.prior import PRIOR_ROWS
 from evals.data.split import fold_of
 from evals.labelled import LabelledRequest, LoadedSource, encoder_matches, models_of
 from evals.metrics import evaluate_scores
@@ -52,8 +53,8 @@ DEFAULT_FOLDS = 5
 DEFAULT_RESAMPLES = 1000
 QUALITY_SOURCE = "labelled"
 QUALITY_C_GRID: tuple[float, ...] = (0.001, 0.01, 0.1)
-#: The warm-start prior uses at most this many bundled prompts (the shipped sample, evals.data.prior).
-PRIOR_MAX_ROWS = 3000
+#: The warm-start prior uses at most this many bundled prompts: all of the shipped sample by default.
+PRIOR_MAX_ROWS = PRIOR_ROWS
 
 
 class TrainError(ValueError):

@@ -25,7 +25,6 @@ from policies.sticky import SessionStoreUnavailable
 log = logging.getLogger("pointsman.shared_state")
 
 
-
 class RedisSessionStore:
     """Sessions of one route in Redis: one round trip per live decision (:meth:`claim`), a second only
     when a session escalates or moves (:meth:`pin`)."""

@@ -172,10 +172,7 @@ class SessionAffinity(ReplicaPolicy):
 
     def choose(self, candidates: Sequence[R], affinity: Affinity) -> Choice:
         if affinity.session is not None:
-            usable = 0
-            for replica in candidates:
-                usable |= 1 << replica.slot
-            _, mask = self.index.longest((affinity.session,), usable)
+            _, mask = self.index.longest((affinity.session,), _slot_mask(candidates))
             if mask:
                 home = next(r for r in candidates if mask >> r.slot & 1)
                 return self._finish(home, "session", -1, affinity)
@@ -220,16 +217,14 @@ class CacheAware(ReplicaPolicy):
 
     def choose(self, candidates: Sequence[R], affinity: Affinity) -> Choice:
         blocks = affinity.blocks
-        usable = 0
-        for replica in candidates:
-            usable |= 1 << replica.slot
+        usable = _slot_mask(candidates)
         position, mask, reason = -1, 0, "prefix"
         if blocks is not None and blocks.hashes:
             position, mask = self.index.longest(blocks.hashes, usable)
         if position < 0 and affinity.session is not None:
             # The session key lives in the same index as a one-block "prefix" of its own (see served).
-            found, mask = self.index.longest((affinity.session,), usable)
-            reason = "session" if found == 0 else reason
+            _, mask = self.index.longest((affinity.session,), usable)
+            reason = "session"
         if not mask:
             return self._finish(self.least_loaded(candidates), "load", -1, affinity)
         holders = [r for r in candidates if mask >> r.slot & 1]
@@ -270,6 +265,14 @@ class CacheAware(ReplicaPolicy):
 
     def forget(self, slot: int) -> None:
         self.index.forget(1 << slot)
+
+
+def _slot_mask(candidates: Sequence[ReplicaLoad]) -> int:
+    """The candidates' slots as a bit mask (the prefix index's unit)."""
+    mask = 0
+    for replica in candidates:
+        mask |= 1 << replica.slot
+    return mask
 
 
 def make_policy(
