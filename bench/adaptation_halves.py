@@ -1,0 +1,110 @@
+"""The issue's hidden-set protocol, in-process, over several random halves of RouterBench-train.
+
+Half of the GPT-4 vs Mixtral prompts (ARC-challenge, MBPP, Winogrande) are the labelled requests, the
+other half is held out; repeated over ``--splits`` random halves. Compared on the same halves:
+
+- plain logistic regression (scikit-learn defaults) on the raw embeddings, label "strong better": the
+  issue's reference ("a plain logistic regression reaches ~0.60 there: beat it");
+- ``pointsman train``'s fit (:func:`evals.pair_fit.fit_pair_difficulty` on ``build_features``), with the
+  shipped warm-start prior (``evals/data/prior``) and without;
+- each task's mean gain (a diagnostic: it reads the data set's name, which traffic does not carry).
+
+Reported: mean held-out APGR over the halves with a 95% t-interval, and each method minus plain LR on
+static embeddings, paired by half. Bench only: RouterBench has no licence, nothing from it is shipped.
+
+    .venv/bin/python bench/adaptation_halves.py [--splits 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import adaptation_research as research
+
+from classifiers.heads import build_features
+from evals.data import resolve_data_dir
+from evals.data.prior import load_prior_rows
+from evals.embeddings import embed_texts, get_encoder, prompt_text
+from evals.metrics import evaluate_scores
+from evals.pair_fit import PairPrior, fit_pair_difficulty
+
+ENCODERS = ("static", "minilm")
+REFERENCE = "plain LR, static"
+PRIOR_STRONG, PRIOR_WEAK = "gpt-4-1106-preview", "mistralai/Mixtral-8x7B-Instruct-v0.1"
+
+
+def shipped_prior(encoder: str) -> PairPrior:
+    """The warm-start prior ``pointsman train`` uses, as features of ``encoder``."""
+    rows = load_prior_rows()
+    texts = [prompt_text(str(r.messages[0]["content"])) for r in rows]
+    emb = embed_texts(get_encoder(encoder), texts, progress=False)
+    return PairPrior(
+        x=build_features(emb, texts),
+        strong_q=np.array([r.qualities[PRIOR_STRONG] for r in rows], dtype=np.float64),
+        weak_q=np.array([r.qualities[PRIOR_WEAK] for r in rows], dtype=np.float64),
+        weight=np.ones(len(rows)),
+    )
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval."""
+    from scipy.stats import t
+
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), float(t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--splits", type=int, default=8, help="random halves (default 8)")
+    parser.add_argument("--data", default=None, help="routing data directory (default: the shared one)")
+    args = parser.parse_args(argv)
+    from sklearn.linear_model import LogisticRegression
+
+    d = research.load_data(resolve_data_dir(args.data), ENCODERS, with_prior=False)
+    priors = {e: shipped_prior(e) for e in ENCODERS}
+    n = len(d.prompts)
+    results: dict[str, list[float]] = {}
+
+    def apgr(scores: np.ndarray, rows: np.ndarray) -> float:
+        return float(evaluate_scores(scores, d.strong[rows], d.weak[rows]).apgr)
+
+    for split in range(args.splits):
+        order = np.random.default_rng(split).permutation(n)
+        train, held = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
+        label = (d.gain[train] > 0).astype(int)
+        for e in ENCODERS:
+            plain = LogisticRegression(max_iter=3000).fit(d.emb[e][train], label)
+            results.setdefault(f"plain LR, {e}", []).append(apgr(plain.predict_proba(d.emb[e][held])[:, 1], held))
+            for with_prior in (True, False):
+                head, _ = fit_pair_difficulty(
+                    d.x[e][train], d.strong[train], d.weak[train], np.ones(len(train)), seed=0,
+                    prior=priors[e] if with_prior else None,
+                )
+                name = f"pointsman train fit, {e}" + ("" if with_prior else ", no prior")
+                results.setdefault(name, []).append(apgr(head.predict_proba(d.x[e][held])[:, 1], held))
+        task_gain = np.array([d.gain[train][d.task[train] == task].mean() for task in d.task[held]])
+        results.setdefault("task mean gain (diagnostic)", []).append(apgr(task_gain, held))
+        print(f"half {split}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in results.items()), flush=True)
+
+    print(f"\n{args.splits} random halves ({n // 2} labelled, {n - n // 2} held out); mean APGR ± 95% t-interval")
+    print(f"| method | held-out APGR | minus {REFERENCE}, paired |\n|---|---:|---:|")
+    for name, values in results.items():
+        mean, half = t_interval(values)
+        diff, diff_half = t_interval(np.subtract(values, results[REFERENCE]).tolist())
+        paired = "—" if name == REFERENCE else f"{diff:+.3f} ± {diff_half:.3f}"
+        print(f"| {name} | {mean:.3f} ± {half:.3f} | {paired} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
