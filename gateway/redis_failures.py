@@ -9,10 +9,14 @@ one per request. Each user translates the failure into its own exception at its 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 
 WARN_EVERY_S = 30.0
+#: Seconds a background Redis loop gets to stop after it is cancelled.
+STOP_TIMEOUT_S = 2.0
 
 
 def redis_errors() -> tuple[type[BaseException], ...]:
@@ -47,3 +51,19 @@ class RedisFailures:
         if now - self._warned_at >= WARN_EVERY_S:
             self._warned_at = now
             self.log.warning("%s: Redis %s failed (%s); %s", self.user, what, type(exc).__name__, self.consequence)
+
+
+async def stop_task(task: asyncio.Task[None]) -> None:
+    """Cancel a background Redis loop and wait for it, at most :data:`STOP_TIMEOUT_S` seconds.
+
+    Bounded because redis-py can swallow the cancellation of a call in flight (seen under load): the
+    loop then goes on, and an unbounded wait would hold up shutdown for ever. Loops should also check a
+    stop flag of their own between calls, so that such a task still ends by itself.
+    """
+    task.cancel()
+    # asyncio.wait, not wait_for: on timeout wait_for cancels the task again and waits for *that*,
+    # which never ends when the cancellation is swallowed.
+    await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
+    if task.done() and not task.cancelled():
+        with contextlib.suppress(Exception):
+            task.result()  # retrieved, so a failed loop is not reported as never retrieved

@@ -9,13 +9,13 @@ brain's :class:`RoutingConfigError` into the gateway's :class:`ConfigError` at t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.config import Config
 from gateway.errors import ConfigError
+from gateway.redis_failures import stop_task
 from gateway.shared_state import RedisKnobWindow, RedisSessionStore, SharedState
 from policies.brain import Brain, RoutingConfigError, knob_windows
 from policies.rules import RulePolicy
@@ -102,10 +102,10 @@ class RoutingBrain(Brain):
 
     async def close(self) -> None:
         """Release the brain's workers and the Redis connection."""
+        for window in self.knob_windows.values():
+            window.stop()
         for task in self._knob_tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         self._knob_tasks.clear()
         await super().close()
         if self.shared_state is not None:

@@ -113,6 +113,7 @@ class RedisKnobWindow:
         self._pending: list[float] = []
         self._seed: list[float] | None = None
         self.failures = 0
+        self._stopped = False
         self._failure_log = RedisFailures(log, f"knob window {self._prefix}", "calibrating on this replica's window")
         self._adopt()
 
@@ -148,10 +149,14 @@ class RedisKnobWindow:
         return True
 
     async def run(self, interval: float) -> None:
-        """Sync every ``interval`` seconds until cancelled."""
-        while True:
+        """Sync every ``interval`` seconds until cancelled or :meth:`stop`-ped."""
+        while not self._stopped:
             await self.sync()
             await asyncio.sleep(interval)
+
+    def stop(self) -> None:
+        """End :meth:`run` after its current round (see :func:`gateway.redis_failures.stop_task`)."""
+        self._stopped = True
 
     def _adopt(self) -> None:
         """Share the policy's current knob: its window seeds the list when the list is new."""

@@ -18,7 +18,6 @@ sent when it answers again; the failure is logged once per 30 s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -26,7 +25,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gateway.redis_failures import RedisFailures, redis_errors
+from gateway.redis_failures import RedisFailures, redis_errors, stop_task
 
 if TYPE_CHECKING:
     from gateway.pool import Backend
@@ -128,9 +127,7 @@ class ReplicaHints:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-            await asyncio.wait_for(task, 2.0)
+        await stop_task(task)
 
     async def _run(self) -> None:
         while not self._closed:

@@ -46,3 +46,28 @@ def test_without_a_back_off_redis_is_always_tried() -> None:
     failures = RedisFailures(logging.getLogger("pointsman.test"), "session store", "deciding without stickiness")
     failures.failed(OSError("refused"), "claim")
     assert not failures.skipping()
+
+
+async def test_stopping_a_loop_that_swallows_its_cancellation_is_bounded() -> None:
+    # redis-py can swallow the cancellation of a call in flight; shutdown must not wait for ever.
+    import asyncio
+    import contextlib
+    import time
+
+    from gateway.redis_failures import STOP_TIMEOUT_S, stop_task
+
+    stop = False
+
+    async def stubborn() -> None:
+        while not stop:
+            with contextlib.suppress(asyncio.CancelledError):  # a swallowed cancellation, as the loop sees it
+                await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    await stop_task(task)
+    assert time.monotonic() - started < STOP_TIMEOUT_S + 1.0
+    stop = True  # the loop's own flag ends it
+    await asyncio.wait_for(task, 1.0)
+    assert task.done()
