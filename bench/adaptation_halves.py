@@ -7,6 +7,9 @@ other half is held out; repeated over ``--splits`` random halves. Compared on th
   issue's reference ("a plain logistic regression reaches ~0.60 there: beat it");
 - ``pointsman train``'s fit (:func:`evals.pair_fit.fit_pair_difficulty` on ``build_features``), with the
   shipped warm-start prior (``evals/data/prior``) and without;
+- the same fit given the other 9 models' mean quality as ``context`` (what ``pointsman train`` does
+  with a labelled file of more than two models): its target is then half the pair's own gain, half the
+  mean gain of the prompts the other models found about as hard (:func:`evals.pair_fit.denoised_gain`);
 - each task's mean gain (a diagnostic: it reads the data set's name, which traffic does not carry).
 
 Reported: mean held-out APGR over the halves with a 95% t-interval, and each method minus plain LR on
@@ -73,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     d = research.load_data(resolve_data_dir(args.data), ENCODERS, with_prior=False)
     priors = {e: shipped_prior(e) for e in ENCODERS}
     n = len(d.prompts)
+    # The other 9 models' mean quality per prompt (load_data keeps RouterBench's row order).
+    bench_rows = [r for r in research.load_routerbench(resolve_data_dir(args.data))
+                  if not (math.isnan(r.quality[research.STRONG]) or math.isnan(r.quality[research.WEAK]))]
+    others = [m for m in bench_rows[0].quality if m not in (research.STRONG, research.WEAK)]
+    others_mean = np.array([np.nanmean([r.quality.get(m, np.nan) for m in others]) for r in bench_rows])
     results: dict[str, list[float]] = {}
 
     def apgr(scores: np.ndarray, rows: np.ndarray) -> float:
@@ -92,6 +100,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 name = f"pointsman train fit, {e}" + ("" if with_prior else ", no prior")
                 results.setdefault(name, []).append(apgr(head.predict_proba(d.x[e][held])[:, 1], held))
+        for with_prior in (True, False):
+            head, _ = fit_pair_difficulty(
+                d.x["static"][train], d.strong[train], d.weak[train], np.ones(len(train)), seed=0,
+                prior=priors["static"] if with_prior else None, context=others_mean[train],
+            )
+            name = "pointsman train fit + context, static" + ("" if with_prior else ", no prior")
+            results.setdefault(name, []).append(apgr(head.predict_proba(d.x["static"][held])[:, 1], held))
         task_gain = np.array([d.gain[train][d.task[train] == task].mean() for task in d.task[held]])
         results.setdefault("task mean gain (diagnostic)", []).append(apgr(task_gain, held))
         print(f"half {split}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in results.items()), flush=True)
