@@ -7,6 +7,7 @@ Validation errors name the dotted key path (``backends.0.timeouts.connect``) and
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,8 @@ from policies.brain.config import (  # the routing sections' schema, shared with
 from policies.config import RouteConfig
 from policies.experiments.config import ExperimentConfig, experiment_problems
 from policies.workflows import WorkflowConfig, WorkflowLimits, workflow_models, workflow_problems
+
+_log = logging.getLogger("pointsman.config")
 
 
 class _Strict(BaseModel):
@@ -349,7 +352,11 @@ class ServerConfig(_Strict):
         default=60.0, gt=0, description="seconds a request body may take to arrive after its headers (then 408)"
     )
     drain_timeout: float = Field(default=30.0, ge=0)
-    log_prompts: bool = Field(default=False, description="prompt text never lands in logs unless true")
+    log_prompts: bool | None = Field(
+        default=None,
+        description="deprecated spelling of logging.include_prompts (it never did anything on its own); "
+        "still accepted and carried over, with a warning",
+    )
 
 
 class LoggingConfig(_Strict):
@@ -402,6 +409,24 @@ class Config(_Strict):
     experiments: tuple[ExperimentConfig, ...] = ()
     logging: LoggingConfig = LoggingConfig()
     tracing: TracingConfig = TracingConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_log_prompts(cls, data: Any) -> Any:
+        # server.log_prompts was the first name of the switch; the log only ever read
+        # logging.include_prompts, so a config saying log_prompts: true silently kept prompts out.
+        server = data.get("server") if isinstance(data, dict) else None
+        if not isinstance(server, dict) or server.get("log_prompts") is None:
+            return data
+        old = server["log_prompts"]
+        logging_section = data.get("logging") if isinstance(data.get("logging"), dict) else {}
+        if "include_prompts" in logging_section and logging_section["include_prompts"] != old:
+            raise ValueError(
+                f"server.log_prompts ({old}) contradicts logging.include_prompts "
+                f"({logging_section['include_prompts']}): keep only logging.include_prompts"
+            )
+        _log.warning("server.log_prompts is deprecated: use logging.include_prompts (taken as %s)", old)
+        return {**data, "logging": {**logging_section, "include_prompts": old}}
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:

@@ -244,3 +244,18 @@ def test_cli_hash_key() -> None:
     assert result.returncode == 0 and result.stdout.strip() == expected
     from_stdin = _cli("hash-key", "-", stdin="sk-team-a\n")
     assert from_stdin.returncode == 0 and from_stdin.stdout.strip() == expected
+
+
+# --- deprecated keys -------------------------------------------------------------------------------
+
+
+def test_server_log_prompts_is_carried_over_to_the_switch_the_log_reads(caplog: pytest.LogCaptureFixture) -> None:
+    # server.log_prompts was accepted but never read: a config saying true still kept prompts out.
+    with caplog.at_level("WARNING", logger="pointsman.config"):
+        config = parse_config({"server": {"log_prompts": True}, "backends": [_backend()]}, env={})
+    assert config.logging.include_prompts is True
+    assert "server.log_prompts is deprecated: use logging.include_prompts" in caplog.text
+    assert parse_config({"backends": [_backend()]}, env={}).logging.include_prompts is False
+    assert "contradicts logging.include_prompts" in _error(
+        {"server": {"log_prompts": True}, "logging": {"include_prompts": False}, "backends": [_backend()]}
+    )
