@@ -89,7 +89,7 @@ def _money(value: Any) -> str:
 
 
 def _verdict(report: Mapping[str, Any]) -> str:
-    """One sentence: is the route better than random and than kNN, by the CIs."""
+    """Is the route better than random, and than kNN, by the CIs (a sentence each)."""
     routers = report["routers"]
     router = routers.get("router", {}).get("apgr", {})
     lo = (router.get("ci") or [None])[0]
@@ -103,16 +103,15 @@ def _verdict(report: Mapping[str, Any]) -> str:
     else:
         parts.append(f"The route is not distinguishable from random here: its APGR's lower 95% bound ({_num(lo)}) "
                      f"does not clear the random band's top ({_num(band_hi)})")
+    sentence = ", ".join(parts) + "."
     diff = report.get("differences", {}).get("router-knn", {}).get("apgr")
     if diff and diff.get("ci") and not any(_missing(v) for v in diff["ci"]):
         d_lo, d_hi = diff["ci"]
-        if d_lo > 0:
-            parts.append(f"and better than kNN on this data (APGR difference {_est(diff)})")
-        elif d_hi < 0:
-            parts.append(f"and worse than kNN on this data (APGR difference {_est(diff)})")
-        else:
-            parts.append(f"and not distinguishable from kNN (APGR difference {_est(diff)})")
-    return ", ".join(parts) + "."
+        # Its own sentence: appended to the random verdict with "and", a route "not distinguishable
+        # from random ... and better than kNN" read as if both were said of the same thing.
+        versus = "better on this data" if d_lo > 0 else "worse on this data" if d_hi < 0 else "not distinguishable"
+        sentence += f" Compared with kNN: {versus} (APGR difference {_est(diff)})."
+    return sentence
 
 
 def _tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]], str]]:

@@ -226,6 +226,9 @@ def test_report_files_are_written_and_the_html_shows_existing_pngs(tmp_path: Pat
         assert "APGR" in text and "CPT(50)" in text and "AIQ" in text and "ECE" in text
         assert "random" in text and "kNN" in text and "oracle" in text and "always-weak" in text
     assert "estimator" in page and "direct" in page
+    # The verdict: one sentence against random, its own against kNN.
+    assert re.search(r"The route .*random.*\)\. Compared with kNN: (better on this data|worse on "
+                     r"this data|not distinguishable) \(APGR difference ", markdown)
     assert (out / "decisions.jsonl").read_text().count("\n") == 1
     assert paths["html"] == out / "report.html"
 
