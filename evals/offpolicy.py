@@ -43,12 +43,8 @@ import numpy as np
 
 from evals.metrics import bootstrap, percentile_ci
 from evals.replay import WORKFLOW_EXCLUDED
+from store.outcomes import EXPLICIT_SOURCES, served_feedback
 
-#: Feedback sources that judge the served answer directly.
-EXPLICIT_SOURCES: tuple[str, ...] = ("user", "rule", "import")
-#: The gateway's own signals (re-ask, regenerate, finish_length, upstream_error): always a failure.
-IMPLICIT_SOURCE = "implicit"
-IMPLICIT_SCORE = 0.0
 DR_FOLDS = 5
 NO_PROPENSITY = "not randomised (no propensity)"
 POLICIES = ("router", "always_strong", "always_weak")
@@ -79,21 +75,11 @@ class LoggedOutcome:
 
 
 def served_outcome(served: str, feedback: Iterable[Any], metric: str = "quality") -> tuple[float, str] | None:
-    """The served answer's outcome and where it came from (``explicit`` | ``implicit``), or None."""
-    explicit: list[float] = []
-    implicit = False
-    for fb in feedback:
-        if fb.model not in ("", served):
-            continue
-        if fb.source in EXPLICIT_SOURCES and fb.metric == metric:
-            explicit.append(float(fb.score))
-        elif fb.source == IMPLICIT_SOURCE and (metric == "quality" or fb.metric == metric):
-            implicit = True
-    if explicit:
-        return float(np.mean(explicit)), "explicit"
-    if implicit:
-        return IMPLICIT_SCORE, "implicit"
-    return None
+    """The served answer's outcome and where it came from (``explicit`` | ``implicit``), or None.
+
+    :func:`store.outcomes.served_feedback` reads the rows; judge rows are left out here (see the module doc).
+    """
+    return served_feedback(feedback, served, metric).outcome(metric, use_judge=False)
 
 
 def outcomes_from_logs(logged: Iterable[Any], *, metric: str = "quality") -> tuple[list[LoggedOutcome], dict[str, int]]:

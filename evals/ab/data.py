@@ -9,7 +9,8 @@ One served request is one unit. Its columns:
 * ``cost`` (USD, NaN when unknown) and ``latency`` (ms, NaN when unknown);
 * ``strong``: the strong model answered (see :func:`strong_model`);
 * ``quality[source]``: per source group, the mean score of that group's feedback on the *served*
-  answer (model ""), NaN when there is none. The groups are :data:`QUALITY_SOURCES`; the implicit
+  answer (no ``model``, or the model that answered: :mod:`store.outcomes`), NaN when there is none.
+  The groups are :data:`QUALITY_SOURCES`; the implicit
   group scores 0 when any implicit signal (re-ask, regenerate, cut at the token limit, upstream
   error) fired on the request and 1 otherwise, so every served request has an implicit score;
 * ``compared``: the request was sampled for a counterfactual comparison. Its cost and judge
@@ -29,12 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from store.outcomes import served_feedback
 from store.records import ArmStop, DecisionRecord, FeedbackRecord, LoggedRequest
 
 #: Quality source groups, in the order the primary one is chosen: explicit feedback first.
 QUALITY_SOURCES: tuple[str, ...] = ("explicit", "judge", "implicit")
-SOURCE_GROUP: dict[str, str] = {"user": "explicit", "rule": "explicit", "import": "explicit",
-                                "judge": "judge", "implicit": "implicit"}
 SOURCE_LABELS: dict[str, str] = {
     "explicit": "explicit feedback (user, rule, import)",
     "judge": "judge scores of the served answer",
@@ -150,20 +150,16 @@ def arms_from_spec(spec: Mapping[str, Any]) -> list[ArmSpec]:
     return arms
 
 
-def served_quality(feedback: Iterable[FeedbackRecord], metric: str) -> dict[str, float]:
-    """Per source group, the quality of the served answer one request's feedback says (see module doc)."""
-    sums: dict[str, list[float]] = {}
-    implicit_signal = False
-    for fb in feedback:
-        if fb.model:  # about another model's answer (a comparison), not the served one
-            continue
-        group = SOURCE_GROUP.get(fb.source)
-        if group == "implicit":
-            implicit_signal = implicit_signal or fb.score < 1.0
-        elif group is not None and fb.metric == metric:
-            sums.setdefault(group, []).append(float(fb.score))
-    out = {g: float(np.mean(v)) for g, v in sums.items()}
-    out["implicit"] = 0.0 if implicit_signal else 1.0
+def served_quality(
+    feedback: Iterable[FeedbackRecord], metric: str, served_model: str | None = None
+) -> dict[str, float]:
+    """Per source group, the quality of the served answer one request's feedback says (see module doc).
+
+    Rows about the served answer are those with no ``model`` or ``served_model`` (:mod:`store.outcomes`).
+    """
+    read = served_feedback(feedback, served_model, metric)
+    out = {group: value for group, value in (("explicit", read.explicit), ("judge", read.judge)) if value is not None}
+    out["implicit"] = 0.0 if read.implicit_failure else 1.0
     return out
 
 
@@ -249,7 +245,7 @@ def experiment_data(
         else:
             served.append(item)
     strong, basis = strong_model(spec, [i.record for i in served])
-    qualities = [served_quality(i.feedback, metric) for i in served]
+    qualities = [served_quality(i.feedback, metric, i.record.model) for i in served]
     compared = np.array([i.record.compared for i in served], dtype=bool)
     # A cache hit cost nothing and its answer was chosen for another request: like a compared request
     # it would bias cost and quality, so both are left out by default (the request still counts).

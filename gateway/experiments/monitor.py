@@ -31,12 +31,12 @@ from gateway.experiments.assignment import LiveExperiment
 from policies.experiments.allocation import ArmEvidence, ThompsonAllocator
 from policies.experiments.guardrails import check_arm
 from store.base import DecisionStore
+from store.outcomes import served_feedback
 from store.records import ArmTotals, LoggedRequest
 
 log = logging.getLogger("pointsman.experiments")
 
 #: Feedback sources that say how the served answer did (as the offline estimators read them).
-EXPLICIT_SOURCES = frozenset({"user", "rule", "import"})
 
 
 class ExperimentMonitor:
@@ -211,19 +211,7 @@ def arm_evidence(rows: Iterable[LoggedRequest], metric: str) -> dict[str, ArmEvi
 
 
 def request_outcome(row: LoggedRequest, metric: str) -> float | None:
-    """The outcome of a served answer under ``metric`` (see :func:`arm_evidence`), or None."""
-    served = row.record.model or ""
-    explicit, judged, implicit = [], [], False
-    for item in row.feedback:
-        if item.metric != metric and item.source != "implicit":
-            continue
-        if item.source in EXPLICIT_SOURCES and item.model in ("", served):
-            explicit.append(item.score)
-        elif item.source == "judge" and item.model == served:
-            judged.append(item.score)
-        elif item.source == "implicit":
-            implicit = True
-    for scores in (explicit, judged):
-        if scores:
-            return sum(scores) / len(scores)
-    return 0.0 if implicit else None
+    """The outcome of a served answer under ``metric`` (see :func:`arm_evidence` and
+    :mod:`store.outcomes`), or None."""
+    outcome = served_feedback(row.feedback, row.record.model, metric).outcome(metric, use_judge=True)
+    return None if outcome is None else outcome[0]
