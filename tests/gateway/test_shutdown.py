@@ -373,3 +373,27 @@ def _load_then_sigterm(
     # Streams in flight at SIGTERM were drained to the end, not cut.
     broken = [rid for load in loads for rid in load.broken_streams]
     assert not broken, f"{len(broken)} streams answered 200 were cut by the shutdown: {broken[:5]}"
+
+
+def test_a_start_that_fails_part_way_closes_what_had_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By the time the feedback writer starts, the upstream client, the decision recorder (its flusher
+    and purge tasks), the brain and the health checks run: a failure there must leave none behind."""
+    from gateway.config import parse_config
+    from gateway.runtime import FeedbackWriter, start_runtime
+
+    async def broken_start(self: Any) -> None:
+        raise RuntimeError("feedback writer cannot start")
+
+    monkeypatch.setattr(FeedbackWriter, "start", broken_start)
+    config = parse_config({
+        "backends": [{"name": "b", "base_url": "http://127.0.0.1:9/v1", "models": [{"name": "m"}]}],
+        "store": {"kind": "sqlite", "path": str(tmp_path / "p.db")},
+    }, env={})
+
+    async def run() -> list[asyncio.Task[Any]]:
+        with pytest.raises(RuntimeError, match="feedback writer cannot start"):
+            await start_runtime(config)
+        await asyncio.sleep(0)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+    assert asyncio.run(run()) == []
