@@ -17,14 +17,22 @@ class StaticPolicy:
     """
 
     def __init__(
-        self, route: str, model: str, fallbacks: Sequence[str] = (), *, workflow: str | None = None
+        self,
+        route: str,
+        model: str,
+        fallbacks: Sequence[str] = (),
+        *,
+        workflow: str | None = None,
+        name: str | None = None,
+        reason: str | None = None,
     ) -> None:
-        self.name = f"static:{route}"
+        self.name = name or f"static:{route}"
         self.route = route
         self._plan = Plan(
-            candidates=(model,) if workflow is not None else (model, *fallbacks),
+            # A fallback equal to the model (or repeated) would only retry the same call.
+            candidates=(model,) if workflow is not None else tuple(dict.fromkeys((model, *fallbacks))),
             policy="static",
-            reason=f"route {route!r} is configured to use {model!r}",
+            reason=reason or f"route {route!r} is configured to use {model!r}",
             workflow=workflow,
         )
 

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from policies.base import Policy
-from policies.context import RequestContext
-from policies.plan import Plan
+from policies.static import StaticPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,33 +35,18 @@ class ArmPolicy:
     router_version: str | None = None
 
 
-class FixedModelPolicy:
+class FixedModelPolicy(StaticPolicy):
     """A ``model`` arm: every request of the route to ``model``, then ``fallbacks`` (a workflow's
-    virtual model takes none). Implements :class:`policies.Policy`."""
+    virtual model takes none): a :class:`~policies.static.StaticPolicy` named and explained as the arm."""
 
     def __init__(
         self, route: str, experiment: str, arm: str, model: str, fallbacks: Sequence[str] = (),
         *, workflow: str | None = None,
     ) -> None:
-        self.name = f"experiment:{experiment}/{arm}"
-        self.route = route
-        self._plan = Plan(
-            candidates=(model,) if workflow is not None else tuple(dict.fromkeys((model, *fallbacks))),
-            policy="static",
+        super().__init__(
+            route, model, fallbacks, workflow=workflow, name=f"experiment:{experiment}/{arm}",
             reason=f"experiment {experiment!r} arm {arm!r} serves {model!r}",
-            workflow=workflow,
         )
-
-    async def decide(self, ctx: RequestContext) -> Plan:
-        return self._plan
-
-    async def explain(self, ctx: RequestContext) -> dict[str, Any]:
-        """The fixed plan, in the shape every policy explains itself in."""
-        plan = self._plan
-        return {
-            "route": self.route, "policy": plan.policy, "signals": {}, "rules": [], "blocked": None, "error": None,
-            "plan": plan.describe(), "model": plan.candidates[0], "reason": plan.reason,
-        }
 
 
 def heads_key(route: str, experiment: str, arm: str) -> str:
