@@ -25,35 +25,22 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import _procs
+from _cells import Gateway, run_cell, summarize
+from _cells import start_gateway as start_process
 
 RESULTS_DIR = _procs.BENCH_DIR / "results"
 MODEL = "fake-model"
 TARGET_P50_MS = 0.5
-
-
-@dataclass
-class Gateway:
-    name: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-    rounds: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
 
 
 def write_config(path: Path, port: int, upstream_port: int, db: Path, redis_url: str, prefix: str,
@@ -90,39 +77,13 @@ def start_gateway(name: str, tmp: Path, upstream_port: int, redis_url: str, pref
     port = _procs.free_port()
     config = write_config(tmp / f"{name}.yaml", port, upstream_port, tmp / f"{name}.db", redis_url, prefix,
                           name == "limits")
-    log = tmp / f"{name}.log"
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
-    return Gateway(name, port, _procs.start(cmd, log, cpus=cpus, cwd=_procs.REPO_ROOT), log)
-
-
-def run_cell(gateway: Gateway, c: int, args: argparse.Namespace, cpus: set[int] | None) -> dict[str, Any]:
-    cmd = [
-        sys.executable, str(_procs.BENCH_DIR / "loadgen.py"), "--url", gateway.url, "-c", str(c),
-        "--duration", str(args.duration), "--warmup", str(args.warmup), "--model", MODEL, "--json",
-    ]
-    if cpus:
-        cmd += ["--cpus", ",".join(str(x) for x in sorted(cpus))]
-    before = _procs.cpu_seconds(gateway.proc.pid)
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=args.duration * 10 + 60)
-    if out.returncode != 0:
-        raise RuntimeError(f"loadgen failed against {gateway.name} c={c}:\n{out.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    sent = result["count"] + result["errors"] + result["warmup_count"]
-    result["gateway_cpu_us"] = (_procs.cpu_seconds(gateway.proc.pid) - before) / max(sent, 1) * 1e6
-    return result
+    return start_process(name, config, port, tmp / f"{name}.log", cpus)
 
 
 def refused(gateway: Gateway) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{gateway.port}/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(("pointsman_quota_refused_total{", "pointsman_shared_state_unavailable_total{")))
-
-
-def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("rps", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "gateway_cpu_us")
-    summary: dict[str, Any] = {key: statistics.median(r[key] for r in rounds) for key in keys}
-    summary["errors"] = sum(r["errors"] for r in rounds)
-    return summary
 
 
 def render(table: dict[int, dict[str, dict[str, Any]]], checks: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -187,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
             _procs.wait_http(f"http://127.0.0.1:{gateway.port}/health", gateway.proc, 120, log_path=gateway.log)
         prime = argparse.Namespace(duration=0.3, warmup=1.0)
         for gateway in gateways:
-            run_cell(gateway, 8, prime, side)
+            run_cell(gateway, 8, MODEL, prime, side)
         for c in concurrencies:
             for round_no in range(args.rounds):
                 for gateway in gateways:
-                    result = run_cell(gateway, c, args, side)
+                    result = run_cell(gateway, c, MODEL, args, side)
                     gateway.rounds.setdefault(c, []).append(result)
                     print(f"  c={c:<3d} round {round_no + 1} {gateway.name:7s} rps={result['rps']:7.0f} "
                           f"p50={result['p50_ms']:.3f}ms p99={result['p99_ms']:.3f}ms errors={result['errors']}",
