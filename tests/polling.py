@@ -13,3 +13,14 @@ def eventually(check: Callable[[], object], what: str = "condition", timeout: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"not true after {timeout}s: {what}")
         time.sleep(0.02)
+
+
+async def eventually_async(check: Callable[[], object], what: str = "condition", within: float = 5.0) -> None:
+    """:func:`eventually` without blocking the event loop (for effects produced on the same loop)."""
+    import asyncio
+
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {within}s: {what}")
+        await asyncio.sleep(0.01)

@@ -26,19 +26,11 @@ from store import (
     open_store_url,
 )
 from store.base import DecisionStore
+from tests.polling import eventually_async
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 MakeRecord = Callable[..., DecisionRecord]
-
-
-async def eventually(cond: Callable[[], bool], within: float = 5.0) -> None:
-    """Wait (without blocking the loop the stores run on) until ``cond`` holds."""
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def conversation(request_id: str, *, tenant: str | None = None, text: str | None = None,
@@ -176,10 +168,10 @@ async def test_recorder_purges_at_start_and_periodically(sqlite_path: str, make_
     try:
         soon = time.time() + 0.3
         recorder.record(make_record(1, conversation=conversation("req-000001", text="secret", expires_at=soon)))
-        await eventually(lambda: recorder.written == 1)
+        await eventually_async(lambda: recorder.written == 1)
         [item] = await store.logged_requests()
         assert item.conversation is not None and item.conversation.text == "secret"
-        await eventually(lambda: recorder.purged == 1)
+        await eventually_async(lambda: recorder.purged == 1)
         [item] = await store.logged_requests()
         assert item.conversation is not None and item.conversation.text is None
     finally:

@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from store import DecisionRecord, DecisionRecorder, PostgresDecisionStore, SQLiteDecisionStore
+from tests.polling import eventually_async
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -52,14 +53,6 @@ def stored_ids(path: str) -> list[str]:
         conn.close()
 
 
-async def eventually(cond: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
 async def test_stop_writes_everything_recorded_just_before(sqlite_path: str, make_record: MakeRecord) -> None:
     recorder = DecisionRecorder(SQLiteDecisionStore(sqlite_path), batch_size=256, flush_interval=60)
     await recorder.start()
@@ -79,7 +72,7 @@ async def test_full_batch_is_written_without_waiting_for_the_interval(
     try:
         for i in range(50):
             recorder.record(make_record(i))
-        await eventually(lambda: recorder.written == 50)
+        await eventually_async(lambda: recorder.written == 50)
         assert await store.count() == 50
         # Less than a batch waits for the interval (60 s here), so it is still queued.
         for i in range(50, 60):
@@ -98,7 +91,7 @@ async def test_interval_flushes_a_partial_batch(sqlite_path: str, make_record: M
     try:
         for i in range(3):
             recorder.record(make_record(i))
-        await eventually(lambda: recorder.written == 3)
+        await eventually_async(lambda: recorder.written == 3)
         assert await store.fetch("req-000002") == make_record(2)
     finally:
         await recorder.stop()
@@ -115,7 +108,7 @@ async def test_failed_writes_are_retried_and_logged_without_text(
         records = [make_record(i, reason=SECRET, error_message=SECRET) for i in range(100)]
         for rec in records:
             recorder.record(rec)
-        await eventually(lambda: recorder.written == 100)
+        await eventually_async(lambda: recorder.written == 100)
         assert recorder.write_errors == 3
         assert recorder.dropped == 0 and recorder.pending == 0
         assert await store.count() == 100
@@ -139,11 +132,11 @@ async def test_outage_keeps_newest_records_up_to_the_queue_limit(sqlite_path: st
         for i in range(250):
             recorder.record(make_record(i))
         assert (recorder.pending, recorder.dropped) == (100, 150)
-        await eventually(lambda: recorder.write_errors >= 3)
+        await eventually_async(lambda: recorder.write_errors >= 3)
         assert (recorder.pending, recorder.dropped, recorder.written) == (100, 150, 0)
 
         store.down = False
-        await eventually(lambda: recorder.written == 100)
+        await eventually_async(lambda: recorder.written == 100)
     finally:
         await recorder.stop()
     assert stored_ids(sqlite_path) == [f"req-{i:06d}" for i in range(150, 250)]
@@ -208,7 +201,7 @@ async def test_stop_cancels_a_hung_write_at_the_deadline(sqlite_path: str, make_
     await recorder.start()
     for i in range(12):
         recorder.record(make_record(i))
-    await eventually(lambda: store.calls >= 1)
+    await eventually_async(lambda: store.calls >= 1)
     assert recorder.pending == 12  # the hung batch still counts as pending
     started = time.monotonic()
     await recorder.stop()
