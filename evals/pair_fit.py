@@ -19,16 +19,6 @@ pseudo-rows, hyperparameters by cross-validation, Platt-calibrated.**
   configuration's out-of-fold scores against "strong strictly better" (gain > 0), so column 1 is
   P(strong better) and the ranking is unchanged. Platt is skipped (``method: none``) when that label is
   constant or the fitted slope is not positive, and below 10 rows (no folds to fit it on).
-- Optional ``context`` (what the other models scored on each row, when a labelled file has more than
-  two): the fit's target becomes half the row's own gain and half the mean gain of the rows whose
-  context falls in the same decile (:func:`denoised_gain`, computed on each fold's training rows only).
-  A binary gain (right/wrong vs right/wrong) is mostly noise; how the other models fared says how hard
-  the prompt is, and the mean gain of equally hard prompts is a steadier target. Cross-validation still
-  scores every configuration against the raw gain. Measured (``bench/adaptation_halves.py``, 16 random
-  halves of RouterBench, ~1,100 labelled prompts, 11 models, static encoder): 0.586 vs 0.579 APGR for the
-  same fit on the raw gain, +0.008 ± 0.009 over plain logistic regression (0.578). Small, and cheap to
-  get wrong little: a context that says nothing about the gain gives every decile about the same mean,
-  which mostly rescales the target.
 - Deterministic given ``seed`` (it only draws the fold assignment).
 - Optional ``focus``: tilt the prior's row weights towards prompts that look like the new traffic
   (importance weighting for covariate shift, :func:`_focus_weights`). Off by default (see below).
@@ -90,34 +80,6 @@ DEFAULT_FOCUS = 0.0
 PRIOR_WEIGHT = "chosen by 5-fold CV among 300, 1000 and 3000 pseudo-rows (evals.pair_fit.PRIOR_ROWS)"
 FOLDS = 5
 MIN_ROWS_FOR_CV = 10
-#: ``denoised_gain``: context groups (deciles), the pseudo-rows shrinking a group's mean to the overall
-#: mean, and the share of the row's own gain kept in the target (0.3-0.7 measured alike, 0.5 kept).
-CONTEXT_BINS = 10
-CONTEXT_SHRINK = 5.0
-OWN_GAIN_SHARE = 0.5
-
-
-def denoised_gain(gain: np.ndarray, context: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """``OWN_GAIN_SHARE`` of each row's gain plus the rest from the mean gain of its context decile.
-
-    ``context`` is a per-row number such as the other models' mean quality; NaN (nothing known) keeps
-    the row's own gain. A group's mean is shrunk towards the overall mean by ``CONTEXT_SHRINK``
-    pseudo-rows, so a small group does not stand on a few rows.
-    """
-    out = np.array(gain, dtype=np.float64)
-    known = ~np.isnan(context) & (weight > 0)
-    if known.sum() < CONTEXT_BINS:
-        return out
-    c, g, w = context[known], gain[known], weight[known]
-    edges = np.unique(np.quantile(c, np.linspace(0, 1, CONTEXT_BINS + 1)[1:-1]))
-    group = np.searchsorted(edges, c, side="right")
-    overall = float(np.average(g, weights=w))
-    smooth = np.empty(len(g))
-    for k in np.unique(group):
-        sel = group == k
-        smooth[sel] = (float(w[sel] @ g[sel]) + CONTEXT_SHRINK * overall) / (float(w[sel].sum()) + CONTEXT_SHRINK)
-    out[known] = OWN_GAIN_SHARE * g + (1 - OWN_GAIN_SHARE) * smooth
-    return out
 
 
 @dataclass(frozen=True)
@@ -269,7 +231,6 @@ def fit_pair_difficulty(
     focus: float = DEFAULT_FOCUS,
     embedding_dim: int | None = None,
     select: str = "mse",
-    context: np.ndarray | None = None,
 ) -> tuple[Head, dict[str, Any]]:
     """Fit the pair's difficulty head; column 1 of ``predict_proba`` ranks prompts by need for ``strong``.
 
@@ -287,8 +248,6 @@ def fit_pair_difficulty(
             measures cosine similarity on them). Default: detected (:func:`_embedding_columns`).
         select: Cross-validation criterion: ``"mse"`` (out-of-fold squared error of the gain; the
             default) or ``"rank"`` (out-of-fold :func:`rank_gain`, kept for the research comparison).
-        context: Per-row difficulty context, e.g. the other models' mean quality (NaN: unknown); when
-            given, the target is :func:`denoised_gain` (see the module docstring). Not needed to serve.
 
     Returns:
         The head (kind ``logreg``, labels ``("weak_ok", "strong_needed")``) and a report: the method,
@@ -314,12 +273,6 @@ def fit_pair_difficulty(
     if (weight < 0).any() or weight.sum() <= 0:
         raise ValueError("weights must be >= 0 and not all 0")
     gain = strong_q - weak_q
-    if context is not None:
-        context = np.asarray(context, dtype=np.float64)
-        if len(context) != n:
-            raise ValueError("context must have one value per row")
-        if np.isnan(context).all():
-            context = None
     has_prior = prior is not None and len(prior.x) > 0 and prior_weight != 0
     folds = _folds(n, FOLDS, seed) if n >= MIN_ROWS_FOR_CV else None
 
@@ -358,8 +311,7 @@ def fit_pair_difficulty(
         return prior_cache[key]
 
     def solve(rows: np.ndarray, fold: int, m: float, beta: float, alist: tuple[float, ...]) -> list[Fit]:
-        target = gain[rows] if context is None else denoised_gain(gain[rows], context[rows], weight[rows])
-        mom = _Moments.of(z[rows], target, weight[rows])
+        mom = _Moments.of(z[rows], gain[rows], weight[rows])
         if has_prior and m > 0:
             mom = mom.plus(prior_moments(fold, beta), m)
         return mom.ridge(alist)
@@ -404,13 +356,12 @@ def fit_pair_difficulty(
             "alpha": a_best,
             "prior_weight_rows": m_best,
             "prior_focus": b_best,
-            "context": context is not None,
         },
     )
     scores = oof.get(best)
     head.calibration = _platt_on_scores(scores, gain > 0, weight) if scores is not None else {"method": "none"}
     report: dict[str, Any] = {
-        "method": "ridge-gain" + ("+prior" if has_prior else "") + ("+context" if context is not None else ""),
+        "method": "ridge-gain" + ("+prior" if has_prior else ""),
         "alpha": a_best,
         "prior_weight_rows": m_best,  # the prior's total weight, in rows of the new data's scale
         "prior_weight": "cv" if prior_weight is None or not has_prior else prior_weight,

@@ -8,9 +8,7 @@ What gets trained (per encoder):
   for both models.
 
 A pair head is fitted by :func:`evals.pair_fit.fit_pair_difficulty` on ``build_features(embedding,
-text)`` (embedding only when some request kept no text, only its embedding); when the rows carry other
-models' qualities too, their mean is the fit's difficulty ``context`` (:func:`others_mean_quality`,
-:func:`evals.pair_fit.denoised_gain`). Its in-distribution
+text)`` (embedding only when some request kept no text, only its embedding). Its in-distribution
 figure is the k-fold cross-validated APGR over *all* labelled prompts (folds by prompt hash, so a
 repeated prompt never sits on both sides), with a bootstrap 95% CI over prompts and the band a random
 router reaches on the same prompts.
@@ -253,20 +251,6 @@ def _pair_arrays(data: Embedded, strong: str, weak: str) -> tuple[np.ndarray, np
     return idx, qs, qw, w
 
 
-def others_mean_quality(rows: Sequence[LabelledRequest], strong: str, weak: str) -> np.ndarray | None:
-    """Per row, the mean quality of the models other than the pair (NaN where none is labelled).
-
-    The pair fit's difficulty ``context`` (see :func:`evals.pair_fit.denoised_gain`); None when no row has
-    a third model, as in two-model data or logged comparisons of two candidates.
-    """
-    out = np.full(len(rows), np.nan)
-    for i, r in enumerate(rows):
-        others = [q for m, q in r.qualities.items() if m not in (strong, weak) and q is not None and not np.isnan(q)]
-        if others:
-            out[i] = float(np.mean(others))
-    return None if np.isnan(out).all() else out
-
-
 def cross_validate_pair(
     x: np.ndarray,
     qs: np.ndarray,
@@ -274,7 +258,6 @@ def cross_validate_pair(
     w: np.ndarray,
     keys: Sequence[str],
     *,
-    context: np.ndarray | None = None,
     seed: int,
     folds: int,
     prior: Any,
@@ -291,10 +274,7 @@ def cross_validate_pair(
         test, train = fold == f, fold != f
         if not test.any() or train.sum() < 2:
             continue
-        head, _ = fit_pair(
-            x[train], qs[train], qw[train], w[train], seed=seed, prior=prior, prior_weight=prior_weight,
-            context=None if context is None else context[train],
-        )
+        head, _ = fit_pair(x[train], qs[train], qw[train], w[train], seed=seed, prior=prior, prior_weight=prior_weight)
         oof[test] = head.predict_proba(x[test])[:, 1]
     missing = np.isnan(oof)
     if missing.any():  # a fold that could not be fitted (tiny data): those rows get the neutral score
@@ -327,18 +307,16 @@ def train_pair(
     cheap = sub.all_text
     x = sub.features(cheap=cheap)
     keys = [row_key(r) for r in sub.rows]
-    context = others_mean_quality(sub.rows, strong, weak)
     k = max(2, min(folds, len(idx)))
     label = f"{strong} vs {weak} [{encoder_name}]"
     t0 = time.perf_counter()
     oof = cross_validate_pair(
-        x, qs, qw, w, keys, context=context, seed=seed, folds=k, prior=prior, prior_weight=prior_weight,
-        progress=progress, label=label,
+        x, qs, qw, w, keys, seed=seed, folds=k, prior=prior, prior_weight=prior_weight, progress=progress, label=label
     )
     apgr = safe_apgr(oof, qs, qw)
     lo, hi = bootstrap_apgr(oof, qs, qw, resamples=resamples, seed=seed)
     r_lo, r_hi = random_band(qs, qw, resamples=min(resamples, 500), seed=seed)
-    head, fit_report = fit_pair(x, qs, qw, w, seed=seed, prior=prior, prior_weight=prior_weight, context=context)
+    head, fit_report = fit_pair(x, qs, qw, w, seed=seed, prior=prior, prior_weight=prior_weight)
     metrics: dict[str, Any] = {
         "rows": len(idx),
         "folds": k,
@@ -675,10 +653,9 @@ def fit_pair(
     seed: int,
     prior: Any = None,
     prior_weight: float | None = None,
-    context: np.ndarray | None = None,
 ) -> tuple[Head, dict[str, Any]]:
     """:func:`evals.pair_fit.fit_pair_difficulty`, passing ``prior_weight`` only when one was asked for."""
     from evals.pair_fit import fit_pair_difficulty
 
     extra: dict[str, Any] = {} if prior is None or prior_weight is None else {"prior_weight": prior_weight}
-    return fit_pair_difficulty(x, qs, qw, w, seed=seed, prior=prior, context=context, **extra)
+    return fit_pair_difficulty(x, qs, qw, w, seed=seed, prior=prior, **extra)

@@ -9,7 +9,7 @@ import pytest
 
 from classifiers.heads import load_head
 from evals.metrics import evaluate_scores
-from evals.pair_fit import OWN_GAIN_SHARE, PairPrior, denoised_gain, fit_pair_difficulty, rank_gain
+from evals.pair_fit import PairPrior, fit_pair_difficulty, rank_gain
 
 
 def _synthetic(n: int, seed: int, d: int = 48, flip: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -212,38 +212,3 @@ def test_anti_correlated_out_of_fold_scores_keep_the_ranking_and_centre_on_the_r
     assert calibration["method"] == "platt" and calibration["a"] > 0  # ranking kept
     p = 1 / (1 + np.exp(-(calibration["a"] * score + calibration["b"])))
     assert abs(p.mean() - label.mean()) < 0.05
-
-
-def test_denoised_gain_mixes_each_row_with_its_context_group_and_keeps_unknown_rows() -> None:
-    gain = np.array([1.0, 0.0, 0.0, 0.0] * 10 + [0.0, 0.0, 0.0, -1.0] * 10 + [1.0])
-    context = np.array([0.0] * 40 + [1.0] * 40 + [np.nan])
-    out = denoised_gain(gain, context, np.ones(len(gain)))
-    # Two context groups (hard: mean gain 0.25; easy: -0.25), shrunk by 5 pseudo-rows towards the
-    # overall mean 0 of the known rows; the row with no context keeps its own gain.
-    hard = 0.25 * 40 / 45
-    assert out[0] == pytest.approx(OWN_GAIN_SHARE * 1.0 + (1 - OWN_GAIN_SHARE) * hard)
-    assert out[1] == pytest.approx((1 - OWN_GAIN_SHARE) * hard)
-    assert out[43] == pytest.approx(OWN_GAIN_SHARE * -1.0 + (1 - OWN_GAIN_SHARE) * -hard)
-    assert out[-1] == 1.0
-    # Too little context to form groups: the gain is left alone.
-    np.testing.assert_array_equal(denoised_gain(gain[:5], context[:5], np.ones(5)), gain[:5])
-
-
-def test_a_third_models_outcomes_steady_a_small_noisy_fit() -> None:
-    """With 120 binary labels per fit, knowing how a third model fared ranks fresh prompts better.
-
-    The third model fails hard prompts (x0 > 0) 80% of the time and easy ones 20%: a noisy view of the
-    same difficulty the pair's gain depends on. Averaged over 12 fixed draws (deterministic).
-    """
-    xt, st, wt = _synthetic(3000, seed=99)
-    plain, with_context = [], []
-    for seed in range(12):
-        x, s, w = _synthetic(120, seed=200 + seed)
-        hard = x[:, 0] > 0
-        third = (np.random.default_rng(300 + seed).random(len(x)) < np.where(hard, 0.2, 0.8)).astype(float)
-        a, _ = fit_pair_difficulty(x, s, w, np.ones(len(x)), seed=0)
-        b, report = fit_pair_difficulty(x, s, w, np.ones(len(x)), seed=0, context=third)
-        assert report["method"] == "ridge-gain+context"
-        plain.append(evaluate_scores(a.predict_proba(xt)[:, 1], st, wt).apgr)
-        with_context.append(evaluate_scores(b.predict_proba(xt)[:, 1], st, wt).apgr)
-    assert np.mean(with_context) > np.mean(plain) + 0.005

@@ -170,11 +170,6 @@ def test_more_than_two_models_train_the_quality_head_and_every_pair(
     assert heads.quality is not None and heads.quality.labels == ("big-model", "mid-model", "small-model")
     assert heads.quality.manifest["model_costs"]["values"] == {STRONG: 0.01, "mid-model": 0.003, WEAK: 0.0005}
     assert "quality head [static]: quality-labelled-static" in stdout
-    # Each pair's fit was told how the third model fared on every prompt (its difficulty context).
-    pairs = RouterRegistry(out).versions()[0].raw["metrics"]["pairs"]
-    assert {(p["strong"], p["weak"]) for p in pairs if p["fit"]["method"].endswith("+context")} == {
-        (STRONG, "mid-model"), (STRONG, WEAK), ("mid-model", WEAK)
-    }
 
 
 def test_an_existing_directory_that_is_not_a_registry_is_refused(
