@@ -1,0 +1,89 @@
+"""The ``pii`` signal: one scan over a whole request, each finding mapped back to its message."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from classifiers.messages import messages_of
+from classifiers.signals._text import SCOPES, iter_texts
+from classifiers.signals.base import Signal
+from classifiers.signals.pii.findings import PII_CATEGORIES, PII_KINDS
+from classifiers.signals.pii.scan import find_pii
+
+_SEP = "\n\x00\n"
+
+
+class PIISignal:
+    """``value``: sorted list of PII kinds found anywhere in the request (falsy when none).
+
+    ``detail``: ``findings`` (kind, subtype, message index, role, where in the message, confidence,
+    masked preview — never the matched text), ``counts`` per kind and ``categories`` (contact,
+    financial, national_id, secret, network). Confidence: the highest finding confidence, or 1.0
+    when nothing was found. ``kinds`` limits detection to a subset of :data:`PII_KINDS`; ``scope``
+    (``all`` by default: every message incl. the system prompt, tool results and tool-call
+    arguments; or ``user``, ``last_user``, ``system``) limits where to look — e.g. ``user`` when the
+    operator's own system prompt legitimately carries a support address.
+    """
+
+    def __init__(
+        self, name: str = "pii", kinds: Iterable[str] | None = None, max_findings: int = 20, scope: str = "all"
+    ) -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+        self.name = name
+        self.scope = scope
+        self.kinds: tuple[str, ...] | None = None
+        if kinds is not None:
+            ks = tuple(kinds)
+            unknown = [k for k in ks if k not in PII_CATEGORIES]
+            if unknown:
+                raise ValueError(f"unknown PII kind(s) {unknown}; known: {', '.join(PII_KINDS)}")
+            self.kinds = ks
+        self.max_findings = max_findings
+
+    def extract(self, body: Mapping[str, Any]) -> Signal:
+        """Scan every message (content, tool results, tool-call arguments) for personal data."""
+        pieces = list(iter_texts(body, self.scope))
+        # One scan over all texts joined (far cheaper than ~10 scans per message), then each finding
+        # is mapped back to its message. The separator holds a NUL so that no detector pattern
+        # (all of which stop at whitespace or control characters) joins two messages into one match.
+        starts: list[int] = []
+        pos = 0
+        for p in pieces:
+            starts.append(pos)
+            pos += len(p.text) + len(_SEP)
+        joined = _SEP.join(p.text for p in pieces)
+        findings: list[dict[str, Any]] = []
+        counts: dict[str, int] = {}
+        best = 0.0
+        for f in find_pii(joined, self.kinds):
+            i = bisect_right(starts, f.start) - 1
+            piece = pieces[i]
+            start = f.start - starts[i]
+            if start >= len(piece.text):
+                continue  # inside a separator
+            counts[f.kind] = counts.get(f.kind, 0) + 1
+            best = max(best, f.confidence)
+            if len(findings) < self.max_findings:
+                findings.append(
+                    {
+                        "kind": f.kind,
+                        "subtype": f.subtype,
+                        "message": piece.message,
+                        "role": piece.role,
+                        "source": piece.source,
+                        "span": [start, min(f.end - starts[i], len(piece.text))],
+                        "confidence": f.confidence,
+                        "preview": f.preview,
+                    }
+                )
+        kinds = sorted(counts)
+        detail = {
+            "findings": findings,
+            "counts": counts,
+            "categories": sorted({PII_CATEGORIES[k] for k in kinds}),
+            "messages_scanned": len(messages_of(body)),
+        }
+        return Signal(self.name, kinds, best if kinds else 1.0, detail)
