@@ -104,7 +104,11 @@ def test_random_looking_refuses_placeholders_and_words() -> None:
     assert not random_looking("onlylettershere")
 
 
-@pytest.mark.xfail(strict=True, reason="known: ``\\2`` never matches when ' BLOCK' is absent, so the body is kept")
 def test_redacting_a_pem_key_removes_its_body() -> None:
-    text = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----"
-    assert pii.redact(text)[0] == "[PRIVATE_KEY]"
+    # The closing line refers back to the optional " BLOCK": as an unmatched group that back-reference
+    # never matched, so only the BEGIN line was redacted and the key itself went upstream.
+    for kind in ("RSA ", "EC ", "OPENSSH ", ""):
+        text = f"key:\n-----BEGIN {kind}PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END {kind}PRIVATE KEY-----\nthanks"
+        assert pii.redact(text)[0] == "key:\n[PRIVATE_KEY]\nthanks"
+    block = "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----"
+    assert pii.redact(block)[0] == "[PRIVATE_KEY]"
