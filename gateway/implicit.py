@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from classifiers.messages import SYSTEM_ROLES
 from policies.config import ImplicitSettings
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord, FeedbackRecord
@@ -86,8 +87,7 @@ def fingerprint(body: Mapping[str, Any], tenant: str | None, session_id: str | N
     if session_id:
         key: Any = ["id", session_id]
     else:
-        system = ("system", "developer")
-        prefix = [m for m in messages[:first_user] if isinstance(m, Mapping) and m.get("role") in system]
+        prefix = [m for m in messages[:first_user] if isinstance(m, Mapping) and m.get("role") in SYSTEM_ROLES]
         key = ["prefix", prefix, messages[first_user]]
     session = _digest(orjson.dumps([tenant or "", key], option=orjson.OPT_SORT_KEYS))
     turn = _digest(orjson.dumps(messages[: last_user + 1], option=orjson.OPT_SORT_KEYS))
