@@ -112,3 +112,13 @@ def test_redacting_a_pem_key_removes_its_body() -> None:
         assert pii.redact(text)[0] == "key:\n[PRIVATE_KEY]\nthanks"
     block = "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----"
     assert pii.redact(block)[0] == "[PRIVATE_KEY]"
+
+
+def test_each_pem_key_ends_at_its_own_end_line() -> None:
+    key = "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----"
+    assert pii.redact(f"a {key} b {key} c")[0] == "a [PRIVATE_KEY] b [PRIVATE_KEY] c"
+    # A BEGIN line with no END before the next BEGIN is redacted alone; the next key whole.
+    text = f"x -----BEGIN EC PRIVATE KEY-----\nAAA\n{key} y"
+    assert pii.redact(text)[0] == "x [PRIVATE_KEY]\nAAA\n[PRIVATE_KEY] y"
+    # Repeated BEGIN lines without END (the shape that made the old pattern quadratic): one each.
+    assert len(pii.find_pii("-----BEGIN PRIVATE KEY-----" * 2000)) == 2000

@@ -240,14 +240,25 @@ def _ipv6(m: re.Match[str], text: str) -> Finding | None:
 # --------------------------------------------------------------------------------------------
 # Secrets
 
-_PEM_RE = re.compile(
-    r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY((?: BLOCK)?)-----(?:.*?-----END \1PRIVATE KEY\2-----)?", re.S
-)
+# Only the BEGIN line is a pattern; _pem finds the matching END line with str.find, bounded by the next
+# BEGIN and by PEM_MAX_BODY. A lazy ".*?-----END" in the pattern scanned to the end of the text from every
+# BEGIN line without an END: quadratic (64 KB of repeated headers took 1.5 s, 1 MB minutes).
+_PEM_RE = re.compile(r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY((?: BLOCK)?)-----")
+#: The longest private key body searched for its END line (an 8192-bit RSA key in PEM is ~6.5 KB).
+PEM_MAX_BODY = 16_384
 _JWT_RE = re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,}")
 
 
 def _pem(m: re.Match[str], text: str) -> Finding | None:
-    return Finding("private_key", m.start(), m.end(), 0.99, "-----BEGIN …PRIVATE KEY-----", "pem")
+    """The key from its BEGIN line through its END line (the BEGIN line alone when no END follows)."""
+    end_line = f"-----END {m.group(1)}PRIVATE KEY{m.group(2)}-----"
+    limit = min(len(text), m.end() + PEM_MAX_BODY)
+    next_begin = text.find("-----BEGIN ", m.end(), limit)
+    if next_begin >= 0:  # a key's body never holds another BEGIN line
+        limit = next_begin
+    found = text.find(end_line, m.end(), limit + len(end_line))
+    end = found + len(end_line) if found >= 0 else m.end()
+    return Finding("private_key", m.start(), end, 0.99, "-----BEGIN …PRIVATE KEY-----", "pem")
 
 
 def _jwt(m: re.Match[str], text: str) -> Finding | None:
