@@ -33,6 +33,7 @@ import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from classifiers.messages import content_texts, iter_messages, message_list, tool_calls_of
 from classifiers.offload import with_model_first
 from gateway.config import Config
 from gateway.errors import PointsmanError
@@ -140,42 +141,24 @@ def pair_scores(first: str, second: str) -> float:
 # --- what the judge reads ------------------------------------------------------------------------
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping):
-                text = part.get("text")
-                parts.append(text if isinstance(text, str) else f"[{part.get('type', 'part')}]")
-        return " ".join(parts)
-    return ""
-
-
 def _message_text(message: Mapping[str, Any]) -> str:
-    text = _text(message.get("content"))
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            function = call.get("function") if isinstance(call, Mapping) else None
-            if isinstance(function, Mapping):
-                text += f" [call {function.get('name')}({str(function.get('arguments', ''))[:200]})]"
+    """One message as the judge reads it: its text parts (other parts as markers), then its calls."""
+    text = " ".join(part for _, part in content_texts(message.get("content"), markers=True))
+    for _, function in tool_calls_of(message):
+        text += f" [call {function.get('name')}({str(function.get('arguments', ''))[:200]})]"
     return text.strip()
 
 
 def transcript(body: Mapping[str, Any], max_chars: int = TRANSCRIPT_CHARS) -> str:
     """The conversation as ``role: text`` lines; the most recent part when it is long."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return _text(body.get("prompt"))[-max_chars:]
+    if message_list(body) is None:
+        return " ".join(text for _, text in content_texts(body.get("prompt"), markers=True))[-max_chars:]
     lines = []
-    for message in messages:
-        if isinstance(message, Mapping):
-            text = _message_text(message)
-            if len(text) > MESSAGE_CHARS:
-                text = text[: MESSAGE_CHARS // 2] + " […] " + text[-MESSAGE_CHARS // 2 :]
-            lines.append(f"{message.get('role', 'user')}: {text}")
+    for _, role, message in iter_messages(body):
+        text = _message_text(message)
+        if len(text) > MESSAGE_CHARS:
+            text = text[: MESSAGE_CHARS // 2] + " […] " + text[-MESSAGE_CHARS // 2 :]
+        lines.append(f"{role or 'user'}: {text}")
     joined = "\n".join(lines)
     return joined if len(joined) <= max_chars else "[…]\n" + joined[-max_chars:]
 

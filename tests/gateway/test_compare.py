@@ -23,7 +23,15 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.compare import COMPARE_PURPOSE, CompareRunner, RollingSpend, pair_scores, parse_verdict
+from gateway.compare import (
+    COMPARE_PURPOSE,
+    MESSAGE_CHARS,
+    CompareRunner,
+    RollingSpend,
+    pair_scores,
+    parse_verdict,
+    transcript,
+)
 from gateway.config import parse_config
 from gateway.errors import ConfigError
 from gateway.forward import Forwarder
@@ -302,6 +310,29 @@ def test_concurrency_cap_skips_and_shutdown_cancels(
 ])
 def test_verdicts_are_parsed_robustly(text: str, verdict: str | None) -> None:
     assert parse_verdict(text) == verdict
+
+
+def test_the_judge_reads_the_conversation_as_role_lines() -> None:
+    body = {
+        "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "what is this?"}, {"type": "image_url"}]},
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "look", "arguments": "{}"}}]},
+            {"content": "no role"},
+            "not a message",
+            {"role": "user", "content": "x" * (MESSAGE_CHARS * 2)},
+        ]
+    }
+    lines = transcript(body).split("\n")
+    assert lines[:4] == [
+        "developer: be brief",
+        "user: what is this? [image]",
+        "assistant: [call look({})]",
+        "user: no role",
+    ]
+    assert len(lines) == 5 and " […] " in lines[4] and len(lines[4]) < MESSAGE_CHARS + 20
+    assert transcript({"prompt": ["legacy", "prompt"]}) == "legacy prompt"
+    assert transcript(body, max_chars=30) == "[…]\n" + "x" * 30  # the most recent part
 
 
 def test_pair_scores_average_both_orders() -> None:
