@@ -15,11 +15,12 @@ other half is held out; repeated over ``--splits`` random halves. Compared on th
 Reported: mean held-out APGR over the halves with a 95% t-interval, and each method minus plain LR on
 static embeddings, paired by half. Bench only: RouterBench has no licence, nothing from it is shipped.
 
-``--all-pairs`` runs the same comparison (static encoder, no prior: the prior is GPT-4 vs Mixtral data)
-for every pair of RouterBench's 11 models whose mean qualities differ by at least 0.02 (the pairs
-``pointsman train`` does not flag as near-equal; the higher mean is the strong model, as there), since a
-hidden labelled file may name any models: per pair the mean over the halves, then the mean over pairs of
-"fit minus plain LR" with a 95% t-interval over pairs and how many pairs each wins.
+``--all-pairs`` runs the same comparison (static encoder, with the shipped prior as ``pointsman train``
+does by default for every pair, and without it) for every pair of RouterBench's 11 models whose mean
+qualities differ by at least 0.02 (the pairs ``pointsman train`` does not flag as near-equal; the higher
+mean is the strong model, as there), since a hidden labelled file may name any models: per pair the mean
+over the halves, then the mean over pairs of each method minus plain LR with a 95% t-interval over pairs,
+the median difference and how many pairs each wins.
 
     .venv/bin/python bench/adaptation_halves.py [--splits 8] [--all-pairs]
 """
@@ -96,7 +97,7 @@ def distinct_pairs(quality: np.ndarray, min_gap: float = 0.02) -> list[tuple[int
 
 
 def all_pairs(data_dir: Path, splits: int) -> int:
-    """Plain LR vs ``pointsman train``'s fit (static, no prior) on every distinct pair, halves as in main."""
+    """Plain LR vs ``pointsman train``'s fit (static, with and without the prior) on every distinct pair."""
     from sklearn.linear_model import LogisticRegression
 
     rows = research.load_routerbench(data_dir)
@@ -105,7 +106,12 @@ def all_pairs(data_dir: Path, splits: int) -> int:
     emb = embed_prompts(get_encoder("static"), [r.prompt for r in rows], progress=False)
     x = build_features(emb, texts)
     quality = np.array([[r.quality.get(m, np.nan) for m in models] for r in rows])
-    per_pair: dict[str, list[float]] = {"plain LR, static": [], "pointsman train fit, static, no prior": []}
+    prior = shipped_prior("static")
+    per_pair: dict[str, list[float]] = {
+        "plain LR, static": [],
+        "pointsman train fit, static": [],  # the default: warm-started from the shipped prior
+        "pointsman train fit, static, no prior": [],
+    }
     pairs = distinct_pairs(quality)
     for strong, weak in pairs:
         have = np.flatnonzero(~np.isnan(quality[:, strong]) & ~np.isnan(quality[:, weak]))
@@ -117,10 +123,13 @@ def all_pairs(data_dir: Path, splits: int) -> int:
             if label.min() == label.max():  # plain LR cannot fit a constant label: skip the half for both
                 continue
             plain = LogisticRegression(max_iter=3000).fit(emb[train], label).predict_proba(emb[held])[:, 1]
-            head, _ = fit_pair_difficulty(
-                x[train], quality[train, strong], quality[train, weak], np.ones(len(train)), seed=0
-            )
-            for name, score in zip(scores, (plain, head.predict_proba(x[held])[:, 1]), strict=True):
+            fits = [
+                fit_pair_difficulty(
+                    x[train], quality[train, strong], quality[train, weak], np.ones(len(train)), seed=0, prior=p
+                )[0].predict_proba(x[held])[:, 1]
+                for p in (prior, None)
+            ]
+            for name, score in zip(scores, (plain, *fits), strict=True):
                 scores[name].append(
                     float(evaluate_scores(score, quality[held, strong], quality[held, weak]).apgr)
                 )
@@ -154,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--splits", type=int, default=8, help="random halves (default 8)")
     parser.add_argument("--data", default=None, help="routing data directory (default: the shared one)")
-    parser.add_argument("--all-pairs", action="store_true", help="every distinct model pair, static, no prior")
+    parser.add_argument("--all-pairs", action="store_true", help="every distinct model pair (static encoder)")
     args = parser.parse_args(argv)
     if args.all_pairs:
         return all_pairs(resolve_data_dir(args.data), args.splits)
