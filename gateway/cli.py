@@ -192,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_serve.add_argument("--host", help="bind address (overrides server.host)")
     p_serve.add_argument("--port", type=int, help="port (overrides server.port)")
     p_check = sub.add_parser("check-config", help="validate a config file and exit")
-    p_check.add_argument("config")
+    p_check.add_argument("config", nargs="?", help="YAML config file")
+    p_check.add_argument("--config", dest="config_flag", metavar="CONFIG", help="the same, as other commands take it")
     p_hash = sub.add_parser("hash-key", help="print the sha256 to put in auth.api_keys for a client key")
     p_hash.add_argument("key", help="the key, or - to read it from stdin")
     p_route = sub.add_parser("route", help="explain how a prompt would be routed (no backend is called)")
@@ -255,6 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return promote_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "check-config":
+        if args.config and args.config_flag and args.config != args.config_flag:
+            parser.error("check-config: give the config file once (FILE or --config FILE)")
+        args.config = args.config or args.config_flag
+        if not args.config:
+            parser.error("check-config: give the config file (FILE or --config FILE)")
     if args.command == "forget":
         if args.tenant is None and args.request_id is None and not args.purge_expired:
             parser.error("forget: give --tenant, --request-id or --purge-expired")

@@ -63,6 +63,12 @@ class ModelConfig(_Strict):
         default=(), description="models tried in order when this one fails after its retries"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, value: Any) -> Any:
+        """``models: [gpt-4o]`` is short for ``models: [{name: gpt-4o}]``."""
+        return {"name": value} if isinstance(value, str) else value
+
     @property
     def wire_name(self) -> str:
         return self.upstream_name or self.name
@@ -333,6 +339,31 @@ def substitute_env(value: Any, env: Mapping[str, str], path: str = "") -> Any:
     return value
 
 
+_TYPE_MESSAGES = {
+    "tuple_type": "expected a list",
+    "list_type": "expected a list",
+    "dict_type": "expected a mapping (key: value)",
+    "model_type": "expected a mapping (key: value)",
+    "model_attributes_type": "expected a mapping (key: value)",
+}
+
+
+def _yaml_kind(value: Any) -> str:
+    """What a YAML user wrote, in YAML's words."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int | float):
+        return f"a number ({value})"
+    text = str(value)
+    return f"the text {text[:40]!r}" + ("..." if len(text) > 40 else "")
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     """A pydantic error as ``invalid config:`` lines of ``dotted.key: message``."""
     lines = []
@@ -348,5 +379,7 @@ def describe_validation_error(exc: ValidationError) -> str:
             continue
         if error["type"] == "extra_forbidden":
             message = "unknown key"
+        elif error["type"] in _TYPE_MESSAGES:  # pydantic's wording names Python types a YAML user never wrote
+            message = f"{_TYPE_MESSAGES[error['type']]}, got {_yaml_kind(error.get('input'))}"
         lines.append(f"{key}: {message}")
     return "invalid config:\n  " + "\n  ".join(lines)

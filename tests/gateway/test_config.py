@@ -182,6 +182,22 @@ def test_every_error_is_reported_at_once() -> None:
     assert "backends.0.max_concurency: unknown key" in message
 
 
+def test_a_wrong_shape_says_what_yaml_expected_and_got() -> None:
+    message = _error({"backends": [_backend(models={"name": "m1"})], "routes": {"auto": {"model": "m1"}}})
+    assert "backends.0.models: expected a list, got a mapping" in message
+    assert "routes: expected a list, got a mapping" in message
+    assert "expected a mapping (key: value), got a number (3)" in _error({"backends": [_backend(timeouts=3)]})
+    assert "tuple" not in message and "dictionary" not in message  # pydantic's Python words stay out
+
+
+def test_a_model_can_be_given_by_its_name_alone() -> None:
+    config = parse_config({"backends": [_backend(models=["m1", {"name": "m2", "upstream_name": "x"}])]}, env={})
+    assert [(m.name, m.wire_name) for m in config.backends[0].models] == [("m1", "m1"), ("m2", "x")]
+    assert "backends.0.models.0: expected a mapping (key: value), got a number (7)" in _error(
+        {"backends": [_backend(models=[7])]}
+    )
+
+
 def test_no_backends_is_an_error() -> None:
     assert "backends" in _error({})
 
@@ -236,6 +252,12 @@ def test_cli_check_config(tmp_path: Path) -> None:
     bad = _write(tmp_path / "bad.yaml", {"backends": [_backend()], "routes": [{"name": "auto", "model": "x"}]})
     result = _cli("check-config", str(bad))
     assert result.returncode == 2 and "routes.auto.model" in result.stderr
+    # --config FILE, as serve, route, eval and probe take it
+    assert _cli("check-config", "--config", str(good)).returncode == 0
+    result = _cli("check-config", "--config", str(bad))
+    assert result.returncode == 2 and "routes.auto.model" in result.stderr
+    result = _cli("check-config")
+    assert result.returncode == 2 and "give the config file" in result.stderr
 
 
 def test_cli_hash_key() -> None:
