@@ -21,12 +21,10 @@ Qualities are in [0, 1] (1 = a perfect answer). Costs are USD per call (optional
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import hashlib
 import json
 import math
-import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from evals.run_sync import run_sync
 
 if TYPE_CHECKING:
     from evals.offpolicy import LoggedOutcome
@@ -367,26 +367,7 @@ def fetch_logged(url: str, *, route: str | None = None, since: float | None = No
         finally:
             await store.close()
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(fetch())
-    else:  # called from async code (a test, a notebook): run the store in a thread of its own
-        result: list[list[Any]] = []
-        errors: list[BaseException] = []
-
-        def runner() -> None:
-            try:
-                result.append(asyncio.run(fetch()))
-            except BaseException as exc:  # re-raised in the caller's thread
-                errors.append(exc)
-
-        thread = threading.Thread(target=runner, name="pointsman-load-logs")
-        thread.start()
-        thread.join()
-        if errors:
-            raise errors[0]
-        return result[0]
+    return run_sync(fetch, name="pointsman-load-logs")
 
 
 def requests_from_logs(

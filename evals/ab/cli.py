@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from evals.ab.analysis import Options, analyze
-from evals.ab.load import UnknownExperiment, load_experiment_url, run_sync
+from evals.ab.load import UnknownExperiment, load_experiment_url
 from evals.ab.render import FORMATS, verdict_lines, write_ab_report
+from evals.run_sync import run_sync
 from policies.experiments.sequential import DEFAULT_PLANNED_N
 
 

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 from evals.ab.data import ExperimentData, experiment_data
 from store.base import DecisionStore
 from store.url import open_store_url
-
-T = TypeVar("T")
 
 
 class UnknownExperiment(LookupError):
@@ -57,27 +52,3 @@ async def load_experiment_url(url: str, name: str, **kwargs: Any) -> ExperimentD
         return await load_experiment(store, name, **kwargs)
     finally:
         await store.close()
-
-
-def run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from sync code, even when an event loop is already running
-    (a test, a notebook): then in a thread of its own."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(factory())
-    result: list[T] = []
-    errors: list[BaseException] = []
-
-    def runner() -> None:
-        try:
-            result.append(asyncio.run(factory()))
-        except BaseException as exc:  # re-raised in the caller's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=runner, name="pointsman-ab-load")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result[0]
