@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ from tests.fakes.graded import GradedUpstream
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 from tests.polling import eventually
+from tests.store_rows import feedback_rows
 
 BLOCK = {"name": "block-jailbreak", "priority": 100, "when": {"signal": "jailbreak", "op": "ge", "value": 0.8},
          "action": {"block": "blocked by policy", "status": 403}}
@@ -131,24 +131,7 @@ def ask(sdk: OpenAI, route: str, text: str, headers: dict[str, str] | None = Non
 
 def feedback(db: Path, request_id: str, source: str = "judge") -> dict[str, dict[str, Any]]:
     """A request's feedback rows from ``source``, by model."""
-    if not db.exists():
-        return {}
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        rows = con.execute(
-            "SELECT * FROM feedback WHERE request_id = ? AND source = ?", (request_id, source)
-        ).fetchall()
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        con.close()
-    out = {}
-    for row in rows:
-        item = dict(row)
-        item["metadata"] = json.loads(item["metadata"]) if isinstance(item["metadata"], str) else item["metadata"]
-        out[item["model"]] = item
-    return out
+    return {row["model"]: row for row in feedback_rows(db, request_id, source)}
 
 
 def metric(gw: GatewayProcess, name: str, **labels: str) -> float:

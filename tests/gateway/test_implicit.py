@@ -8,8 +8,6 @@ was not there by then was never recorded.
 from __future__ import annotations
 
 import functools
-import json
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +24,7 @@ from store.records import DecisionRecord
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 from tests.polling import eventually
+from tests.store_rows import feedback_rows
 
 MODELS = [("m-ok", "ok"), ("m-len", "length"), ("m-500", "always-500"), ("m-reset", "reset-midstream")]
 
@@ -77,24 +76,7 @@ def user(text: str) -> list[dict[str, Any]]:
 
 def implicit(gw: GatewayProcess, request_id: str) -> dict[str, dict[str, Any]]:
     """The request's implicit feedback rows, by metric."""
-    if not gw.db_path.exists():
-        return {}
-    con = sqlite3.connect(gw.db_path)
-    con.row_factory = sqlite3.Row
-    try:
-        rows = con.execute(
-            "SELECT * FROM feedback WHERE request_id = ? AND source = 'implicit'", (request_id,)
-        ).fetchall()
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        con.close()
-    out = {}
-    for row in rows:
-        item = dict(row)
-        item["metadata"] = json.loads(item["metadata"]) if isinstance(item["metadata"], str) else item["metadata"]
-        out[item["metric"]] = item
-    return out
+    return {row["metric"]: row for row in feedback_rows(gw.db_path, request_id, "implicit")}
 
 
 def _has(gw: GatewayProcess, request_id: str, metric: str) -> bool:
