@@ -79,6 +79,7 @@ from evals.cascade import (  # noqa: E402
     relative_cost_at,
 )
 from evals.metrics import percentile_ci  # noqa: E402
+from evals.report import jsonable  # noqa: E402
 from gateway.workflows.confidence import logprob_confidence  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "cascade_live"
@@ -918,20 +919,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    return value
-
-
 def _progress(desc: str) -> Callable[[Iterable[Any]], Iterable[Any]]:
     from tqdm import tqdm
 
@@ -1051,7 +1038,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if key in result:
             result[key] = {k: v for k, v in result[key].items() if k != "_curves"} | {"curves": result[key]["_curves"]}
     payload = {**result, "records": raw, "verification_runs": verification_runs}
-    (args.out / "results.json").write_text(json.dumps(_jsonable(payload), indent=1))
+    (args.out / "results.json").write_text(json.dumps(jsonable(payload), indent=1))
     (args.out / "report.md").write_text(report)
     print_markdown(report)
     return 0

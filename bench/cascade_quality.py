@@ -70,6 +70,7 @@ from evals.data.split import fold_of  # noqa: E402
 from evals.embeddings import embed_prompts, get_encoder, prompt_text  # noqa: E402
 from evals.metrics import evaluate_scores, percentile_ci  # noqa: E402
 from evals.quality import roc_auc  # noqa: E402
+from evals.report import jsonable  # noqa: E402
 from evals.train_answer_confidence import (  # noqa: E402
     INNER_FOLDS,
     INNER_SEED,
@@ -560,21 +561,6 @@ def plot(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _jsonable(value: Any) -> Any:
-    """Plain JSON: NaN/inf -> null, numpy scalars -> Python, floats rounded to 5 decimals."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float):
-        return round(value, 5) if math.isfinite(value) else None
-    return value
-
-
 def print_rich(lines: list[str]) -> None:
     """Render the Markdown report with rich when available."""
     try:
@@ -638,7 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     md.append(f"Run time {time.perf_counter() - t_start:.0f}s.")
     (out / f"cascade_quality_{args.encoder}.md").write_text("\n".join(md) + "\n")
     payload = {"encoder": encoder.id, "targets": list(TARGETS), "draws": args.draws, "results": results}
-    (out / f"cascade_quality_{args.encoder}.json").write_text(json.dumps(_jsonable(payload), indent=1) + "\n")
+    (out / f"cascade_quality_{args.encoder}.json").write_text(json.dumps(jsonable(payload, digits=5), indent=1) + "\n")
     print_rich(md)
     return 0
 

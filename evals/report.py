@@ -495,19 +495,22 @@ def _breakdown(
     return out
 
 
-def jsonable(value: Any) -> Any:
-    """``value`` with NaN and infinities as None and numpy scalars as Python numbers (strict JSON)."""
+def jsonable(value: Any, digits: int | None = None) -> Any:
+    """``value`` with NaN and infinities as None and numpy scalars as Python numbers (strict JSON);
+    floats rounded to ``digits`` decimals when given."""
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v, digits) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
+        return [jsonable(v, digits) for v in value]
     if isinstance(value, np.ndarray):
-        return [jsonable(v) for v in value.tolist()]
+        return [jsonable(v, digits) for v in value.tolist()]
     if isinstance(value, np.bool_ | bool):
         return bool(value)
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, float | np.floating):
         f = float(value)
-        return f if math.isfinite(f) else None
+        if not math.isfinite(f):
+            return None
+        return f if digits is None else round(f, digits)
     return value
