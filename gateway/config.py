@@ -536,7 +536,7 @@ def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
 
 
 def _describe(exc: ValidationError) -> str:
-    return _routing.describe_validation_error(exc)
+    return _routing.describe_validation_error(exc, Config)
 
 
 def _require_http_url(url: str) -> None:

@@ -11,12 +11,13 @@ as the gateway does (the same pydantic classes, re-exported by ``gateway.config`
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -293,7 +294,7 @@ def parse_routing_config(data: Any, env: Mapping[str, str] | None = None) -> Rou
     try:
         parsed = _RoutingSections.model_validate(sections)
     except ValidationError as exc:
-        raise RoutingConfigError(describe_validation_error(exc)) from exc
+        raise RoutingConfigError(describe_validation_error(exc, _RoutingSections)) from exc
     return RoutingConfig(
         routes=parsed.routes,
         classifiers=parsed.classifiers,
@@ -364,8 +365,37 @@ def _yaml_kind(value: Any) -> str:
     return f"the text {text[:40]!r}" + ("..." if len(text) > 40 else "")
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """A pydantic error as ``invalid config:`` lines of ``dotted.key: message``."""
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config sections an annotation can hold: the model itself, or those inside tuple / dict / union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in _models_in(arg)]
+
+
+def _keys_at(root: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:
+    """The keys the section holding ``loc``'s last part accepts (empty when the path cannot be followed)."""
+    current = [root]
+    for part in loc[:-1]:
+        fields = [model.model_fields[part] for model in current if part in model.model_fields]
+        inner = [m for f in fields for m in _models_in(f.annotation)]
+        if inner:
+            current = inner
+        # else: a list index, a mapping's key or a union's tag: the same kind of section goes on
+    return {name for model in current for name in model.model_fields}
+
+
+def _did_you_mean(key: Any, known: set[str]) -> str:
+    if not isinstance(key, str) or not known:
+        return ""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    if not close and len(key) >= 3:  # url -> base_url, dsn_url -> dsn
+        close = sorted(k for k in known if key in k or (len(k) >= 3 and k in key))[:1]
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def describe_validation_error(exc: ValidationError, root: type[BaseModel] | None = None) -> str:
+    """A pydantic error as ``invalid config:`` lines of ``dotted.key: message``; with the ``root``
+    model that was validated, an unknown key also names the closest key its section accepts."""
     lines = []
     for error in exc.errors():
         loc = describe_location(tuple(error["loc"]))
@@ -378,7 +408,8 @@ def describe_validation_error(exc: ValidationError) -> str:
             lines.append(message)  # cross-reference checks name their own key path
             continue
         if error["type"] == "extra_forbidden":
-            message = "unknown key"
+            raw = tuple(error["loc"])
+            message = "unknown key" + (_did_you_mean(raw[-1], _keys_at(root, raw)) if root and raw else "")
         elif error["type"] in _TYPE_MESSAGES:  # pydantic's wording names Python types a YAML user never wrote
             message = f"{_TYPE_MESSAGES[error['type']]}, got {_yaml_kind(error.get('input'))}"
         lines.append(f"{key}: {message}")

@@ -190,6 +190,19 @@ def test_a_wrong_shape_says_what_yaml_expected_and_got() -> None:
     assert "tuple" not in message and "dictionary" not in message  # pydantic's Python words stay out
 
 
+def test_an_unknown_key_names_the_closest_key_of_its_own_section() -> None:
+    message = _error({
+        "server": {"prot": 8080},
+        "backends": [_backend(base_url=None, url="http://127.0.0.1:9/v1", timeouts={"conect": 1})],
+        "routes": [{"name": "auto", "policy": "rules", "cost_quality": {"strong": "m1", "weak": "m1", "treshold": 1}}],
+    })
+    assert "server.prot: unknown key (did you mean port?)" in message
+    assert "backends.0.url: unknown key (did you mean base_url?)" in message
+    assert "backends.0.timeouts.conect: unknown key (did you mean connect?)" in message
+    assert "routes.0.cost_quality.treshold: unknown key (did you mean threshold?)" in message
+    assert "store.zzz: unknown key\n" in _error({"backends": [_backend()], "store": {"zzz": 1}}) + "\n"  # no guess
+
+
 def test_a_model_can_be_given_by_its_name_alone() -> None:
     config = parse_config({"backends": [_backend(models=["m1", {"name": "m2", "upstream_name": "x"}])]}, env={})
     assert [(m.name, m.wire_name) for m in config.backends[0].models] == [("m1", "m1"), ("m2", "x")]
