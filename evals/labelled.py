@@ -222,15 +222,28 @@ def load_file(path: Path) -> list[LabelledRequest]:
     CSV, one row per request, with a header: ``prompt`` (or ``messages``, a JSON list of messages),
     one ``score:<model>`` column per model (an empty cell = unknown), optional ``cost:<model>``,
     ``weight``, ``source``, ``domain`` and ``id`` columns.
+
+    Both are UTF-8; a byte-order mark (as spreadsheets write) is allowed.
     """
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        return _load_jsonl(path)
-    if suffix == ".csv":
-        return _load_csv(path)
-    raise DataError(f"{path}: unknown labelled file type {suffix!r}; expected .jsonl or .csv")
+    if suffix not in (".jsonl", ".json", ".ndjson", ".csv"):
+        raise DataError(f"{path}: unknown labelled file type {suffix!r}; expected .jsonl or .csv")
+    try:
+        return _load_csv(path) if suffix == ".csv" else _load_jsonl(path)
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: {_first_non_utf8(path.read_bytes())}; save the file as UTF-8") from None
+
+
+def _first_non_utf8(data: bytes) -> str:
+    """Where the first byte that is not UTF-8 is (a decoder reading in chunks only knows its chunk)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return f"line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x})"
+    return "not UTF-8 text"
 
 
 def _default_source(path: Path) -> str:
@@ -239,7 +252,7 @@ def _default_source(path: Path) -> str:
 
 def _load_jsonl(path: Path) -> list[LabelledRequest]:
     out = []
-    with path.open(encoding="utf-8") as fh:
+    with path.open(encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -256,7 +269,7 @@ def _load_jsonl(path: Path) -> list[LabelledRequest]:
 
 def _load_csv(path: Path) -> list[LabelledRequest]:
     out = []
-    with path.open(encoding="utf-8", newline="") as fh:
+    with path.open(encoding="utf-8-sig", newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
         score_cols = [c for c in header if c.startswith("score:")]

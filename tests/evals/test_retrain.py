@@ -146,6 +146,25 @@ def test_bad_labelled_lines_name_the_file_line_and_field(
     assert code == 2 and message in stderr
 
 
+def test_spreadsheet_exports_load_and_other_encodings_are_named(tmp_path: Path) -> None:
+    # Spreadsheets save "CSV UTF-8" with a byte-order mark and CRLF line ends.
+    excel = tmp_path / "excel.csv"
+    excel.write_bytes(b'\xef\xbb\xbfprompt,score:a,score:b\r\n"Caf\xc3\xa9 hours?",1,0\r\n"2+2",0.5,1\r\n')
+    loaded = load_source(f"file:{excel}").rows
+    assert [(r.messages[0]["content"], r.qualities) for r in loaded] == [
+        ("Café hours?", {"a": 1.0, "b": 0.0}),
+        ("2+2", {"a": 0.5, "b": 1.0}),
+    ]
+    bom_jsonl = tmp_path / "bom.jsonl"
+    bom_jsonl.write_bytes(b'\xef\xbb\xbf{"prompt": "hi", "scores": {"a": 1, "b": 0}}\r\n')
+    assert load_source(f"file:{bom_jsonl}").rows[0].qualities == {"a": 1.0, "b": 0.0}
+    # A Latin-1 export: the file and line of the first byte that is not UTF-8, not a decoder's traceback.
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"prompt,score:a,score:b\n" + b"fine,1,0\n" * 3 + b'"caf\xe9",1,0\n')
+    with pytest.raises(DataError, match=r"latin\.csv: line 5: not UTF-8 text \(byte 0xe9\); save the file as UTF-8"):
+        load_source(f"file:{latin}")
+
+
 def test_csv_without_score_columns_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "labels.csv"
     path.write_text("prompt,quality\nhello,1\n")
