@@ -47,6 +47,7 @@ from evals.data.prior import load_prior_rows
 from evals.embeddings import embed_prompts, embed_texts, get_encoder, prompt_text
 from evals.metrics import evaluate_scores
 from evals.pair_fit import PairPrior, fit_pair_difficulty
+from evals.train import SMALL_GAP
 
 ENCODERS = ("static", "minilm")
 REFERENCE = "plain LR, static"
@@ -85,7 +86,7 @@ def t_interval(values: Sequence[float]) -> tuple[float, float]:
     return float(v.mean()), float(t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
 
 
-def distinct_pairs(quality: np.ndarray, min_gap: float = 0.02) -> list[tuple[int, int]]:
+def distinct_pairs(quality: np.ndarray, min_gap: float = SMALL_GAP) -> list[tuple[int, int]]:
     """(strong, weak) column pairs whose mean qualities over the rows both have differ by >= ``min_gap``."""
     pairs = []
     for i, j in itertools.combinations(range(quality.shape[1]), 2):
@@ -143,7 +144,10 @@ def all_pairs(data_dir: Path, splits: int) -> int:
             flush=True,
         )
     n_pairs = len(per_pair[REFERENCE])
-    print(f"\n{n_pairs} pairs (mean qualities >= 0.02 apart), {splits} halves each; mean over pairs ± 95% t-interval")
+    print(
+        f"\n{n_pairs} pairs (mean qualities >= {SMALL_GAP} apart), {splits} halves each; "
+        "mean over pairs ± 95% t-interval"
+    )
     print(
         f"| method | mean held-out APGR | minus {REFERENCE}, paired by pair | median difference | pairs won |\n"
         "|---|---:|---:|---:|---:|"
