@@ -215,13 +215,13 @@ def load_file(path: Path) -> list[LabelledRequest]:
     JSONL, one object per line::
 
         {"messages": [{"role": "user", "content": "..."}],     # or "prompt": "..."
-         "scores": {"model-a": 0.9, "model-b": 0.0},           # quality in [0, 1]; null = unknown
+         "scores": {"model-a": 0.9, "model-b": false},         # quality in [0, 1] or true/false; null/NaN = unknown
          "costs": {"model-a": 0.002, "model-b": 0.0001},       # optional, USD per call
          "weight": 1.0, "source": "support-tickets", "domain": "code", "id": "req-17"}   # optional
 
     CSV, one row per request, with a header: ``prompt`` (or ``messages``, a JSON list of messages),
-    one ``score:<model>`` column per model (an empty cell = unknown), optional ``cost:<model>``,
-    ``weight``, ``source``, ``domain`` and ``id`` columns.
+    one ``score:<model>`` column per model (a number or true/false; an empty cell or NaN = unknown),
+    optional ``cost:<model>``, ``weight``, ``source``, ``domain`` and ``id`` columns.
 
     Both are UTF-8; a byte-order mark (as spreadsheets write) is allowed.
     """
@@ -280,7 +280,7 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
         for lineno, cells in enumerate(reader, 2):
             where = f"{path}:{lineno}"
             obj: dict[str, Any] = {
-                "scores": {c[len("score:") :]: _cell_number(cells[c], where, c) for c in score_cols},
+                "scores": {c[len("score:") :]: _cell_score(cells[c], where, c) for c in score_cols},
                 "costs": {
                     c[len("cost:") :]: v
                     for c in header
@@ -299,6 +299,16 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
                     obj[key] = _cell_number(cells[key], where, key) if key == "weight" else cells[key]
             out.append(_row(obj, where, _default_source(path)))
     return out
+
+
+def _cell_score(cell: str | None, where: str, column: str) -> float | bool | None:
+    """A score cell: a number, or ``true``/``false`` as spreadsheets and pandas write a correct/incorrect column."""
+    if cell is not None and cell.strip().lower() in _BOOL_CELLS:
+        return _BOOL_CELLS[cell.strip().lower()]
+    return _cell_number(cell, where, column)
+
+
+_BOOL_CELLS = {"true": True, "false": False}
 
 
 def _cell_number(cell: str | None, where: str, column: str) -> float | None:
@@ -325,10 +335,14 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
         raise DataError(f"{where}: scores must be an object {{model: quality}} with at least one model")
     qualities: dict[str, float | None] = {}
     for model, q in scores.items():
-        if q is None:
+        # NaN is how pandas (and json.dumps of a pandas row) spells a missing value: unknown, like null.
+        if q is None or (isinstance(q, float) and math.isnan(q)):
             qualities[str(model)] = None
             continue
-        if isinstance(q, bool) or not isinstance(q, int | float) or not math.isfinite(q) or not 0.0 <= q <= 1.0:
+        if isinstance(q, bool):  # a correct/incorrect label
+            qualities[str(model)] = float(q)
+            continue
+        if not isinstance(q, int | float) or not math.isfinite(q) or not 0.0 <= q <= 1.0:
             raise DataError(f"{where}: scores.{model}: {q!r} is not a quality in [0, 1]")
         qualities[str(model)] = float(q)
     costs_raw = obj.get("costs") or {}
@@ -336,6 +350,8 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
         raise DataError(f"{where}: costs must be an object {{model: USD per call}}")
     costs: dict[str, float] = {}
     for model, c in costs_raw.items():
+        if c is None or (isinstance(c, float) and math.isnan(c)):
+            continue  # unknown cost, as an empty CSV cell
         if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
             raise DataError(f"{where}: costs.{model}: {c!r} is not a cost >= 0")
         costs[str(model)] = float(c)

@@ -165,6 +165,32 @@ def test_spreadsheet_exports_load_and_other_encodings_are_named(tmp_path: Path) 
         load_source(f"file:{latin}")
 
 
+def test_pandas_and_correct_incorrect_exports_load(tmp_path: Path) -> None:
+    # json.dumps of a pandas row writes a missing value as NaN, and correct/incorrect columns as booleans.
+    jsonl = tmp_path / "export.jsonl"
+    jsonl.write_text(
+        '{"prompt": "a", "scores": {"big": true, "small": NaN}, "costs": {"big": 0.01, "small": NaN}}\n'
+        '{"prompt": "b", "scores": {"big": false, "small": 0.5}}\n'
+    )
+    loaded = load_source(f"file:{jsonl}").rows
+    assert [(r.qualities, r.costs) for r in loaded] == [
+        ({"big": 1.0, "small": None}, {"big": 0.01}),
+        ({"big": 0.0, "small": 0.5}, {}),
+    ]
+    assert not loaded[0].labelled_for("big", "small") and loaded[1].labelled_for("big", "small")
+    # The same in CSV: True/False as pandas writes bools, NaN or an empty cell for unknown.
+    csv_path = tmp_path / "export.csv"
+    csv_path.write_text("prompt,score:big,score:small,cost:small\na,True,nan,\nb,FALSE,0.5,NaN\n")
+    assert [r.qualities for r in load_source(f"file:{csv_path}").rows] == [
+        {"big": 1.0, "small": None},
+        {"big": 0.0, "small": 0.5},
+    ]
+    # Anything else that is not a number is still named.
+    csv_path.write_text("prompt,score:big,score:small\na,yes,0\n")
+    with pytest.raises(DataError, match=r"export\.csv:2: column score:big: 'yes' is not a number"):
+        load_source(f"file:{csv_path}")
+
+
 def test_csv_without_score_columns_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "labels.csv"
     path.write_text("prompt,quality\nhello,1\n")
