@@ -472,13 +472,19 @@ class CacheSettings(_Strict):
         return self
 
 
+# The keys only a rules route reads; one of them without a policy key makes the route a rules route.
+_RULES_ONLY_KEYS = ("signals", "rules", "cost_quality", "multi_model", "sticky", "compare", "explore")
+
+
 class RouteConfig(_Strict):
     """A virtual model (``auto`` …) and the policy that decides its requests.
 
-    ``policy: static`` (the default) sends every request to ``model``, then ``fallbacks``; ``model``
-    may be a workflow's virtual model (``cascade/<name>`` …), which takes no fallbacks.
+    ``policy: static`` sends every request to ``model``, then ``fallbacks``; ``model`` may be a
+    workflow's virtual model (``cascade/<name>`` …), which takes no fallbacks.
     ``policy: rules`` evaluates ``rules``, then the default decision: exactly one of
     ``cost_quality``, ``multi_model`` or ``model``; ``sticky`` keeps conversations on one model.
+    Without ``policy``, a route that sets any key only ``rules`` reads is a ``rules`` route, and
+    otherwise a ``static`` one.
     """
 
     name: str = Field(min_length=1)
@@ -496,6 +502,15 @@ class RouteConfig(_Strict):
     implicit: ImplicitSettings = Field(default_factory=ImplicitSettings)
     cache: CacheSettings | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _implied_policy(cls, data: Any) -> Any:
+        # A route that names cost_quality (or rules, ...) means policy: rules; asking the user to
+        # spell out what the keys already say only produced an error on the way to the first eval.
+        if isinstance(data, Mapping) and "policy" not in data and any(k in data for k in _RULES_ONLY_KEYS):
+            return {**data, "policy": "rules"}
+        return data
+
     @model_validator(mode="after")
     def _cache_retention(self) -> RouteConfig:
         if self.cache is not None and self.cache.ttl > self.record.text_retention_days * 86400:
@@ -508,12 +523,11 @@ class RouteConfig(_Strict):
     @model_validator(mode="after")
     def _shape(self) -> RouteConfig:
         if self.policy == "static":
-            extra = [
-                key for key in ("signals", "rules", "cost_quality", "multi_model", "sticky", "compare", "explore")
-                if key in self.model_fields_set
-            ]
+            extra = [key for key in _RULES_ONLY_KEYS if key in self.model_fields_set]
             if extra:
-                raise ValueError(f"{', '.join(extra)}: only allowed with policy: rules")
+                raise ValueError(
+                    f"{', '.join(extra)}: only allowed with policy: rules (this route says policy: static)"
+                )
             if self.model is None:
                 raise ValueError("model: a static route needs a model")
             return self

@@ -148,6 +148,8 @@ def test_explore_config_is_validated() -> None:
     with pytest.raises(pydantic.ValidationError, match="less than or equal to 1"):
         route_config(EXPLORING % 1.5)
     with pytest.raises(pydantic.ValidationError, match="only allowed with policy: rules"):
+        route_config("name: auto\npolicy: static\nmodel: small\nexplore: {epsilon: 0.1}\n")
+    with pytest.raises(pydantic.ValidationError, match="explore: needs cost_quality"):  # no policy: rules is implied
         route_config("name: auto\nmodel: small\nexplore: {epsilon: 0.1}\n")
 
 

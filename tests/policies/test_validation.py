@@ -149,7 +149,8 @@ def test_threshold_and_target_share_together() -> None:
         ("name: auto\npolicy: rules\nrules: []\n", ": Value error, policy rules needs a default decision"),
         ("name: auto\npolicy: rules\nmodel: small\ncost_quality: {strong: big, weak: small}\n",
          ": Value error, set only one default decision"),
-        ("name: auto\nmodel: small\nrules: []\n", ": Value error, rules: only allowed with policy: rules"),
+        ("name: auto\npolicy: static\nmodel: small\nrules: []\n",
+         ": Value error, rules: only allowed with policy: rules (this route says policy: static)"),
         (BASE + "rules:\n  - {name: a, action: {route: big}}\n  - {name: a, action: {route: small}}\n",
          ": Value error, rules: two rules are named 'a'"),
         (rules("{name: r, when: {signal: x, op: gt}, action: {route: big}}"), "rules.0.when: "),
@@ -166,6 +167,16 @@ def test_threshold_and_target_share_together() -> None:
 def test_structural_errors_name_their_key(data: str, start: str) -> None:
     errors = structural(data)
     assert any(e.startswith(start) for e in errors), errors
+
+
+def test_a_route_without_policy_takes_the_one_its_keys_imply() -> None:
+    assert route_config("name: auto\ncost_quality: {strong: big, weak: small, target_strong_share: 0.3}\n").policy == (
+        "rules"
+    )
+    assert route_config("name: auto\nmodel: small\nrules: []\n").policy == "rules"
+    assert problems("name: auto\ncost_quality: {strong: big, weak: small}\n") == []
+    assert route_config("name: auto\nmulti_model: {candidates: [tiny, big]}\n").policy == "rules"
+    assert route_config("name: auto\nmodel: small\nfallbacks: [big]\n").policy == "static"
 
 
 def test_cost_quality_signal_must_be_a_score() -> None:
