@@ -195,7 +195,9 @@ class CostQuality(_Strict):
     The score is ``signal`` (default ``difficulty``: the probability that the strong model is
     needed). Either a fixed ``threshold`` (default 0.5), or ``target_strong_share``: the threshold
     is recalibrated continuously so that this share of the last ``window`` decisions goes to the
-    strong model (until ``min_samples`` scores are known, the threshold is ``1 - target``).
+    strong model. The window starts as the head's recorded score spread when its manifest has one
+    (``score_quantiles``: heads ``pointsman train`` wrote), else the threshold is ``1 - target``
+    until ``min_samples`` scores are known.
 
     When the routers directory holds difficulty heads trained per model pair, the route reads the
     one trained for its ``strong`` and ``weak`` models; ``difficulty_models`` maps a configured

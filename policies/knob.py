@@ -9,9 +9,10 @@ scores (for example from the decision log) so a fresh gateway does not start unc
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -142,6 +143,27 @@ def _share_threshold(ordered: list[float], share: float) -> float:
     if first_strong == 0:
         return ordered[0]
     return (ordered[first_strong - 1] + ordered[first_strong]) / 2
+
+
+def distribution_seed(quantiles: Sequence[float], n: int) -> list[float]:
+    """``n`` scores spread like a head's recorded score quantiles (``quantiles[i]`` at probability
+    ``i / (len - 1)``): a target-share window seeded with them calibrates from the first request.
+
+    Returns ``[]`` when ``quantiles`` is not a usable, non-decreasing list of finite numbers.
+    """
+    values = list(quantiles)
+    if n < 1 or len(values) < 2 or not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+        return []
+    if any(b < a for a, b in itertools.pairwise(values)):
+        return []
+    steps = len(values) - 1
+    out = []
+    for i in range(n):
+        at = (i + 0.5) / n * steps  # midpoints: no point sits exactly on the extremes
+        low = min(int(at), steps - 1)
+        frac = at - low
+        out.append(values[low] + (values[low + 1] - values[low]) * frac)
+    return out
 
 
 def threshold_override(headers: Mapping[str, str], body: Mapping[str, Any] | None = None) -> float | None:

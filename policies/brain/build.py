@@ -34,7 +34,7 @@ from policies.brain.heads import RouteNeeds, RouterVersion, load_router_version
 from policies.config import RouteConfig
 from policies.experiments.arms import ArmPolicy, FixedModelPolicy, heads_key
 from policies.experiments.config import ArmConfig, ExperimentConfig, arm_route
-from policies.knob import CostQualityKnob
+from policies.knob import CostQualityKnob, distribution_seed
 from policies.rules import RulePolicy
 from policies.signals import signal_name
 from policies.static import StaticPolicy
@@ -100,6 +100,8 @@ class Brain:
         self._marker = active_marker(self.routers_dir) if watch else None
         self.router = ActiveRouter(self.load_router())
         self.router.on_swap(self._recalibrate)
+        for key, policy in self._on_active.items():
+            _seed_knob(policy, self.router.current.heads_for(key))
         # Some route or arm reads a head signal, or a route's semantic cache embeds last turns.
         self.needs_encoder = any(self.router.current.routes.values()) or any(
             any(version.routes.values()) for version in self._fixed_versions
@@ -172,6 +174,7 @@ class Brain:
         version = self._load_version(arm.router_version, need, f"{where}.router_version")
         holder.append(version)
         self._fixed_versions.append(version)
+        _seed_knob(pinned, version.heads_for(key))
         return ArmPolicy(name, arm.name, pinned, arm.kind, router_version=arm.router_version)
 
     def _load_version(self, version: str, need: RouteNeeds, where: str) -> RouterVersion:
@@ -229,7 +232,8 @@ class Brain:
 
         The window holds the old version's scores; a new head scores on its own scale, and a threshold
         read from the old scores would miss the target share until the window refilled (thousands of
-        requests). Emptied, the knob uses ``1 - target`` until ``min_samples`` new scores arrive.
+        requests). The new knob starts from the new head's recorded score distribution (heads trained
+        by ``pointsman train``); without one it uses ``1 - target`` until ``min_samples`` scores arrive.
         """
         for name, policy in self._on_active.items():
             knob, cq = policy.knob, policy.config.cost_quality
@@ -239,6 +243,7 @@ class Brain:
             if old.heads_for(name).get(signal) is new.heads_for(name).get(signal):
                 continue  # the knob does not score with a head of the router
             policy.knob = CostQualityKnob(target_share=knob.target_share, window=cq.window, min_samples=cq.min_samples)
+            _seed_knob(policy, new.heads_for(name))
             log.info("route %s: knob recalibrates on router %s (target strong share %g)", name, new.version,
                      knob.target_share)
 
@@ -330,3 +335,21 @@ def _rename(message: str, key: str, where: str) -> str:
 
 def _redacting(routes: Iterable[RouteConfig]) -> bool:
     return any(rule.action.kind == "redact" for route in routes for rule in route.rules)
+
+
+def _seed_knob(policy: RulePolicy, heads: Mapping[str, Head]) -> None:
+    """Give a target-share knob with too few scores of its own the distribution its head's scores took
+    on prompts it had not seen (``score_quantiles`` in the manifest, written by ``pointsman train``), so
+    the target share holds from the first request instead of after ``min_samples`` requests at
+    ``1 - target``. The seed is the oldest part of the window: live scores replace it as they arrive."""
+    knob, cq = policy.knob, policy.config.cost_quality
+    if knob is None or cq is None or knob.target_share is None or knob.samples >= knob.min_samples:
+        return
+    head = heads.get(signal_name(cq.signal))
+    recorded = head.manifest.get("score_quantiles") if head is not None else None
+    quantiles = recorded.get("values") if isinstance(recorded, Mapping) else None
+    if not isinstance(quantiles, list):
+        return
+    seed = distribution_seed(quantiles, min(knob.window, max(len(quantiles), knob.min_samples)))
+    if seed:
+        knob.replace([*seed, *knob.scores()])

@@ -77,6 +77,39 @@ def test_train_from_a_labelled_file_writes_the_active_version_and_serves_it(
     assert p[is_math].mean() > p[~is_math].mean() + 0.3
 
 
+async def test_a_target_share_knob_on_a_trained_version_is_calibrated_from_the_first_request(
+    tmp_path: Path, labelled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from policies.brain import build_brain, explain_request, parse_routing_config
+
+    out = tmp_path / "routers"
+    assert _train(capsys, "--data", f"file:{labelled}", "--out", str(out))[0] == 0
+    (head_dir,) = [p for p in (out / "versions").glob("*/difficulty-*") if p.is_dir()]
+    recorded = json.loads((head_dir / "manifest.json").read_text())["score_quantiles"]["values"]
+    assert len(recorded) == 101 and recorded == sorted(recorded)
+    config = {
+        "backends": [{"name": "b", "base_url": "http://127.0.0.1:9/v1", "health": {"enabled": False},
+                      "models": [STRONG, WEAK]}],
+        "routes": [{"name": "auto", "cost_quality": {"strong": STRONG, "weak": WEAK, "target_strong_share": 0.3}}],
+        "classifiers": {"encoder": "static", "routers_dir": str(out)},
+    }
+    brain = build_brain(parse_routing_config(config, env={}), sticky=False, explore=False)
+    await brain.start()
+    try:
+        held = prompts(seed=99, n=300)
+        decided = [
+            await explain_request(brain, "auto", {"model": "auto", "messages": [{"role": "user", "content": text}]})
+            for text, _ in held
+        ]
+    finally:
+        await brain.close()
+    # No traffic yet, yet no "1 - target" threshold: the window starts as the head's out-of-fold scores.
+    first = decided[0]["knob"]
+    assert (first["threshold_source"], first["samples"]) == ("calibrated", 101)
+    strong_share = np.mean([d["model"] == STRONG for d in decided])
+    assert 0.2 <= strong_share <= 0.4, strong_share  # measured 0.273: the scores cluster, so not exactly 0.3
+
+
 def test_a_second_training_is_inactive_reproducible_and_names_its_parent(
     tmp_path: Path, labelled: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from classifiers.heads import Head, load_head
@@ -21,26 +21,36 @@ ENCODER = "static"
 _SHIPPED = DEFAULT_ROUTERS_DIR / f"difficulty-gpt4-mixtral-{ENCODER}"
 
 
-def constant_pair_head(strong: str, weak: str, p_strong: float) -> Head:
-    """A difficulty head for ``strong`` vs ``weak`` that says ``p_strong`` for every prompt."""
+def constant_pair_head(
+    strong: str, weak: str, p_strong: float, score_quantiles: Sequence[float] | None = None
+) -> Head:
+    """A difficulty head for ``strong`` vs ``weak`` that says ``p_strong`` for every prompt; with
+    ``score_quantiles``, its manifest records them as ``pointsman train`` records a head's scores."""
     base = load_head(_SHIPPED)
     logit = math.log(p_strong / (1.0 - p_strong))
+    manifest = {key: value for key, value in base.manifest.items() if key != "score_quantiles"}
+    if score_quantiles is not None:
+        manifest["score_quantiles"] = {"of": "test", "values": list(score_quantiles)}
     return dataclasses.replace(
         base,
         calibration={"method": "platt", "a": 0.0, "b": logit},
-        manifest={**base.manifest, "model_pair": {"strong": strong, "weak": weak},
+        manifest={**manifest, "model_pair": {"strong": strong, "weak": weak},
                   "name": f"constant-{p_strong:g}-{strong}--{weak}"},
     )
 
 
-def add_version(registry: RouterRegistry, pairs: Mapping[tuple[str, str], float]) -> str:
+def add_version(
+    registry: RouterRegistry,
+    pairs: Mapping[tuple[str, str], float],
+    score_quantiles: Sequence[float] | None = None,
+) -> str:
     """A new registry version holding one constant head per ``(strong, weak): p_strong``; its id.
 
     The registry's first version becomes active; later ones wait for :meth:`RouterRegistry.promote`.
     """
     staging = registry.staging_dir()
     for (strong, weak), p_strong in pairs.items():
-        constant_pair_head(strong, weak, p_strong).save(staging / pair_artifact(strong, weak, ENCODER))
+        constant_pair_head(strong, weak, p_strong, score_quantiles).save(staging / pair_artifact(strong, weak, ENCODER))
     info = {
         "encoders": [ENCODER],
         "pairs": [{"strong": s, "weak": w, "artifact": pair_artifact(s, w, ENCODER)} for s, w in pairs],

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from policies import CostQualityKnob
+from policies.knob import distribution_seed
 from tests.policies.helpers import build
 from tests.policies.signals import request
 
@@ -111,3 +112,14 @@ async def test_policy_seeded_with_historic_scores() -> None:
     plan = await policy.decide(request("q [d=0.95]"))
     assert plan.candidates == ("big",) and plan.details["threshold_source"] == "calibrated"
     assert 0.15 < plan.details["threshold"] < 0.45  # the median of Beta(2, 5) is about 0.26
+
+
+def test_a_distribution_seed_follows_the_recorded_quantiles() -> None:
+    quantiles = [0.0, 0.1, 0.2, 0.9, 1.0]  # a quarter of the mass per step
+    seed = distribution_seed(quantiles, 100)
+    assert len(seed) == 100 and seed == sorted(seed)
+    knob = CostQualityKnob(target_share=0.25, min_samples=50, seed=seed)
+    threshold, source = knob.threshold()
+    assert source == "calibrated" and threshold == pytest.approx(0.9, abs=0.01)  # the top quarter: above 0.9
+    assert distribution_seed([0.5, 0.4], 10) == []  # not a quantile list: no seed rather than a wrong one
+    assert distribution_seed([0.1, float("nan")], 10) == [] and distribution_seed([0.3], 10) == []

@@ -146,7 +146,14 @@ async def test_a_target_share_knob_recalibrates_on_a_new_version(registry: Route
         registry.promote(newer, {"decision": "promoted", "reason": "test"})
         brain.router.swap(brain.load_router())
         after = (await explain(brain, "auto"))["knob"]
+        # A version whose head recorded how its scores spread (as pointsman train does) starts from them.
+        recorded = add_version(registry, {("big", "small"): 0.1}, score_quantiles=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+        registry.promote(recorded, {"decision": "promoted", "reason": "test"})
+        brain.router.swap(brain.load_router())
+        seeded = (await explain(brain, "auto"))["knob"]
     finally:
         await brain.close()
     assert (before["threshold_source"], before["samples"]) == ("calibrated", 12)
     assert (after["threshold_source"], after["samples"], after["threshold"]) == ("uncalibrated", 0, 0.5)
+    assert (seeded["threshold_source"], seeded["samples"]) == ("calibrated", 6)
+    assert seeded["threshold"] == pytest.approx(0.5, abs=0.1)  # the median of a uniform spread
