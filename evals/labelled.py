@@ -148,11 +148,16 @@ def load_source(spec: str, *, data_dir: str | Path | None = None, metric: str = 
         if not url:
             raise DataError("--data logs:STORE_URL needs a store URL, e.g. logs:sqlite:///var/lib/pointsman.db")
         from evals.offpolicy import outcomes_from_logs
+        from store.errors import StoreError
 
-        logged = fetch_logged(url)
+        try:
+            logged = fetch_logged(url)
+        except StoreError as exc:
+            raise DataError(f"--data logs: {exc}") from None
         labelled, skipped = requests_from_logs(logged, metric=metric)
         outcomes, outcome_skipped = outcomes_from_logs(logged, metric=metric)
-        return LoadedSource(spec, labelled, skipped, logged=outcomes, logged_skipped=outcome_skipped)
+        # The source's name goes into the registry's version.json: never a database password.
+        return LoadedSource(display_spec(spec), labelled, skipped, logged=outcomes, logged_skipped=outcome_skipped)
     if spec.startswith("file:"):
         path = Path(spec[len("file:") :]).expanduser()
         return LoadedSource(spec, load_file(path))
@@ -172,6 +177,15 @@ def load_source(spec: str, *, data_dir: str | Path | None = None, metric: str = 
     raise DataError(
         f"--data {spec}: not a source; expected bundled, logs:STORE_URL, file:PATH or an existing directory"
     )
+
+
+def display_spec(spec: str) -> str:
+    """``spec`` as it may be printed or recorded: a ``logs:`` store URL's password masked."""
+    if spec.startswith("logs:"):
+        from store.url import masked_store_url
+
+        return "logs:" + masked_store_url(spec[len("logs:") :])
+    return spec
 
 
 def is_source_spec(spec: str) -> bool:
@@ -387,14 +401,10 @@ def fetch_logged(url: str, *, route: str | None = None, since: float | None = No
     works inside or outside a running event loop."""
 
     async def fetch() -> list[Any]:
-        from store.url import open_store_url
+        from store.url import opened_store
 
-        store = open_store_url(url)
-        await store.open()
-        try:
+        async with opened_store(url) as store:
             return list(await store.logged_requests(route=route, since=since))
-        finally:
-            await store.close()
 
     return run_sync(fetch, name="pointsman-load-logs")
 

@@ -237,7 +237,7 @@ def run_gate(
     rows: list[LabelledRequest] = [r for src in loaded for r in src.rows]
     log(
         f"promotion gate: {version} against {baseline.version} on {len(rows)} held-out requests "
-        f"({', '.join(sources)}), {resamples} paired bootstrap resamples, margin {margin:g}"
+        f"({', '.join(src.spec for src in loaded)}), {resamples} paired bootstrap resamples, margin {margin:g}"
     )
     verdict = Verdict(version, baseline.version, False, margin, resamples, seed, [s.describe() for s in loaded])
     for encoder_name in sorted({p.get("encoder", "static") for p in info.pairs}):

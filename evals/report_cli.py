@@ -272,7 +272,7 @@ def _load_data(args: argparse.Namespace) -> _Data:
             loaded.skipped,
             {"no conversation text (only its embedding was stored)": missing} if missing else {},
         )
-        entry: dict[str, Any] = {"source": spec, "rows": len(loaded.rows)}
+        entry: dict[str, Any] = {"source": loaded.spec, "rows": len(loaded.rows)}
         if loaded.skipped:
             entry["skipped"] = loaded.skipped
         if spec.startswith("logs:"):

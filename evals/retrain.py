@@ -42,7 +42,7 @@ from classifiers.heads import Head, build_features
 from classifiers.registry import RouterRegistry, is_registry, pair_artifact
 from evals.data.prior import PRIOR_ROWS
 from evals.data.split import fold_of
-from evals.labelled import LabelledRequest, LoadedSource, encoder_matches, models_of
+from evals.labelled import LabelledRequest, LoadedSource, display_spec, encoder_matches, models_of
 from evals.metrics import evaluate_scores
 
 Log = Callable[[str], None]
@@ -571,7 +571,7 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
         _check_prior_weight_supported()
     loaded: list[LoadedSource] = []
     for spec in opts.sources:
-        log(f"loading {spec}")
+        log(f"loading {display_spec(spec)}")
         src = load_source(spec, data_dir=opts.data_dir)
         skipped = f" (skipped: {src.skipped})" if src.skipped else ""
         log(f"  {len(src.rows)} requests, models: {', '.join(models_of(src.rows)) or 'none'}{skipped}")
@@ -634,7 +634,7 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
                       for r in results],
             "models": models,
             "training": {"seed": opts.seed, "folds": opts.folds, "warm_start": opts.warm_start,
-                         "prior_weight": opts.prior_weight, "argv": opts.argv},
+                         "prior_weight": opts.prior_weight, "argv": [display_spec(a) for a in opts.argv]},
         }
         version = registry.add_version(staging, info)
     except BaseException:

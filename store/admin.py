@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from store.url import open_store_url
+from store.url import opened_store
 
 
 async def forget(
@@ -16,7 +16,7 @@ async def forget(
     purge_expired: bool = False,
     now: float | None = None,
 ) -> dict[str, int]:
-    """Open the store ``url`` names (migrating it), delete what was asked, close it.
+    """Open the existing store ``url`` names (migrating it), delete what was asked, close it.
 
     Returns rows deleted per table (``decisions``, ``feedback``, ``conversations``, ``subcalls``)
     when a tenant or request id is given, plus ``purged_text`` (conversations whose text was deleted) when
@@ -24,17 +24,13 @@ async def forget(
     """
     if tenant is None and request_id is None and not purge_expired:
         raise ValueError("nothing to do: give a tenant, a request id or purge_expired")
-    store = open_store_url(url)
-    await store.open()
-    try:
+    async with opened_store(url) as store:
         counts: dict[str, int] = {}
         if tenant is not None or request_id is not None:
             counts.update(await store.forget(tenant=tenant, request_id=request_id))
         if purge_expired:
             counts["purged_text"] = await store.purge_expired_text(time.time() if now is None else now)
         return counts
-    finally:
-        await store.close()
 
 
 def describe(counts: dict[str, int], *, tenant: str | None, request_id: str | None) -> list[str]:

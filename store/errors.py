@@ -15,3 +15,8 @@ class StoreError(Exception):
 class StoreUnavailable(StoreError):
     """The store could not durably write (or read) right now: the database is down, locked,
     read-only, full, or did not answer in time. Retrying later may succeed; nothing was acknowledged."""
+
+
+class StoreNotFound(StoreError):
+    """A command was pointed at a store that does not exist (a SQLite file that is not there): reading
+    or deleting from it would create an empty database and report success on the wrong file."""

@@ -11,13 +11,25 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
 from store.base import DecisionStore
+from store.errors import StoreError, StoreNotFound, StoreUnavailable
 from store.postgres import PostgresDecisionStore
 from store.sqlite import SQLiteDecisionStore
 
 
-def open_store_url(url: str) -> DecisionStore:
-    """The store ``url`` names, not yet connected (``await store.open()`` connects and migrates)."""
+def open_store_url(url: str, *, existing: bool = False) -> DecisionStore:
+    """The store ``url`` names, not yet connected (``await store.open()`` connects and migrates).
+
+    ``existing=True`` (commands that read or delete an operator's data: ``pointsman forget``,
+    ``--data logs:``, ``pointsman ab``) raises :class:`StoreNotFound` for a SQLite file that is not
+    there, instead of creating an empty database: a mistyped path must not "forget" nothing and say
+    it succeeded. (A PostgreSQL database that does not exist already fails to connect.)
+    """
     if not url:
         raise ValueError("empty store URL; expected sqlite:///path.db, a file path or postgresql://...")
     if url.startswith(("postgresql://", "postgres://")):
@@ -26,8 +38,53 @@ def open_store_url(url: str) -> DecisionStore:
         path = url.removeprefix("sqlite://")  # "/abs/path.db" or "relative.db"
         if not path:
             raise ValueError(f"store URL {url!r} names no file; expected sqlite:///abs/path.db or sqlite://rel.db")
-        return SQLiteDecisionStore(path)
-    if "://" in url:
+    elif "://" in url:
         scheme = url.split("://", 1)[0]
         raise ValueError(f"unknown store URL scheme {scheme!r}; expected sqlite://, postgresql:// or a file path")
-    return SQLiteDecisionStore(url)
+    else:
+        path = url
+    if existing and path != ":memory:" and not Path(path).is_file():
+        raise StoreNotFound(
+            f"no SQLite database at {Path(path).absolute()} (from {url!r}); give the path the gateway's "
+            "store.path names (sqlite:///abs/path.db has three slashes)"
+        )
+    return SQLiteDecisionStore(path)
+
+
+@asynccontextmanager
+async def opened_store(url: str) -> AsyncIterator[DecisionStore]:
+    """The existing store ``url`` names, open for a command (``pointsman forget``, ``--data logs:``,
+    ``pointsman ab``), closed afterwards.
+
+    Raises :class:`StoreNotFound` for a SQLite file that is not there, ``ValueError`` for a URL that
+    names no store, and :class:`StoreUnavailable` naming the store (password masked) when the driver
+    fails (unreachable server, not a database file, ...), so commands print one line, not a traceback.
+    """
+    store = open_store_url(url, existing=True)
+    try:
+        await store.open()
+    except Exception as exc:
+        raise _unavailable(url, exc) from exc
+    try:
+        yield store
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise _unavailable(url, exc) from exc
+    finally:
+        await store.close()
+
+
+def masked_store_url(url: str) -> str:
+    """``url`` with a password in it replaced by ``***`` (for messages and logs)."""
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def _unavailable(url: str, exc: Exception) -> StoreUnavailable:
+    return StoreUnavailable(f"store {masked_store_url(url)}: {type(exc).__name__}: {exc}")

@@ -24,6 +24,7 @@ from evals.ab.load import UnknownExperiment, load_experiment_url
 from evals.ab.render import FORMATS, verdict_lines, write_ab_report
 from evals.run_sync import run_sync
 from policies.experiments.sequential import DEFAULT_PLANNED_N
+from store.errors import StoreError
 
 
 class UsageError(ValueError):
@@ -97,22 +98,10 @@ def _options(args: argparse.Namespace) -> tuple[Options, list[str]]:
     return opts, formats
 
 
-def _check_store(url: str) -> None:
-    """A SQLite store must exist: opening one migrates it, which would create an empty database."""
-    if url.startswith(("postgresql://", "postgres://")):
-        return
-    path = url.removeprefix("sqlite://") if url.startswith("sqlite://") else url
-    if "://" in path:
-        raise UsageError(f"--store {url!r}: expected sqlite:///abs/path.db, a file path or postgresql://...")
-    if not path or not Path(path).is_file():
-        raise UsageError(f"--store {url!r}: no SQLite database at {path!r}")
-
-
 def report(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, Any]]:
     """Load, analyse and write; returns the written paths and the report dict."""
     opts, formats = _options(args)
     since = parse_since(args.since)
-    _check_store(args.store)
     from tqdm import tqdm
 
     bar = tqdm(total=3, desc="load from store", unit="step", disable=args.no_progress or not sys.stderr.isatty(),
@@ -141,8 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, UnknownExperiment) as exc:
         print(f"pointsman ab: {exc}", file=sys.stderr)
         return 2
-    except (OSError, ValueError) as exc:  # unreachable database, bad URL: one line, no traceback
-        print(f"pointsman ab: cannot read the store: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except (StoreError, OSError, ValueError) as exc:  # missing or unreachable database, bad URL: one line
+        print(f"pointsman ab: cannot read the store: {exc}", file=sys.stderr)
         return 2
     print("\n".join(verdict_lines(result)))
     print(f"\n{result['rows']['served']} served requests, {result['rows']['shadow']} shadow decisions")

@@ -6,7 +6,7 @@ from typing import Any
 
 from evals.ab.data import ExperimentData, experiment_data
 from store.base import DecisionStore
-from store.url import open_store_url
+from store.url import opened_store
 
 
 class UnknownExperiment(LookupError):
@@ -46,9 +46,5 @@ async def load_experiment(
 
 async def load_experiment_url(url: str, name: str, **kwargs: Any) -> ExperimentData:
     """Open the store ``url`` names, load experiment ``name`` (see :func:`load_experiment`), close it."""
-    store = open_store_url(url)
-    await store.open()
-    try:
+    async with opened_store(url) as store:
         return await load_experiment(store, name, **kwargs)
-    finally:
-        await store.close()

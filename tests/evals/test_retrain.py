@@ -348,6 +348,24 @@ def test_logs_join_feedback_per_model_and_skip_what_cannot_train(tmp_path: Path)
     assert src.describe()["skipped"] == src.skipped
 
 
+def test_a_store_that_cannot_be_read_is_one_line_without_its_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from evals.labelled import display_spec
+
+    out = str(tmp_path / "routers")
+    code, stdout, stderr = _train(capsys, "--data", f"logs:sqlite:///{tmp_path / 'typo.db'}", "--out", out)
+    assert code == 2 and "no SQLite database at" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "typo.db").exists()
+    dsn = "postgresql://ops:s3cret@127.0.0.1:1/pointsman"
+    code, stdout, stderr = _train(capsys, "--data", f"logs:{dsn}", "--out", out)
+    assert code == 2 and "store postgresql://ops:***@127.0.0.1:1/pointsman: " in stderr
+    assert "s3cret" not in stdout + stderr and "Traceback" not in stderr
+    # What a version records of its sources and command line is masked the same way.
+    assert display_spec(f"logs:{dsn}") == "logs:postgresql://ops:***@127.0.0.1:1/pointsman"
+    assert display_spec("file:labels.jsonl") == "file:labels.jsonl"
+
+
 def test_train_from_logs_uses_stored_embeddings_when_the_text_was_not_kept(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

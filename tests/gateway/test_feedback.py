@@ -312,3 +312,11 @@ def test_a_v1_database_is_upgraded_and_its_requests_take_feedback(upstream: Fake
     assert {d["request_id"] for d in proc.decisions()} == {"old-0", "old-2"}
     nothing = forget()
     assert nothing.returncode == 2 and "--tenant" in nothing.stderr
+    # A mistyped store path is an error, not an empty new database that "forgot" nothing.
+    typo = proc.db_path.with_name("typo.db")
+    wrong = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "forget", "--store", f"sqlite://{typo}", "--tenant", "acme"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert wrong.returncode == 2 and "no SQLite database at" in wrong.stderr and not wrong.stdout
+    assert not typo.exists()

@@ -22,10 +22,12 @@ from store import (
     PostgresDecisionStore,
     SQLiteDecisionStore,
     StoreError,
+    StoreNotFound,
     StoreUnavailable,
     open_store_url,
 )
 from store.base import DecisionStore
+from store.url import masked_store_url, opened_store
 from tests.polling import eventually_async
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -342,3 +344,24 @@ async def test_store_urls(tmp_path: Path, pg_dsn: str) -> None:
     for bad in ("", "mysql://x/y", "sqlite://"):
         with pytest.raises(ValueError):
             open_store_url(bad)
+
+
+async def test_commands_open_only_a_store_that_exists_and_never_print_its_password(tmp_path: Path) -> None:
+    # pointsman forget / --data logs: / ab report on a mistyped path: an error, not a new empty
+    # database that "forgot" nothing and reported success.
+    missing = tmp_path / "typo.db"
+    with pytest.raises(StoreNotFound, match=r"no SQLite database at .*typo\.db"):
+        async with opened_store(f"sqlite://{missing}"):
+            pass
+    assert not missing.exists()
+    not_a_db = tmp_path / "notes.db"
+    not_a_db.write_text("hello")
+    with pytest.raises(StoreUnavailable, match=r"notes\.db: DatabaseError"):
+        async with opened_store(str(not_a_db)):
+            pass
+    with pytest.raises(StoreUnavailable) as caught:
+        async with opened_store("postgresql://ops:s3cret@127.0.0.1:1/pointsman"):
+            pass
+    assert "postgresql://ops:***@127.0.0.1:1/pointsman" in str(caught.value) and "s3cret" not in str(caught.value)
+    assert masked_store_url("postgresql://127.0.0.1/db") == "postgresql://127.0.0.1/db"
+    assert masked_store_url("postgres://:pw@h:5/db") == "postgres://:***@h:5/db"
