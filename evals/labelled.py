@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evals.run_sync import run_sync
+from policies.textfile import first_non_utf8
 
 if TYPE_CHECKING:
     from evals.offpolicy import LoggedOutcome
@@ -247,17 +248,7 @@ def load_file(path: Path) -> list[LabelledRequest]:
     try:
         return _load_csv(path) if suffix == ".csv" else _load_jsonl(path)
     except UnicodeDecodeError:
-        raise DataError(f"{path}: {_first_non_utf8(path.read_bytes())}; save the file as UTF-8") from None
-
-
-def _first_non_utf8(data: bytes) -> str:
-    """Where the first byte that is not UTF-8 is (a decoder reading in chunks only knows its chunk)."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        return f"line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x})"
-    return "not UTF-8 text"
+        raise DataError(f"{path}: {first_non_utf8(path.read_bytes())}; save the file as UTF-8") from None
 
 
 def _default_source(path: Path) -> str:

@@ -29,6 +29,7 @@ from policies.brain.config import (  # the routing sections' schema, shared with
 )
 from policies.config import RouteConfig
 from policies.experiments.config import ExperimentConfig, experiment_problems
+from policies.textfile import NotUtf8, read_utf8
 from policies.workflows import WorkflowConfig, WorkflowLimits, workflow_models, workflow_problems
 
 _log = logging.getLogger("pointsman.config")
@@ -525,9 +526,11 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> Config:
 def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
     """Read, substitute and validate the YAML config at ``path``."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_utf8(path)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except NotUtf8 as exc:
+        raise ConfigError(str(exc)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -18,6 +18,7 @@ import yaml
 from gateway.config import Config, parse_config
 from gateway.routing import RoutingBrain
 from policies.brain import explain_request
+from policies.textfile import read_utf8
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,16 +40,26 @@ class ProbeResult:
     explanation: dict[str, Any]
 
 
+def _read_yaml(path: str | Path) -> Any:
+    """A probes file's YAML; ``ValueError`` naming the file when it cannot be read or parsed."""
+    try:
+        return yaml.safe_load(read_utf8(path))
+    except OSError as exc:
+        raise ValueError(f"cannot read probes file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+
+
 def load_probe_config(path: str | Path) -> Config | None:
     """The gateway config embedded in a probes file (its ``config:`` section), if it has one."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    data = _read_yaml(path)
     section = data.get("config") if isinstance(data, dict) else None
     return parse_config(section) if section is not None else None
 
 
 def load_probes(path: str | Path) -> list[Probe]:
     """Parse a probes file; errors name the probe index and the key."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    data = _read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("probes"), list):
         raise ValueError(f"{path}: expected a mapping with a 'probes' list")
     probes = []
@@ -56,7 +67,14 @@ def load_probes(path: str | Path) -> list[Probe]:
         where = f"{path}: probes.{index}"
         if not isinstance(item, dict) or "expect" not in item:
             raise ValueError(f"{where}: each probe needs 'expect'")
+        expect = item["expect"]
+        if isinstance(expect, str):  # "expect: big-model" says which model it must get
+            expect = {"model": expect}
+        if not isinstance(expect, dict):
+            raise ValueError(f"{where}.expect: expected a mapping like {{model: big-model}} or a model name")
         if "prompt" in item:
+            if not isinstance(item["prompt"], str):
+                raise ValueError(f"{where}.prompt: expected text, got {type(item['prompt']).__name__}")
             messages: list[Any] = [{"role": "user", "content": item["prompt"]}]
             if item.get("system"):
                 messages.insert(0, {"role": "system", "content": item["system"]})
@@ -68,11 +86,14 @@ def load_probes(path: str | Path) -> list[Probe]:
         body: dict[str, Any] = {"model": route, "messages": messages}
         if item.get("tools"):
             body["tools"] = item["tools"]
-        unknown = set(item["expect"]) - {"model", "rule", "blocked", "redact"}
+        unknown = set(expect) - {"model", "rule", "blocked", "redact"}
         if unknown:
-            raise ValueError(f"{where}.expect: unknown key(s) {', '.join(sorted(unknown))}")
+            raise ValueError(
+                f"{where}.expect: unknown key(s) {', '.join(sorted(map(str, unknown)))} "
+                "(expected model, rule, blocked or redact)"
+            )
         probes.append(Probe(
-            name=str(item.get("name", f"probe {index}")), body=body, expect=dict(item["expect"]),
+            name=str(item.get("name", f"probe {index}")), body=body, expect=dict(expect),
             route=route, headers={str(k).lower(): str(v) for k, v in (item.get("headers") or {}).items()},
         ))
     return probes

@@ -288,7 +288,7 @@ class Brain:
             encoder.id,
             getattr(encoder, "runtime", "in-process"),
             self.router_version,
-            ", ".join(self.router.current.heads.sources) or "none",
+            _summary(self.router.current.heads.sources),
         )
 
     async def close(self) -> None:
@@ -335,6 +335,15 @@ def _rename(message: str, key: str, where: str) -> str:
 
 def _redacting(routes: Iterable[RouteConfig]) -> bool:
     return any(rule.action.kind == "redact" for route in routes for rule in route.rules)
+
+
+def _summary(sources: Iterable[str], listed: int = 8) -> str:
+    """Head names for a log line: a registry with many models has dozens of pair heads."""
+    names = list(sources)
+    if not names:
+        return "none"
+    more = f", and {len(names) - listed} more" if len(names) > listed else ""
+    return ", ".join(names[:listed]) + more
 
 
 def _seed_knob(policy: RulePolicy, heads: Mapping[str, Head]) -> None:

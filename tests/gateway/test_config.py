@@ -99,6 +99,15 @@ def test_load_config_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     bad.write_text("backends: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad, env={})
+    # Saved by a Windows editor: UTF-8 with a byte-order mark loads; UTF-16 is named, not a traceback.
+    good = "backends: [{name: b, base_url: 'http://127.0.0.1:9/v1', models: [m1]}]\nroutes: [{name: auto, model: m1}]\n"
+    bom = tmp_path / "bom.yaml"
+    bom.write_bytes(b"\xef\xbb\xbf" + good.encode())
+    assert load_config(bom, env={}).routes[0].model == "m1"
+    utf16 = tmp_path / "utf16.yaml"
+    utf16.write_bytes(good.encode("utf-16"))
+    with pytest.raises(ConfigError, match=r"utf16\.yaml: line 1: not UTF-8 text \(byte 0xff\); save the file as UTF-8"):
+        load_config(utf16, env={})
 
 
 # --- validation errors name the key ------------------------------------------------------------

@@ -38,5 +38,20 @@ def test_probe_cli_reports_and_fails_on_a_wrong_expectation(tmp_path: Path) -> N
 def test_probe_file_errors_name_the_probe(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text("probes:\n  - name: x\n    prompt: hi\n    expect: {modle: a}\n")
-    with pytest.raises(ValueError, match=r"probes\.0\.expect: unknown key"):
+    with pytest.raises(ValueError, match=r"probes\.0\.expect: unknown key\(s\) modle \(expected model, rule"):
         load_probes(broken)
+    broken.write_text("probes:\n  - prompt: 42\n    expect: {model: a}\n")
+    with pytest.raises(ValueError, match=r"probes\.0\.prompt: expected text, got int"):
+        load_probes(broken)
+    broken.write_text("probes: [unclosed\n")
+    with pytest.raises(ValueError, match=r"broken\.yaml: not valid YAML"):
+        load_probes(broken)
+    with pytest.raises(ValueError, match=r"cannot read probes file .*missing\.yaml"):
+        load_probes(tmp_path / "missing.yaml")
+
+
+def test_expect_may_name_just_the_model(tmp_path: Path) -> None:
+    short = tmp_path / "short.yaml"
+    short.write_text("probes:\n  - prompt: hi\n    expect: small-model\n")
+    (probe,) = load_probes(short)
+    assert probe.expect == {"model": "small-model"}
