@@ -21,6 +21,7 @@ from gateway.defaults import embedded_default, with_local_backend
 from gateway.errors import ConfigError
 from gateway.logs import configure as configure_logging
 from gateway.workflows import preflight as workflow_preflight
+from policies.base import PolicyError
 
 log = logging.getLogger("pointsman")
 
@@ -132,7 +133,10 @@ def _probe(path: str, config_path: str | None) -> int:
 
 
 def _split_header(text: str) -> tuple[str, str]:
-    name, _, value = text.partition(":")
+    """``--header NAME:VALUE`` (argparse ``type``): a usage error without the colon or a name."""
+    name, colon, value = text.partition(":")
+    if not colon or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME:VALUE (e.g. x-pointsman-threshold:0.3)")
     return name.strip().lower(), value.strip()
 
 
@@ -201,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_route.add_argument("--config", help="YAML config file (default: the embedded default)")
     p_route.add_argument("--route", default="auto", help="route (virtual model) to ask; default auto")
     p_route.add_argument("--system", help="a system prompt to include in the conversation")
-    p_route.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+    p_route.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", type=_split_header,
                          help="request header, e.g. x-pointsman-threshold:0.3 (repeatable)")
     p_probe = sub.add_parser("probe", help="check a routing probes file (expected routes) offline")
     p_probe.add_argument("file", help="probes YAML (may embed its own config: section)")
@@ -281,11 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "route":
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-        headers = dict(_split_header(h) for h in args.header)
+        headers = dict(args.header)
         try:
             explanation = asyncio.run(explain_route(config, args.route, prompt, args.system, headers))
-        except (ConfigError, KeyError) as exc:
-            print(f"pointsman: {exc}", file=sys.stderr)
+        except (ConfigError, KeyError, PolicyError) as exc:  # a request the gateway would answer 4xx
+            print(f"pointsman: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
             return 2
         print(json.dumps(explanation, indent=2, default=str))
         return 0 if not explanation.get("blocked") else 3
