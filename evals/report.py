@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -514,3 +516,18 @@ def jsonable(value: Any, digits: int | None = None) -> Any:
             return None
         return f if digits is None else round(f, digits)
     return value
+
+
+def report_dir(out: str | Path) -> Path:
+    """The directory a command writes its report into, created now: a path that cannot hold it
+    (read-only, a file, ``/proc``) fails before minutes of work, not after. ``ValueError`` names it."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out}: is a file; give a directory for the report")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot create the report directory ({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"--out {out}: the report directory is not writable")
+    return path

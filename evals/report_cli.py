@@ -80,6 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         print("pointsman eval: the report's plots need matplotlib: pip install matplotlib", file=sys.stderr)
         return 2
+    from evals.report import report_dir
+
+    try:
+        report_dir(args.out)
+    except ValueError as exc:
+        print(f"pointsman eval: {exc}", file=sys.stderr)
+        return 2
     try:
         paths, report = run(args)
     except EvalError as exc:

@@ -22,6 +22,7 @@ from typing import Any
 from evals.ab.analysis import Options, analyze
 from evals.ab.load import UnknownExperiment, load_experiment_url
 from evals.ab.render import FORMATS, verdict_lines, write_ab_report
+from evals.report import report_dir
 from evals.run_sync import run_sync
 from policies.experiments.sequential import DEFAULT_PLANNED_N
 from store.errors import StoreError
@@ -102,6 +103,10 @@ def report(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, Any]]:
     """Load, analyse and write; returns the written paths and the report dict."""
     opts, formats = _options(args)
     since = parse_since(args.since)
+    try:
+        report_dir(args.out)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     from tqdm import tqdm
 
     bar = tqdm(total=3, desc="load from store", unit="step", disable=args.no_progress or not sys.stderr.isatty(),

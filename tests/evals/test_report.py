@@ -307,6 +307,10 @@ def test_pointsman_eval_names_what_is_wrong(tmp_path: Path, capsys: pytest.Captu
     assert "--strong model-x" in capsys.readouterr().err
     assert pointsman([*base, "--data", "file:/nonexistent.jsonl"]) == 2
     assert "nonexistent" in capsys.readouterr().err
+    # An --out that cannot hold the report fails before the replay, not after it.
+    (tmp_path / "a-file").write_text("x")
+    assert pointsman([*base, "--out", str(tmp_path / "a-file")]) == 2
+    assert "a-file: is a file; give a directory for the report" in capsys.readouterr().err
     assert pointsman([*base, "--strong", "model-a", "--weak", "model-b"]) == 0
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     # Rows labelled for another pair are left out, and the report says how many and why.
