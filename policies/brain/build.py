@@ -347,10 +347,10 @@ def _summary(sources: Iterable[str], listed: int = 8) -> str:
 
 
 def _seed_knob(policy: RulePolicy, heads: Mapping[str, Head]) -> None:
-    """Give a target-share knob with too few scores of its own the distribution its head's scores took
-    on prompts it had not seen (``score_quantiles`` in the manifest, written by ``pointsman train``), so
-    the target share holds from the first request instead of after ``min_samples`` requests at
-    ``1 - target``. The seed is the oldest part of the window: live scores replace it as they arrive."""
+    """Give a target-share knob with too few scores of its own the spread its head's scores took over
+    the labelled prompts it was trained on (``score_quantiles`` in the manifest, written by ``pointsman
+    train``), so the target share holds from the first request instead of after ``min_samples``
+    requests at ``1 - target``. The seed is the oldest part of the window: live scores replace it."""
     knob, cq = policy.knob, policy.config.cost_quality
     if knob is None or cq is None or knob.target_share is None or knob.samples >= knob.min_samples:
         return
