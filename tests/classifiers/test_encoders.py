@@ -238,7 +238,10 @@ async def test_event_loop_keeps_running_during_forward_passes(runtime: str, requ
     # ticker would have stalled that long. It keeps ticking far more often than that.
     per_pass = elapsed * getattr(minilm, "workers", 1) / len(texts)
     assert per_pass > 0.01, "forward passes too fast to tell anything"
-    assert max(gaps) < per_pass / 2, f"loop stalled {max(gaps):.3f}s; a pass takes {per_pass:.3f}s"
+    # A pass run on the loop would stall it for the whole pass. Below that, the ticker also waits for
+    # the GIL's switch interval (5 ms) while a worker runs Python between passes: on a fast CPU
+    # (14 ms passes) that alone reached 9 ms, so the bound is most of a pass, not half of one.
+    assert max(gaps) < per_pass * 0.8, f"loop stalled {max(gaps):.3f}s; a pass takes {per_pass:.3f}s"
 
 
 class _FailsOn:
