@@ -11,13 +11,16 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
+
 from store.base import DecisionStore
-from store.errors import StoreError, StoreNotFound, StoreUnavailable
+from store.errors import StoreNotFound, StoreUnavailable
 from store.postgres import PostgresDecisionStore
 from store.sqlite import SQLiteDecisionStore
 
@@ -63,16 +66,18 @@ async def opened_store(url: str) -> AsyncIterator[DecisionStore]:
     store = open_store_url(url, existing=True)
     try:
         await store.open()
-    except Exception as exc:
+    except _DRIVER_ERRORS as exc:
         raise _unavailable(url, exc) from exc
     try:
         yield store
-    except StoreError:
-        raise
-    except Exception as exc:
+    except _DRIVER_ERRORS as exc:  # only the drivers' failures: a bug in the caller stays a bug
         raise _unavailable(url, exc) from exc
     finally:
         await store.close()
+
+
+# What the drivers raise when a database cannot be reached or read (the store's methods raise these).
+_DRIVER_ERRORS = (OSError, TimeoutError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 def masked_store_url(url: str) -> str:
