@@ -45,9 +45,8 @@ from classifiers.heads import build_features
 from evals.data import resolve_data_dir
 from evals.data.prior import load_prior_rows
 from evals.embeddings import embed_prompts, embed_texts, get_encoder, prompt_text
-from evals.metrics import evaluate_scores
+from evals.metrics import SMALL_GAP, evaluate_scores
 from evals.pair_fit import PairPrior, fit_pair_difficulty
-from evals.train import SMALL_GAP
 
 ENCODERS = ("static", "minilm")
 REFERENCE = "plain LR, static"

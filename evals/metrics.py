@@ -63,6 +63,52 @@ def pgr(quality: float, strong: float, weak: float) -> float:
     return (quality - weak) / (strong - weak)
 
 
+#: Below this mean quality gap PGR's denominator is too small for APGR/CPT to mean much, whatever the CI says.
+SMALL_GAP = 0.02
+
+
+@dataclass(frozen=True)
+class QualityGap:
+    """The strong model's mean quality minus the weak model's on some requests, with a 95% interval."""
+
+    value: float
+    lo: float
+    hi: float
+
+    @property
+    def unresolved(self) -> bool:
+        """True when the data cannot tell the two models apart: the interval reaches 0 (or there is none),
+        or the gap is tiny."""
+        return not (self.lo > 0 or self.hi < 0) or not abs(self.value) >= SMALL_GAP
+
+    def warning(self) -> str | None:
+        """One sentence for reports when :attr:`unresolved` (PGR divides by this gap), else ``None``."""
+        if not self.unresolved:
+            return None
+        return (
+            f"the two models' mean qualities are not told apart on these requests (strong minus weak "
+            f"{self.value:+.3f} [95% CI {self.lo:+.3f}, {self.hi:+.3f}]): PGR, APGR and CPT divide by that gap, "
+            "so they swing wildly and mean little here; judge this pair by routed quality and cost (AIQ, the "
+            "knob's quality in pointsman eval) or label more requests"
+        )
+
+
+def quality_gap(strong_quality: np.ndarray, weak_quality: np.ndarray, level: float = 0.95) -> QualityGap:
+    """Mean paired gap ``strong - weak`` over the rows where both are known, with a t-interval (NaN bounds
+    below 2 rows)."""
+    from scipy.stats import t
+
+    diff = np.asarray(strong_quality, dtype=float) - np.asarray(weak_quality, dtype=float)
+    diff = diff[np.isfinite(diff)]
+    if len(diff) == 0:
+        return QualityGap(float("nan"), float("nan"), float("nan"))
+    mean = float(diff.mean())
+    if len(diff) < 2:  # no spread to estimate an interval from
+        return QualityGap(mean, float("nan"), float("nan"))
+    half = float(t.ppf(0.5 + level / 2, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff)))
+    return QualityGap(mean, mean - half, mean + half)
+
+
 def _qcut_edges(scores: np.ndarray, num_results: int) -> np.ndarray:
     # pd.qcut(x, q) computes x.quantile(np.linspace(0, 1, q + 1)) with linear interpolation.
     return np.quantile(scores, np.linspace(0.0, 1.0, num_results + 1), method="linear")

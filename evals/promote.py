@@ -6,8 +6,15 @@ the shipped artifacts) score the same held-out labelled prompts. For every pair 
 generic difficulty head when it has none for the pair (what a route would fall back to). The figure is
 APGR on the prompts labelled for both models of the pair and scorable by both heads; the test is a
 paired bootstrap of the APGR difference (the same resampled prompts for both routers, seeded, at
-least 1,000 resamples). The version is promoted only when, for every pair, the lower end of the 95%
-CI of ``APGR(candidate) - APGR(active)`` exceeds ``--margin``.
+least 1,000 resamples). The version is promoted only when, for every judged pair, the lower end of
+the 95% CI of ``APGR(candidate) - APGR(active)`` exceeds ``--margin``.
+
+Which pairs are judged: every pair head of the candidate, or those named with ``--pair STRONG,WEAK``
+(the pairs the operator's routes use). A pair whose two models the held-out prompts cannot tell apart
+(their mean quality gap's 95% interval reaches zero, :class:`evals.metrics.QualityGap`) is reported but
+not judged: APGR divides by that gap, so its interval spans several units and no candidate could ever
+clear it; one near-tie among the pairs of a multi-model file would otherwise block every promotion.
+With no pair left to judge the version is refused.
 
 The verdict and its numbers are written into the registry either way (``verdicts.json`` of the
 version; on promotion also ``active.json``). Exit code: 0 promoted, 1 refused, 2 usage error.
@@ -28,6 +35,7 @@ import numpy as np
 from classifiers.heads import Head, load_head
 from classifiers.registry import RouterRegistry, is_registry, resolve_routers_dir
 from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
+from evals.metrics import QualityGap, quality_gap
 from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
 
 Log = Callable[[str], None]
@@ -58,7 +66,13 @@ class Comparison:
     active_ci: tuple[float, float]
     baseline_head: str
     resamples_used: int
+    gap: QualityGap
     passed: bool = False
+
+    @property
+    def judged(self) -> bool:
+        """Whether this pair counts in the verdict: the held-out prompts tell its two models apart."""
+        return not self.gap.unresolved
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready numbers."""
@@ -75,6 +89,8 @@ class Comparison:
             "apgr_active_ci95": [_r(v) for v in self.active_ci],
             "baseline_head": self.baseline_head,
             "resamples_used": self.resamples_used,
+            "quality_gap": {"value": _r(self.gap.value), "ci95": [_r(self.gap.lo), _r(self.gap.hi)]},
+            "judged": self.judged,
             "passed": self.passed,
         }
 
@@ -91,6 +107,7 @@ class Verdict:
     seed: int
     data: list[dict[str, Any]]
     comparisons: list[Comparison] = field(default_factory=list)
+    not_gated: list[dict[str, str]] = field(default_factory=list)
     reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -101,11 +118,13 @@ class Verdict:
             "against": self.against,
             "margin": self.margin,
             "test": "paired bootstrap of the APGR difference over held-out prompts, 95% percentile CI; "
-            "promote when the CI's lower end exceeds the margin for every pair",
+            "promote when the CI's lower end exceeds the margin for every judged pair (a pair whose models' "
+            "mean quality gap has a 95% interval reaching zero is not judged)",
             "resamples": self.resamples,
             "seed": self.seed,
             "data": self.data,
             "comparisons": [c.as_dict() for c in self.comparisons],
+            "not_gated": self.not_gated,
             "reason": self.reason,
         }
 
@@ -196,6 +215,7 @@ def compare_pair(
         active_ci=_percentiles(boot_old),
         baseline_head=baseline_name,
         resamples_used=int(np.isfinite(diffs).sum()),
+        gap=quality_gap(qs, qw),
     )
     comparison.passed = bool(np.isfinite(lo) and lo > margin)
     return comparison
@@ -211,9 +231,11 @@ def run_gate(
     seed: int = 0,
     progress: bool = True,
     log: Log = print,
+    pairs: Sequence[tuple[str, str]] | None = None,
 ) -> Verdict:
     """Compare ``version`` with the active router, write the verdict into the registry, return it.
 
+    ``pairs``: gate only these (strong, weak) pairs (either order); ``None``: every pair of the version.
     Raises :class:`GateError` / :class:`evals.labelled.DataError` for usage errors (nothing written).
     """
     from classifiers.provider import load_router_heads
@@ -233,6 +255,7 @@ def run_gate(
         raise GateError(f"{version} is already the active version of {registry_dir}")
     if not info.pairs:
         raise GateError(f"{version} has no pair difficulty head to compare")
+    gated = _select_pairs(info.pairs, pairs, version)
     loaded: list[LoadedSource] = [load_source(spec) for spec in sources]
     rows: list[LabelledRequest] = [r for src in loaded for r in src.rows]
     log(
@@ -240,13 +263,19 @@ def run_gate(
         f"({', '.join(src.spec for src in loaded)}), {resamples} paired bootstrap resamples, margin {margin:g}"
     )
     verdict = Verdict(version, baseline.version, False, margin, resamples, seed, [s.describe() for s in loaded])
-    for encoder_name in sorted({p.get("encoder", "static") for p in info.pairs}):
+    for pair in info.pairs:
+        if pair not in gated:
+            verdict.not_gated.append({"strong": pair["strong"], "weak": pair["weak"],
+                                      "encoder": pair.get("encoder", "static")})
+            log(f"  {pair['strong']} (strong) vs {pair['weak']} (weak) [{pair.get('encoder', 'static')}]: "
+                "not gated (not named by --pair)")
+    for encoder_name in sorted({p.get("encoder", "static") for p in gated}):
         encoder = get_encoder(encoder_name)
         data = embed_rows(rows, encoder, progress=progress)
         if data.dropped:
             log(f"  {data.dropped} held-out requests have neither text nor a {encoder.id} embedding: left out")
         active_heads = load_router_heads(encoder_name, registry_dir)
-        for pair in info.pairs:
+        for pair in gated:
             if pair.get("encoder", "static") != encoder_name:
                 continue
             strong, weak = pair["strong"], pair["weak"]
@@ -260,17 +289,23 @@ def run_gate(
             )
             verdict.comparisons.append(comparison)
             log(_comparison_line(comparison))
-    verdict.promoted = all(c.passed for c in verdict.comparisons)
-    failing = [c for c in verdict.comparisons if not c.passed]
+    judged = [c for c in verdict.comparisons if c.judged]
+    verdict.promoted = bool(judged) and all(c.passed for c in judged)
+    failing = [c for c in judged if not c.passed]
     current = resolve_routers_dir(registry_dir).version
-    if verdict.promoted and current != baseline.version:
+    if not judged:
+        verdict.reason = (
+            "no pair could be judged: on these held-out prompts no pair's two models differ in mean quality "
+            "with a 95% interval that excludes zero (label more held-out requests)"
+        )
+    elif verdict.promoted and current != baseline.version:
         # Someone promoted another version while this gate ran: its numbers are against a router
         # that no longer serves. Refuse; run the gate again.
         verdict.promoted = False
         verdict.reason = f"the active version changed during the gate ({baseline.version} -> {current}); run it again"
     elif verdict.promoted:
-        verdict.reason = "every pair's 95% CI lower end of the APGR difference exceeds the margin " + ", ".join(
-            f"{c.strong} vs {c.weak} [{c.encoder}]: {_r(c.ci_low)} > {margin:g}" for c in verdict.comparisons
+        verdict.reason = "every judged pair's 95% CI lower end of the APGR difference exceeds the margin " + ", ".join(
+            f"{c.strong} vs {c.weak} [{c.encoder}]: {_r(c.ci_low)} > {margin:g}" for c in judged
         )
     else:
         verdict.reason = "95% CI lower end of the APGR difference not above the margin for " + ", ".join(
@@ -284,11 +319,41 @@ def run_gate(
 
 
 def _comparison_line(c: Comparison) -> str:
-    return (
+    line = (
         f"  {c.strong} (strong) vs {c.weak} (weak) [{c.encoder}], {c.rows} prompts: APGR {c.apgr_candidate:.3f} "
         f"(candidate) vs {c.apgr_active:.3f} (active, {c.baseline_head}); difference {c.diff:+.3f} "
         f"[95% CI {c.ci_low:+.3f} to {c.ci_high:+.3f}]"
     )
+    if not c.judged:
+        line += (
+            f"\n    not judged: the models' mean quality gap on these prompts is {c.gap.value:+.3f} "
+            f"[95% CI {c.gap.lo:+.3f}, {c.gap.hi:+.3f}], too close to zero for APGR to decide anything"
+        )
+    return line
+
+
+def _select_pairs(
+    trained: Sequence[dict[str, Any]], wanted: Sequence[tuple[str, str]] | None, version: str
+) -> list[dict[str, Any]]:
+    """The version's pair entries to gate: all of them, or those ``wanted`` names (either order)."""
+    if wanted is None:
+        return list(trained)
+    chosen: list[dict[str, Any]] = []
+    for a, b in wanted:
+        match = [p for p in trained if {p["strong"], p["weak"]} == {a, b}]
+        if not match:
+            have = "; ".join(f"{p['strong']},{p['weak']}" for p in trained)
+            raise GateError(f"--pair {a},{b}: {version} has no head for that pair (it has: {have})")
+        chosen.extend(p for p in match if p not in chosen)
+    return chosen
+
+
+def parse_pair(value: str) -> tuple[str, str]:
+    """``STRONG,WEAK`` (model names as trained) for ``--pair``; a comma because model names may hold colons."""
+    parts = [p.strip() for p in value.split(",")]
+    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected STRONG,WEAK (two different model names)")
+    return parts[0], parts[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -310,6 +375,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
                         help=f"paired bootstrap resamples (>= {MIN_RESAMPLES}; default {DEFAULT_RESAMPLES})")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument(
+        "--pair", action="append", type=parse_pair, metavar="STRONG,WEAK",
+        help="gate only this pair's head (repeatable; the pairs your routes use); default: every pair",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -317,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         verdict = run_gate(
             Path(args.registry), args.version, args.data, margin=args.margin, resamples=args.resamples,
-            seed=args.seed, progress=not args.no_progress,
+            seed=args.seed, progress=not args.no_progress, pairs=args.pair,
         )
     except (GateError, DataError) as exc:
         print(f"pointsman promote: {exc}", file=sys.stderr)

@@ -44,6 +44,7 @@ from evals.metrics import (
     ece,
     oracle_curve,
     percentile_ci,
+    quality_gap,
     random_curves,
     reliability,
     routing_curve,
@@ -396,6 +397,8 @@ def compute_report(
                                 "share": 1.0}
     scored = np.isfinite(table.scores) & table.direct
     labels = (table.strong_q > table.weak_q)[scored]
+    pair_gap = quality_gap(table.strong_q[table.direct], table.weak_q[table.direct], level)
+    warnings = [w for w in (pair_gap.warning(),) if w]
     report: dict[str, Any] = {
         "format": 1,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -412,6 +415,9 @@ def compute_report(
             "cost": ci["knob.cost"],
         },
         "routers": routers,
+        "quality_gap": {"value": pair_gap.value, "ci": [pair_gap.lo, pair_gap.hi], "resolved": not pair_gap.unresolved,
+                        "method": f"strong minus weak mean quality over the direct rows, {level:.0%} t-interval"},
+        "warnings": warnings,
         "calibration": {
             "ece": ci["calibration.ece"],
             "rows": int(scored.sum()),

@@ -495,6 +495,7 @@ def summary(report: dict[str, Any]) -> str:
                 )
         k = report["knob"]
         lines.append(f"  knob     {_est(k['strong_share'], pct=True)} strong calls, PGR {_est(k['pgr'])}")
+        lines.extend(f"  note: {warning}" for warning in report.get("warnings", []))
     else:
         lines.append(f"direct: {report['estimator']['direct']['text']}")
     off = report.get("offpolicy")

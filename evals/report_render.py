@@ -104,6 +104,8 @@ def _verdict(report: Mapping[str, Any]) -> str:
         parts.append(f"The route is not distinguishable from random here: its APGR's lower 95% bound ({_num(lo)}) "
                      f"does not clear the random band's top ({_num(band_hi)})")
     sentence = ", ".join(parts) + "."
+    for warning in report.get("warnings", []):  # before the verdicts it qualifies
+        sentence = f"Caution: {warning}. {sentence}"
     diff = report.get("differences", {}).get("router-knn", {}).get("apgr")
     if diff and diff.get("ci") and not any(_missing(v) for v in diff["ci"]):
         d_lo, d_hi = diff["ci"]

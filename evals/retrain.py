@@ -43,7 +43,7 @@ from classifiers.registry import RouterRegistry, is_registry, pair_artifact
 from evals.data.prior import PRIOR_ROWS
 from evals.data.split import fold_of
 from evals.labelled import LabelledRequest, LoadedSource, display_spec, encoder_matches, models_of
-from evals.metrics import evaluate_scores
+from evals.metrics import evaluate_scores, quality_gap
 
 Log = Callable[[str], None]
 
@@ -317,6 +317,7 @@ def train_pair(
     lo, hi = bootstrap_apgr(oof, qs, qw, resamples=resamples, seed=seed)
     r_lo, r_hi = random_band(qs, qw, resamples=min(resamples, 500), seed=seed)
     head, fit_report = fit_pair(x, qs, qw, w, seed=seed, prior=prior, prior_weight=prior_weight)
+    gap = quality_gap(qs, qw)
     metrics: dict[str, Any] = {
         "rows": len(idx),
         "folds": k,
@@ -325,6 +326,8 @@ def train_pair(
         "random_apgr_band95": [_round(r_lo), _round(r_hi)],
         "bootstrap_resamples": resamples,
         "mean_quality": {"strong": _round(float(qs.mean())), "weak": _round(float(qw.mean()))},
+        "quality_gap": {"value": _round(gap.value), "ci95": [_round(gap.lo), _round(gap.hi)],
+                        "resolved": not gap.unresolved},
         "strong_better_share": _round(float(np.mean(qs > qw))),
         "weak_better_share": _round(float(np.mean(qw > qs))),
         "fit": fit_report,

@@ -19,6 +19,7 @@ labelled requests into a new version of a router registry instead (:mod:`evals.r
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -46,11 +47,10 @@ from evals.difficulty import (
     fit_candidate,
 )
 from evals.embeddings import embed_prompts, get_encoder, prompt_text
+from evals.metrics import QualityGap
 
 ROUTERS_DIR = REPO_ROOT / "classifiers" / "artifacts" / "routers"
 ENCODERS = ("minilm", "static")
-#: A pair whose mean qualities differ by less than this gets a warning next to its APGR (see main).
-SMALL_GAP = 0.02
 SOURCES = [
     {
         "name": "RouteLLM evaluation data (MMLU, GSM8K, MT-bench; GPT-4-1106 vs Mixtral-8x7B)",
@@ -400,14 +400,16 @@ def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[st
         m = pair.metrics
         lo, hi = m["cv_apgr_ci95"]
         rlo, rhi = m["random_apgr_band95"]
-        gap = m["mean_quality"]["strong"] - m["mean_quality"]["weak"]
-        # PGR divides by the pair's mean quality gap: near zero, APGR swings wildly and means nothing.
-        unstable = f"; quality gap {gap:+.3f}: too small for APGR to mean much" if abs(gap) < SMALL_GAP else ""
         print(
             f"  {pair.strong} (strong) vs {pair.weak} (weak) [{pair.encoder}]: {m['folds']}-fold CV APGR "
             f"{_fmt(m['cv_apgr'])} [95% CI {_fmt(lo)}-{_fmt(hi)}] over {m['rows']} labelled prompts "
-            f"(random router {_fmt(rlo)}-{_fmt(rhi)}{unstable})"
+            f"(random router {_fmt(rlo)}-{_fmt(rhi)})"
         )
+        # PGR divides by the pair's mean quality gap: near zero, APGR swings wildly and means nothing.
+        gap = m["quality_gap"]
+        warning = QualityGap(*(math.nan if v is None else v for v in (gap["value"], *gap["ci95"]))).warning()
+        if warning:
+            print(f"    note: {warning}")
     for name, q in result.info["metrics"]["quality"].items():
         print(f"  quality head [{name}]: {q['artifact']}, CV mean AUC {_fmt(q['cv_mean_auc'])}")
     if result.active:

@@ -17,6 +17,7 @@ from typing import Any
 
 STRONG = "big-model"
 WEAK = "small-model"
+TWIN = "twin-model"  # see with_twin
 NAMES = ("Anna", "Ben", "Chloe", "Dev", "Emma", "Farid", "Gina", "Hugo", "Ines", "Jon")
 TOPICS = ("birthday", "new job", "wedding", "graduation", "holiday", "promotion", "house move", "retirement")
 
@@ -68,6 +69,18 @@ def rows(
         if rng.random() < noise:
             weak_q = 1.0 - weak_q
         out.append({"prompt": text, "scores": {strong: 1.0, weak: weak_q}, "costs": {strong: 0.01, weak: 0.0005}})
+    return out
+
+
+def with_twin(items: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """Add a third model, ``TWIN``: the weak one with a tenth of its outcomes flipped both ways, so the
+    weak-vs-twin pair's mean quality gap is about zero (the near-tie a multi-model labelled file holds)."""
+    rng = random.Random(seed)
+    out = []
+    for r in items:
+        weak_q = r["scores"][WEAK]
+        twin_q = 1.0 - weak_q if rng.random() < 0.1 else weak_q
+        out.append({**r, "scores": {**r["scores"], TWIN: twin_q}, "costs": {**r["costs"], TWIN: 0.0004}})
     return out
 
 

@@ -13,7 +13,7 @@ import pytest
 from classifiers.provider import load_router_heads
 from classifiers.registry import RouterRegistry
 from gateway.cli import main
-from tests.evals.labelled_files import STRONG, WEAK, rows, write_jsonl
+from tests.evals.labelled_files import STRONG, TWIN, WEAK, rows, with_twin, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +130,75 @@ def test_usage_errors_exit_2_and_write_nothing(
         main(["promote", v2, "--registry", str(registry)])  # --data missing: argparse's usage error
     assert exit_info.value.code == 2
     assert sorted((p.relative_to(registry), p.read_bytes()) for p in registry.rglob("*.json")) == before
+
+
+@pytest.fixture(scope="module")
+def three_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
+    """v1 (active) learnt the wrong relation, v2 the right one, each over three models (three pair heads)."""
+    root = tmp_path_factory.mktemp("promote3")
+    wrong = write_jsonl(root / "wrong.jsonl", with_twin(rows(seed=2, n=120, relation="chat-needs-strong"), 2))
+    right = write_jsonl(root / "right.jsonl", with_twin(rows(seed=1, n=120), 1))
+    heldout = write_jsonl(root / "heldout.jsonl", with_twin(rows(seed=3, n=120), 3))
+    registry = root / "routers"
+    for data in (wrong, right):
+        code = main(["train", "--data", f"file:{data}", "--encoders", "static", "--out", str(registry),
+                     "--no-progress", "--folds", "3"])
+        assert code == 0
+    return registry, heldout, [v.version for v in RouterRegistry(registry).versions()]
+
+
+def test_a_near_tied_pair_is_reported_but_does_not_block_the_promotion(
+    three_models: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    template, heldout, (v1, v2) = three_models
+    registry = tmp_path / "routers"
+    shutil.copytree(template, registry)
+    assert RouterRegistry(registry).active_version() == v1
+    code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}")
+    assert code == 0, out + err
+    comparisons = RouterRegistry(registry).info(v2).verdicts[-1]["comparisons"]
+    by_pair = {frozenset((c["strong"], c["weak"])): c for c in comparisons}
+    assert set(by_pair) == {frozenset((STRONG, WEAK)), frozenset((STRONG, TWIN)), frozenset((WEAK, TWIN))}
+    tie = by_pair[frozenset((WEAK, TWIN))]
+    lo, hi = tie["quality_gap"]["ci95"]
+    assert lo < 0 < hi and not tie["judged"]
+    assert tie["apgr_diff_ci95"][1] - tie["apgr_diff_ci95"][0] > 0.5  # the figure it would otherwise be judged by
+    for pair in ((STRONG, WEAK), (STRONG, TWIN)):
+        judged = by_pair[frozenset(pair)]
+        assert judged["judged"] and judged["passed"] and judged["quality_gap"]["ci95"][0] > 0
+    assert "not judged: the models' mean quality gap" in out
+    assert RouterRegistry(registry).active_version() == v2
+
+
+def test_pair_gates_only_the_named_pairs(
+    three_models: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    template, heldout, (v1, v2) = three_models
+    registry = tmp_path / "routers"
+    shutil.copytree(template, registry)
+    code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}",
+                              "--pair", f"{WEAK},{STRONG}")  # either order names the pair
+    assert code == 0, out + err
+    verdict = RouterRegistry(registry).info(v2).verdicts[-1]
+    (cmp,) = verdict["comparisons"]
+    assert {cmp["strong"], cmp["weak"]} == {STRONG, WEAK}
+    assert {frozenset((p["strong"], p["weak"])) for p in verdict["not_gated"]} == {
+        frozenset((STRONG, TWIN)), frozenset((WEAK, TWIN))
+    }
+    assert out.count("not gated (not named by --pair)") == 2
+
+    # Only the near-tied pair: nothing left to judge, so the version is refused.
+    shutil.rmtree(registry)
+    shutil.copytree(template, registry)
+    code, out, _ = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}",
+                            "--pair", f"{WEAK},{TWIN}")
+    assert code == 1 and "no pair could be judged" in out
+    assert RouterRegistry(registry).active_version() == v1
+
+    code, _, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}",
+                            "--pair", f"{STRONG},nope")
+    assert code == 2 and "has no head for that pair" in err
+    with pytest.raises(SystemExit) as exit_info:  # not a pair: argparse's usage error
+        main(["promote", v2, "--registry", str(registry), "--data", f"file:{heldout}", "--pair", STRONG])
+    assert exit_info.value.code == 2 and "expected STRONG,WEAK" in capsys.readouterr().err
+    assert RouterRegistry(registry).active_version() == v1

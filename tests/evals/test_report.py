@@ -3,6 +3,7 @@ files (JSON, Markdown, HTML with the PNGs it shows) and the command end to end o
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -231,6 +232,25 @@ def test_report_files_are_written_and_the_html_shows_existing_pngs(tmp_path: Pat
                      r"this data|not distinguishable) \(APGR difference ", markdown)
     assert (out / "decisions.jsonl").read_text().count("\n") == 1
     assert paths["html"] == out / "report.html"
+
+
+def test_a_pair_the_data_cannot_tell_apart_gets_a_caution_before_its_apgr(tmp_path: Path) -> None:
+    t = table(n=400)
+    rng = np.random.default_rng(1)
+    flips = rng.random(400) < 0.1  # the strong model is the weak one with a tenth of outcomes flipped
+    t.strong_q[:] = np.where(flips, 1 - t.weak_q, t.weak_q)
+    tie = _report(t)
+    lo, hi = tie["quality_gap"]["ci"]
+    assert lo < 0 < hi and not tie["quality_gap"]["resolved"]
+    (warning,) = tie["warnings"]
+    assert "not told apart" in warning and f"{tie['quality_gap']['value']:+.3f}" in warning
+    write_report(tie, tmp_path / "tie", [])
+    for name in ("report.md", "report.html"):
+        text = html.unescape((tmp_path / "tie" / name).read_text())
+        assert "Caution: the two models' mean qualities are not told apart" in text, name
+        assert text.index("Caution") < text.index("The route")  # before the verdict it qualifies
+    clear = _report(table(n=400))
+    assert clear["quality_gap"]["resolved"] and clear["quality_gap"]["ci"][0] > 0.4 and clear["warnings"] == []
 
 
 # ----------------------------------------------------------------------------- the command

@@ -18,7 +18,7 @@ from classifiers.provider import load_router_heads
 from classifiers.registry import RouterRegistry
 from evals.labelled import DataError, load_source
 from gateway.cli import main
-from tests.evals.labelled_files import STRONG, WEAK, prompts, rows, write_csv, write_jsonl
+from tests.evals.labelled_files import STRONG, TWIN, WEAK, prompts, rows, with_twin, write_csv, write_jsonl
 
 TRAIN = ["--encoders", "static", "--no-progress"]
 
@@ -248,6 +248,24 @@ def test_more_than_two_models_train_the_quality_head_and_every_pair(
     assert heads.quality is not None and heads.quality.labels == ("big-model", "mid-model", "small-model")
     assert heads.quality.manifest["model_costs"]["values"] == {STRONG: 0.01, "mid-model": 0.003, WEAK: 0.0005}
     assert "quality head [static]: quality-labelled-static" in stdout
+
+
+def test_a_pair_the_data_cannot_tell_apart_is_flagged_next_to_its_apgr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_jsonl(tmp_path / "twin.jsonl", with_twin(rows(seed=2, n=120), 2))
+    code, stdout, stderr = _train(capsys, "--data", f"file:{path}", "--out", str(tmp_path / "routers"), "--folds", "3")
+    assert code == 0, stderr
+    info = RouterRegistry(tmp_path / "routers").versions()[-1]
+    gaps = {frozenset((p["strong"], p["weak"])): p["quality_gap"] for p in info.raw["metrics"]["pairs"]}
+    tie = gaps[frozenset((WEAK, TWIN))]
+    assert tie["ci95"][0] < 0 < tie["ci95"][1] and not tie["resolved"]
+    assert gaps[frozenset((STRONG, WEAK))]["ci95"][0] > 0.3 and gaps[frozenset((STRONG, WEAK))]["resolved"]
+    # One note, under the near-tied pair's line, saying why its APGR means little.
+    assert stdout.count("note: the two models' mean qualities are not told apart") == 1
+    lines = stdout.splitlines()
+    noted = next(i for i, line in enumerate(lines) if "note:" in line)
+    assert {WEAK, TWIN} <= set(lines[noted - 1].replace("(", " ").split())
 
 
 def test_an_existing_directory_that_is_not_a_registry_is_refused(
