@@ -18,6 +18,11 @@ With no pair left to judge the version is refused.
 
 The verdict and its numbers are written into the registry either way (``verdicts.json`` of the
 version; on promotion also ``active.json``). Exit code: 0 promoted, 1 refused, 2 usage error.
+
+``--force --reason TEXT`` makes a version active without the gate: the operator's way back when a
+promoted version misbehaves live (a rollback: ``active.json``'s ``previous`` names the version to go
+back to) or to pin one on other evidence (an A/B experiment). It is recorded like any verdict, as
+``forced`` with the reason, and every gateway replica serving the registry picks it up like a promotion.
 """
 
 from __future__ import annotations
@@ -356,6 +361,31 @@ def parse_pair(value: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
+def force_promote(registry_dir: Path, version: str, reason: str) -> str | None:
+    """Make ``version`` active without the gate, recording ``reason``; return the version it replaced.
+
+    Raises :class:`GateError` for an unknown registry or version, one already active, or an empty reason.
+    """
+    if not reason.strip():
+        raise GateError("--force needs --reason TEXT: it is recorded with the promotion")
+    if not is_registry(registry_dir):
+        raise GateError(f"{registry_dir} is not a router registry (no registry.json)")
+    registry = RouterRegistry(registry_dir)
+    try:
+        registry.version_dir(version)
+    except KeyError as exc:
+        raise GateError(str(exc.args[0])) from None
+    previous = registry.active_version()
+    if previous == version:
+        raise GateError(f"{version} is already the active version of {registry_dir}")
+    registry.promote(version, {
+        "decision": "promoted", "forced": True, "against": previous,
+        "reason": f"forced without the gate: {reason.strip()}",
+        "user": os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown",
+    })
+    return previous
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0 promoted, 1 refused, 2 usage error."""
     parser = argparse.ArgumentParser(
@@ -367,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("version", help="the registry version to promote, e.g. v0002-1a2b3c4d")
     parser.add_argument("--registry", required=True, help="the router registry directory")
     parser.add_argument(
-        "--data", action="append", required=True, metavar="HELDOUT",
+        "--data", action="append", metavar="HELDOUT",
         help="held-out labelled data (repeatable): file:PATH, logs:STORE_URL, bundled or DIR; "
         "never the data the version was trained on",
     )
@@ -380,7 +410,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="gate only this pair's head (repeatable; the pairs your routes use); default: every pair",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--force", action="store_true",
+        help="make the version active without the gate (a rollback, or a choice made on other evidence); "
+        "needs --reason, takes no --data",
+    )
+    parser.add_argument("--reason", default="", help="with --force: why, recorded in the registry")
     args = parser.parse_args(argv)
+    if args.force:
+        if args.data:
+            parser.error("--force skips the gate: give no --data")
+        try:
+            previous = force_promote(Path(args.registry), args.version, args.reason)
+        except GateError as exc:
+            print(f"pointsman promote: {exc}", file=sys.stderr)
+            return 2
+        print(f"PROMOTED (forced, no gate): {args.version} is now the active version of {args.registry} "
+              f"(was {previous or 'none: the shipped routers'}). Reason: {args.reason.strip()}")
+        return 0
+    if args.reason:
+        parser.error("--reason goes with --force (the gate writes its own reason)")
+    if not args.data:
+        parser.error("the following arguments are required: --data (or --force --reason TEXT)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:

@@ -228,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "into a registry version, or rebuild the shipped artifacts (see --help)")
     sub.add_parser("promote", add_help=False,
                    help="promote a registry version if it beats the active router on held-out data (see --help)")
+    sub.add_parser("registry", add_help=False,
+                   help="inspect a router registry: registry list --registry DIR (versions, active, verdicts)")
     sub.add_parser("train-answer-confidence", add_help=False,
                    help="train the answer-confidence head a cascade's confidence.source: head scores with "
                         "(GSM8K answers; see --help)")
@@ -258,6 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from evals.promote import main as promote_main
 
         return promote_main(rest)
+    if args.command == "registry":
+        from evals.registry_cli import main as registry_main
+
+        return registry_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "check-config":

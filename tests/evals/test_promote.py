@@ -202,3 +202,60 @@ def test_pair_gates_only_the_named_pairs(
         main(["promote", v2, "--registry", str(registry), "--data", f"file:{heldout}", "--pair", STRONG])
     assert exit_info.value.code == 2 and "expected STRONG,WEAK" in capsys.readouterr().err
     assert RouterRegistry(registry).active_version() == v1
+
+
+def test_force_rolls_back_without_the_gate_and_registry_list_shows_it(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, heldout, (v1, v2, _) = trained
+    assert _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}")[0] == 0
+    # v2 misbehaves live: back to v1, which the gate would refuse (it routes the wrong prompts).
+    code, out, err = _promote(capsys, v1, "--registry", str(registry), "--force", "--reason", "p99 alert")
+    assert code == 0, err
+    assert out.startswith(f"PROMOTED (forced, no gate): {v1} is now the active version") and f"(was {v2})" in out
+    reg = RouterRegistry(registry)
+    active = reg.active()
+    assert active is not None and active["version"] == v1 and active["previous"] == v2
+    assert active["verdict"]["forced"] is True and active["verdict"]["against"] == v2
+    assert active["verdict"]["reason"] == "forced without the gate: p99 alert"
+    assert reg.info(v1).verdicts[-1]["forced"] is True  # recorded with the version too
+    assert load_router_heads("static", registry).version == v1
+
+    code = main(["registry", "list", "--registry", str(registry)])
+    listing = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert listing[0].startswith(f"registry {registry}: 3 versions, active {v1}") and f"previous {v2}" in listing[0]
+    marks = {line[2:].split()[0]: line[0] for line in listing[1:4]}  # "* v0001-...", "< v0002-...", "  v0003-..."
+    assert marks == {v1: "*", v2: "<", trained[2][2]: " "}
+    assert "last verdict: promoted (forced," in next(line for line in listing if v1 in line and line.startswith("*"))
+    assert "last verdict: promoted (gate," in next(line for line in listing if line.startswith("<"))
+    assert f"{STRONG} vs {WEAK}" in listing[1]
+    assert main(["registry", "list", "--registry", str(registry), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["active"] == v1 and [v["version"] for v in summary["versions"]][:2] == [v1, v2]
+    assert summary["versions"][0]["pairs"][0]["cv_apgr"] is not None
+
+
+def test_force_usage_errors_write_nothing(
+    registry: Path, trained: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, heldout, (v1, v2, _) = trained
+    before = sorted((p.relative_to(registry), p.read_bytes()) for p in registry.rglob("*.json"))
+    for args, message in (
+        ([v2, "--registry", str(registry), "--force"], "--force needs --reason"),
+        ([v1, "--registry", str(registry), "--force", "--reason", "x"], "already the active version"),
+        (["v0042-0123abcd", "--registry", str(registry), "--force", "--reason", "x"], "no version 'v0042-0123abcd'"),
+        ([v2, "--registry", str(tmp_path), "--force", "--reason", "x"], "is not a router registry"),
+    ):
+        code, _, err = _promote(capsys, *args)
+        assert code == 2 and message in err, (args, err)
+    for args, message in (
+        ([v2, "--registry", str(registry), "--force", "--reason", "x", "--data", f"file:{heldout}"], "give no --data"),
+        ([v2, "--registry", str(registry), "--reason", "x", "--data", f"file:{heldout}"], "--reason goes with --force"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["promote", *args])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert sorted((p.relative_to(registry), p.read_bytes()) for p in registry.rglob("*.json")) == before
+    assert main(["registry", "list", "--registry", str(tmp_path)]) == 2
+    assert "is not a router registry" in capsys.readouterr().err
