@@ -471,7 +471,8 @@ def _breakdown(
     min_group: int,
 ) -> list[dict[str, Any]]:
     """Per group: size, the two models' mean quality, the knob's strong share and PGR, and the router's
-    and kNN's APGR with a bootstrap CI (within the group's rows)."""
+    and kNN's APGR with a bootstrap CI (within the group's rows) where the group has ``min_group`` rows
+    and a mean quality gap whose interval excludes zero."""
     out = []
     for group in sorted(set(groups.tolist())):
         idx = np.flatnonzero(groups == group)
@@ -480,11 +481,14 @@ def _breakdown(
         strong, weak = float(sub.strong_q.mean()), float(sub.weak_q.mean())
         sel = sub.knob_strong
         knob_q = float(np.where(sel, sub.strong_q, sub.weak_q).mean())
+        gap = quality_gap(sub.strong_q[sub.direct], sub.weak_q[sub.direct], level)
         row: dict[str, Any] = {
             "group": str(group), "n": len(idx), "strong_quality": strong, "weak_quality": weak,
             "knob_share": float(sel.mean()), "knob_pgr": _pgr(knob_q, strong, weak),
+            "gap_resolved": not gap.unresolved,
         }
-        if len(idx) >= min_group and strong != weak:
+        # A group whose two models the data cannot tell apart gets no APGR: it divides by that gap.
+        if len(idx) >= min_group and not gap.unresolved:
 
             def stat(i: np.ndarray, sub: PairTable = sub, sub_knn: np.ndarray | None = sub_knn) -> dict[str, float]:
                 t = sub.take(i, numbers_only=True)

@@ -168,7 +168,8 @@ def _tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[s
                        [[g["group"], str(g["n"]), _num(g["strong_quality"]), _num(g["weak_quality"]),
                          _est(g.get("apgr")), _est(g.get("knn_apgr")), _pct(g["knob_share"]), _num(g["knob_pgr"])]
                         for g in groups],
-                       "APGR only for groups with enough requests and a quality gap between the models."))
+                       "APGR only for groups with enough requests and a mean quality gap between the models "
+                       "whose 95% interval excludes zero (PGR divides by that gap)."))
     return tables
 
 

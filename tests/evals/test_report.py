@@ -243,6 +243,9 @@ def test_a_pair_the_data_cannot_tell_apart_gets_a_caution_before_its_apgr(tmp_pa
     lo, hi = tie["quality_gap"]["ci"]
     assert lo < 0 < hi and not tie["quality_gap"]["resolved"]
     (warning,) = tie["warnings"]
+    # Nor does any group get an APGR: within a group the gap is just as unresolved.
+    assert [("apgr" in g, g["gap_resolved"]) for g in tie["breakdown"]["source"]] == [(False, False)] * 2
+    assert all("apgr" in g and g["gap_resolved"] for g in _report(table(n=400))["breakdown"]["source"])
     assert "not told apart" in warning and f"{tie['quality_gap']['value']:+.3f}" in warning
     write_report(tie, tmp_path / "tie", [])
     for name in ("report.md", "report.html"):
