@@ -325,6 +325,17 @@ def _cell_number(cell: str | None, where: str, column: str) -> float | None:
         raise DataError(f"{where}: column {column}: {cell!r} is not a number") from None
 
 
+def _scale_hint(q: object) -> str:
+    """What a score above 1 probably is, and how to map it (judges often score 1-10, people 1-5 or %)."""
+    if isinstance(q, bool) or not isinstance(q, int | float) or not math.isfinite(q) or not 1.0 < q <= 100.0:
+        return ""
+    if q <= 5.0:
+        return " (a 1-5 rating? map it as (s - 1) / 4)"
+    if q <= 10.0:
+        return " (a 1-10 judge score? map it as (s - 1) / 9, as MT-bench's are)"
+    return " (a percentage? divide by 100)"
+
+
 def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledRequest:
     """Validate one JSON-shaped row (the CSV reader builds the same shape)."""
     if "messages" in obj:
@@ -348,7 +359,7 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
             qualities[str(model)] = float(q)
             continue
         if not isinstance(q, int | float) or not math.isfinite(q) or not 0.0 <= q <= 1.0:
-            raise DataError(f"{where}: scores.{model}: {q!r} is not a quality in [0, 1]")
+            raise DataError(f"{where}: scores.{model}: {q!r} is not a quality in [0, 1]{_scale_hint(q)}")
         qualities[str(model)] = float(q)
     costs_raw = obj.get("costs") or {}
     if not isinstance(costs_raw, dict):

@@ -160,7 +160,11 @@ def test_csv_loads_like_the_same_rows_in_jsonl(tmp_path: Path, capsys: pytest.Ca
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"prompt": "hi", "scores": {"a": 1.5, "b": 0}}', "scores.a: 1.5 is not a quality in [0, 1]"),
+        ('{"prompt": "hi", "scores": {"a": 1.5, "b": 0}}', "scores.a: 1.5 is not a quality in [0, 1] (a 1-5 rating?"),
+        ('{"prompt": "hi", "scores": {"a": 8, "b": 0}}', "scores.a: 8 is not a quality in [0, 1] (a 1-10 judge score? "
+         "map it as (s - 1) / 9"),
+        ('{"prompt": "hi", "scores": {"a": 85, "b": 0}}', "(a percentage? divide by 100)"),
+        ('{"prompt": "hi", "scores": {"a": -0.5, "b": 0}}', "scores.a: -0.5 is not a quality in [0, 1]"),
         ('{"scores": {"a": 1, "b": 0}}', "needs messages (a list) or prompt"),
         ('{"prompt": "hi", "scores": {}}', "scores must be an object"),
         ('{"prompt": "hi", "scores": {"a": 1}, "weight": -1}', "weight: -1 is not a number >= 0"),
