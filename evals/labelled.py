@@ -89,12 +89,17 @@ class LoadedSource:
     # ``logs:`` sources only: every request with an outcome of its served answer (off-policy rows).
     logged: list[LoggedOutcome] = field(default_factory=list)
     logged_skipped: dict[str, int] = field(default_factory=dict)
+    # ``--holdout``: which part of the source ``rows`` are ({fraction, part, seed}; evals.holdout).
+    holdout: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
-        """``{source, sha256, rows}`` (plus what was skipped): what ``version.json`` records."""
+        """``{source, sha256, rows}`` (plus what was skipped and the hold-out part): what ``version.json``
+        records."""
         out: dict[str, Any] = {"source": self.spec, "sha256": rows_hash(self.rows), "rows": len(self.rows)}
         if self.skipped:
             out["skipped"] = dict(self.skipped)
+        if self.holdout:
+            out["holdout"] = dict(self.holdout)
         return out
 
 

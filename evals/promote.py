@@ -16,6 +16,11 @@ not judged: APGR divides by that gap, so its interval spans several units and no
 clear it; one near-tie among the pairs of a multi-model file would otherwise block every promotion.
 With no pair left to judge the version is refused.
 
+Held-out data must not be training data. ``--holdout FRACTION`` keeps only the held-out part of each
+source (``evals.holdout``: the part ``pointsman train --holdout FRACTION`` left out). A ``--data`` source
+the candidate was trained on is refused unless the candidate was trained with ``--holdout`` and the
+gate's fraction is at most that one (a smaller fraction's part lies inside a larger one's).
+
 The verdict and its numbers are written into the registry either way (``verdicts.json`` of the
 version; on promotion also ``active.json``). Exit code: 0 promoted, 1 refused, 2 usage error.
 
@@ -237,6 +242,7 @@ def run_gate(
     progress: bool = True,
     log: Log = print,
     pairs: Sequence[tuple[str, str]] | None = None,
+    holdout: float | None = None,
 ) -> Verdict:
     """Compare ``version`` with the active router, write the verdict into the registry, return it.
 
@@ -262,6 +268,11 @@ def run_gate(
         raise GateError(f"{version} has no pair difficulty head to compare")
     gated = _select_pairs(info.pairs, pairs, version)
     loaded: list[LoadedSource] = [load_source(spec) for spec in sources]
+    _check_not_training_data(info, loaded, holdout)
+    if holdout is not None:
+        from evals.holdout import split_sources
+
+        loaded = split_sources(loaded, holdout, "heldout")
     rows: list[LabelledRequest] = [r for src in loaded for r in src.rows]
     log(
         f"promotion gate: {version} against {baseline.version} on {len(rows)} held-out requests "
@@ -321,6 +332,25 @@ def run_gate(
     else:
         registry.record_verdict(version, verdict.as_dict())
     return verdict
+
+
+def _check_not_training_data(info: Any, loaded: Sequence[LoadedSource], holdout: float | None) -> None:
+    """Refuse a gate whose held-out data is what the candidate was trained on (see the module docstring)."""
+    trained_on = {str(d.get("source")) for d in info.data}
+    recorded = (info.raw.get("holdout") or {}).get("fraction")
+    for src in loaded:
+        if src.spec not in trained_on:
+            continue
+        if recorded is None:
+            raise GateError(
+                f"--data {src.spec}: {info.version} was trained on all of it (no --holdout); gate it on other "
+                "held-out data, or train with --holdout FRACTION and gate with the same"
+            )
+        if holdout is None or holdout > recorded:
+            raise GateError(
+                f"--data {src.spec}: {info.version} was trained on it with --holdout {recorded:g}; add "
+                f"--holdout {recorded:g} (or less) so the gate reads only the part training left out"
+            )
 
 
 def _comparison_line(c: Comparison) -> str:
@@ -411,6 +441,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
+        "--holdout", type=float, metavar="FRACTION",
+        help="keep only the held-out part of each --data source: the part pointsman train --holdout FRACTION "
+        "left out of training",
+    )
+    parser.add_argument(
         "--force", action="store_true",
         help="make the version active without the gate (a rollback, or a choice made on other evidence); "
         "needs --reason, takes no --data",
@@ -432,12 +467,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--reason goes with --force (the gate writes its own reason)")
     if not args.data:
         parser.error("the following arguments are required: --data (or --force --reason TEXT)")
+    if args.holdout is not None and not 0 < args.holdout < 1:
+        parser.error(f"--holdout {args.holdout:g}: give a fraction strictly between 0 and 1, e.g. 0.2")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         verdict = run_gate(
             Path(args.registry), args.version, args.data, margin=args.margin, resamples=args.resamples,
-            seed=args.seed, progress=not args.no_progress, pairs=args.pair,
+            seed=args.seed, progress=not args.no_progress, pairs=args.pair, holdout=args.holdout,
         )
     except (GateError, DataError) as exc:
         print(f"pointsman promote: {exc}", file=sys.stderr)

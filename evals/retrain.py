@@ -501,6 +501,7 @@ class TrainOptions:
     prior_rows: int = PRIOR_MAX_ROWS  # at most this many bundled prompts in the warm-start prior
     progress: bool = True
     argv: list[str] = field(default_factory=list)
+    holdout: float | None = None  # keep this fraction of every source out of training (evals.holdout)
 
 
 @dataclass
@@ -579,6 +580,14 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
         skipped = f" (skipped: {src.skipped})" if src.skipped else ""
         log(f"  {len(src.rows)} requests, models: {', '.join(models_of(src.rows)) or 'none'}{skipped}")
         loaded.append(src)
+    if opts.holdout is not None:
+        from evals.holdout import split_sources
+
+        kept = split_sources(loaded, opts.holdout, "train")
+        total, train_rows = sum(len(s.rows) for s in loaded), sum(len(s.rows) for s in kept)
+        log(f"  --holdout {opts.holdout:g}: {total - train_rows} of {total} labelled requests held out for the "
+            "gate, training on the other " + str(train_rows))
+        loaded = kept
     rows = [r for src in loaded for r in src.rows]
     sources = [src.describe() for src in loaded]
     pairs, notes = choose_pairs(rows, opts.strong, opts.weak)
@@ -639,6 +648,10 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
             "training": {"seed": opts.seed, "folds": opts.folds, "warm_start": opts.warm_start,
                          "prior_weight": opts.prior_weight, "argv": [display_spec(a) for a in opts.argv]},
         }
+        if opts.holdout is not None:
+            from evals.holdout import describe as describe_holdout
+
+            info["holdout"] = describe_holdout(opts.holdout)
         version = registry.add_version(staging, info)
     except BaseException:
         import shutil

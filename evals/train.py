@@ -322,6 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "<data>/routerbench-train into --out/quality-routerbench-<encoder>/; for your own deployment only: "
         "RouterBench declares no licence, so the shipped artifact directory is refused",
     )
+    parser.add_argument(
+        "--holdout", type=float, metavar="FRACTION",
+        help="labelled --data: keep this fraction of the requests (by a hash of each prompt) out of training, "
+        "for pointsman promote --holdout FRACTION on the same sources",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -339,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("labelled --data needs --out REGISTRY_DIR (the router registry to add a version to)")
         if args.folds < 2:
             parser.error("--folds must be at least 2")
+        if args.holdout is not None and not 0 < args.holdout < 1:
+            parser.error(f"--holdout {args.holdout:g}: give a fraction strictly between 0 and 1, e.g. 0.2")
         if args.prior_weight is not None and (args.prior_weight < 0 or args.warm_start is False):
             parser.error("--prior-weight needs the warm start (not --no-warm-start) and a value >= 0")
         return _train_labelled(args, encoders, list(argv) if argv is not None else sys.argv[1:])
@@ -368,6 +375,7 @@ def _labelled_mode(args: argparse.Namespace) -> bool:
         len(sources) > 1
         or any(is_source_spec(s) for s in sources)
         or bool(args.strong or args.weak or args.warm_start is not None or args.prior_weight is not None)
+        or args.holdout is not None
         or (bool(args.out) and is_registry(args.out))
     )
 
@@ -389,6 +397,7 @@ def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[st
         folds=args.folds,
         progress=not args.no_progress,
         argv=argv,
+        holdout=args.holdout,
     )
     try:
         result = train_registry_version(opts)
@@ -416,9 +425,13 @@ def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[st
         print(f"{result.version} is the registry's active version (its first). Serve it with "
               f"classifiers: {{routers_dir: {result.registry}}}")
     else:
+        held = (
+            " ".join(f"--data {d['source']}" for d in result.info["data"]) + f" --holdout {args.holdout:g}"
+            if args.holdout is not None else "--data HELDOUT"
+        )
         print(
             f"{result.version} is not active (active: {result.info['parent']}). Compare and promote it with:\n"
-            f"  pointsman promote {result.version} --registry {result.registry} --data HELDOUT"
+            f"  pointsman promote {result.version} --registry {result.registry} {held}"
         )
     return 0
 

@@ -259,3 +259,41 @@ def test_force_usage_errors_write_nothing(
     assert sorted((p.relative_to(registry), p.read_bytes()) for p in registry.rglob("*.json")) == before
     assert main(["registry", "list", "--registry", str(tmp_path)]) == 2
     assert "is not a router registry" in capsys.readouterr().err
+
+
+def test_holdout_splits_one_source_between_train_and_the_gate(
+    registry: Path, trained: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Logged traffic is one stream: train --holdout F keeps a fixed part out, promote --holdout F reads only it,
+    and a gate on the candidate's own training data is refused."""
+    template, _, (v1, v2, _) = trained
+    assert RouterRegistry(registry).active_version() == v1
+    stream = write_jsonl(tmp_path / "stream.jsonl", rows(seed=11, n=200))
+    code = main(["train", "--data", f"file:{stream}", "--encoders", "static", "--out", str(registry),
+                 "--no-progress", "--folds", "3", "--holdout", "0.3"])
+    out = capsys.readouterr().out
+    assert code == 0
+    v4 = RouterRegistry(registry).versions()[-1]
+    (source,) = v4.data
+    assert source["holdout"]["part"] == "train" and 110 < source["rows"] < 170  # ~70% of 200
+    assert v4.raw["holdout"]["fraction"] == 0.3
+    assert f"--holdout 0.3: {200 - source['rows']} of 200 labelled requests held out" in out
+    assert f"pointsman promote {v4.version} --registry {registry} --data file:{stream} --holdout 0.3" in out
+
+    for args, message in (
+        ([], "was trained on it with --holdout 0.3; add --holdout 0.3"),
+        (["--holdout", "0.5"], "was trained on it with --holdout 0.3"),
+    ):
+        code, _, err = _promote(capsys, v4.version, "--registry", str(registry), "--data", f"file:{stream}", *args)
+        assert code == 2 and message in err, err
+    right = template.parent / "right.jsonl"  # what v2 was trained on, all of it
+    code, _, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{right}")
+    assert code == 2 and f"{v2} was trained on all of it (no --holdout)" in err
+
+    code, out, err = _promote(capsys, v4.version, "--registry", str(registry), "--data", f"file:{stream}",
+                              "--holdout", "0.3")
+    assert code == 0, out + err  # v4 learnt the right relation, the active v1 the wrong one
+    verdict = RouterRegistry(registry).info(v4.version).verdicts[-1]
+    (gate_source,) = verdict["data"]
+    assert gate_source["rows"] == 200 - source["rows"] and gate_source["holdout"]["part"] == "heldout"
+    assert verdict["comparisons"][0]["rows"] == gate_source["rows"]

@@ -286,7 +286,8 @@ def test_todays_calls_keep_rebuilding_the_shipped_artifacts() -> None:
     from evals.train import _labelled_mode
 
     def ns(**kw: Any) -> argparse.Namespace:
-        base = {"data": None, "strong": None, "weak": None, "warm_start": None, "prior_weight": None, "out": None}
+        base = {"data": None, "strong": None, "weak": None, "warm_start": None, "prior_weight": None, "out": None,
+                "holdout": None}
         return argparse.Namespace(**{**base, **kw})
 
     from evals.data import resolve_data_dir
