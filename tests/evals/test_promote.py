@@ -147,12 +147,18 @@ def three_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, 
     return registry, heldout, [v.version for v in RouterRegistry(registry).versions()]
 
 
+@pytest.fixture
+def registry3(three_models: tuple[Path, Path, list[str]], tmp_path: Path) -> Path:
+    copy = tmp_path / "routers3"
+    shutil.copytree(three_models[0], copy)
+    return copy
+
+
 def test_a_near_tied_pair_is_reported_but_does_not_block_the_promotion(
-    three_models: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    three_models: tuple[Path, Path, list[str]], registry3: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    template, heldout, (v1, v2) = three_models
-    registry = tmp_path / "routers"
-    shutil.copytree(template, registry)
+    _, heldout, (v1, v2) = three_models
+    registry = registry3
     assert RouterRegistry(registry).active_version() == v1
     code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}")
     assert code == 0, out + err
@@ -171,11 +177,10 @@ def test_a_near_tied_pair_is_reported_but_does_not_block_the_promotion(
 
 
 def test_pair_gates_only_the_named_pairs(
-    three_models: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    three_models: tuple[Path, Path, list[str]], registry3: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     template, heldout, (v1, v2) = three_models
-    registry = tmp_path / "routers"
-    shutil.copytree(template, registry)
+    registry = registry3
     code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}",
                               "--pair", f"{WEAK},{STRONG}")  # either order names the pair
     assert code == 0, out + err
