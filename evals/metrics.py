@@ -88,8 +88,8 @@ class QualityGap:
         return (
             f"the two models' mean qualities are not told apart on these requests (strong minus weak "
             f"{self.value:+.3f} [95% CI {self.lo:+.3f}, {self.hi:+.3f}]): PGR, APGR and CPT divide by that gap, "
-            "so they swing wildly and mean little here; judge this pair by routed quality and cost (AIQ, the "
-            "knob's quality in pointsman eval) or label more requests"
+            "so they swing wildly and mean little here; judge this pair by the quality and cost a route gets "
+            "(pointsman eval's knob row) or label more requests"
         )
 
 
