@@ -10,6 +10,8 @@ appears in, and a request logged after training lands on the same side it would 
 
 from __future__ import annotations
 
+import argparse
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal
@@ -22,14 +24,14 @@ HOLDOUT_SEED = 7_310_001
 Part = Literal["train", "heldout"]
 
 
-class HoldoutError(ValueError):
-    """A fraction outside (0, 1)."""
-
-
-def check_fraction(fraction: float) -> float:
-    """``fraction`` if it is strictly between 0 and 1."""
+def holdout_fraction(value: str) -> float:
+    """``--holdout``'s argparse type: a fraction strictly between 0 and 1."""
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = math.nan
     if not 0.0 < fraction < 1.0:
-        raise HoldoutError(f"--holdout {fraction:g}: give a fraction strictly between 0 and 1, e.g. 0.2")
+        raise argparse.ArgumentTypeError(f"{value!r}: give a fraction strictly between 0 and 1, e.g. 0.2")
     return fraction
 
 
@@ -42,7 +44,6 @@ def split_sources(sources: Sequence[LoadedSource], fraction: float, part: Part) 
     """Each source with only its ``part`` rows; ``describe()`` then names the part and the fraction."""
     from evals.retrain import row_key
 
-    check_fraction(fraction)
     want_held = part == "heldout"
     return [
         replace(

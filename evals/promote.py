@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from classifiers.heads import Head, load_head
-from classifiers.registry import RouterRegistry, is_registry, resolve_routers_dir
+from classifiers.registry import RouterRegistry, VersionInfo, is_registry, resolve_routers_dir
+from evals.holdout import holdout_fraction, split_sources
 from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
 from evals.metrics import QualityGap, quality_gap
 from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
@@ -254,24 +255,14 @@ def run_gate(
 
     if resamples < MIN_RESAMPLES:
         raise GateError(f"--resamples must be at least {MIN_RESAMPLES}")
-    if not is_registry(registry_dir):
-        raise GateError(f"{registry_dir} is not a router registry (no registry.json)")
-    registry = RouterRegistry(registry_dir)
-    try:
-        info = registry.info(version)
-    except KeyError as exc:
-        raise GateError(str(exc.args[0])) from None
+    registry, info = _inactive_version(registry_dir, version)
     baseline = resolve_routers_dir(registry_dir)
-    if baseline.version == version:
-        raise GateError(f"{version} is already the active version of {registry_dir}")
     if not info.pairs:
         raise GateError(f"{version} has no pair difficulty head to compare")
     gated = _select_pairs(info.pairs, pairs, version)
     loaded: list[LoadedSource] = [load_source(spec) for spec in sources]
     _check_not_training_data(info, loaded, holdout)
     if holdout is not None:
-        from evals.holdout import split_sources
-
         loaded = split_sources(loaded, holdout, "heldout")
     rows: list[LabelledRequest] = [r for src in loaded for r in src.rows]
     log(
@@ -334,7 +325,22 @@ def run_gate(
     return verdict
 
 
-def _check_not_training_data(info: Any, loaded: Sequence[LoadedSource], holdout: float | None) -> None:
+def _inactive_version(registry_dir: Path, version: str) -> tuple[RouterRegistry, VersionInfo]:
+    """The registry and ``version``'s info, for promoting it; :class:`GateError` for a directory that is
+    not a registry, an unknown version or the active one."""
+    if not is_registry(registry_dir):
+        raise GateError(f"{registry_dir} is not a router registry (no registry.json)")
+    registry = RouterRegistry(registry_dir)
+    try:
+        info = registry.info(version)
+    except KeyError as exc:
+        raise GateError(str(exc.args[0])) from None
+    if registry.active_version() == version:
+        raise GateError(f"{version} is already the active version of {registry_dir}")
+    return registry, info
+
+
+def _check_not_training_data(info: VersionInfo, loaded: Sequence[LoadedSource], holdout: float | None) -> None:
     """Refuse a gate whose held-out data is what the candidate was trained on (see the module docstring)."""
     trained_on = {str(d.get("source")) for d in info.data}
     recorded = (info.raw.get("holdout") or {}).get("fraction")
@@ -398,16 +404,8 @@ def force_promote(registry_dir: Path, version: str, reason: str) -> str | None:
     """
     if not reason.strip():
         raise GateError("--force needs --reason TEXT: it is recorded with the promotion")
-    if not is_registry(registry_dir):
-        raise GateError(f"{registry_dir} is not a router registry (no registry.json)")
-    registry = RouterRegistry(registry_dir)
-    try:
-        registry.version_dir(version)
-    except KeyError as exc:
-        raise GateError(str(exc.args[0])) from None
+    registry, _ = _inactive_version(registry_dir, version)
     previous = registry.active_version()
-    if previous == version:
-        raise GateError(f"{version} is already the active version of {registry_dir}")
     registry.promote(version, {
         "decision": "promoted", "forced": True, "against": previous,
         "reason": f"forced without the gate: {reason.strip()}",
@@ -441,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
-        "--holdout", type=float, metavar="FRACTION",
+        "--holdout", type=holdout_fraction, metavar="FRACTION",
         help="keep only the held-out part of each --data source: the part pointsman train --holdout FRACTION "
         "left out of training",
     )
@@ -467,8 +465,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--reason goes with --force (the gate writes its own reason)")
     if not args.data:
         parser.error("the following arguments are required: --data (or --force --reason TEXT)")
-    if args.holdout is not None and not 0 < args.holdout < 1:
-        parser.error(f"--holdout {args.holdout:g}: give a fraction strictly between 0 and 1, e.g. 0.2")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:

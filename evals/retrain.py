@@ -42,8 +42,10 @@ from classifiers.heads import Head, build_features
 from classifiers.registry import RouterRegistry, is_registry, pair_artifact
 from evals.data.prior import PRIOR_ROWS
 from evals.data.split import fold_of
+from evals.holdout import describe as describe_holdout
+from evals.holdout import split_sources
 from evals.labelled import LabelledRequest, LoadedSource, display_spec, encoder_matches, models_of
-from evals.metrics import evaluate_scores, quality_gap
+from evals.metrics import QualityGap, evaluate_scores, quality_gap
 
 Log = Callable[[str], None]
 
@@ -241,6 +243,7 @@ class PairResult:
     artifact: str
     head: Head
     metrics: dict[str, Any]
+    gap: QualityGap  # the pair's mean quality gap over its labelled prompts (also in ``metrics``)
 
 
 def _pair_arrays(data: Embedded, strong: str, weak: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -372,7 +375,7 @@ def train_pair(
         },
         "created_at": created_at(),
     }
-    return PairResult(strong, weak, encoder_name, artifact, head, metrics)
+    return PairResult(strong, weak, encoder_name, artifact, head, metrics, gap)
 
 
 def _round(v: float) -> float | None:
@@ -581,8 +584,6 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
         log(f"  {len(src.rows)} requests, models: {', '.join(models_of(src.rows)) or 'none'}{skipped}")
         loaded.append(src)
     if opts.holdout is not None:
-        from evals.holdout import split_sources
-
         kept = split_sources(loaded, opts.holdout, "train")
         total, train_rows = sum(len(s.rows) for s in loaded), sum(len(s.rows) for s in kept)
         log(f"  --holdout {opts.holdout:g}: {total - train_rows} of {total} labelled requests held out for the "
@@ -649,8 +650,6 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
                          "prior_weight": opts.prior_weight, "argv": [display_spec(a) for a in opts.argv]},
         }
         if opts.holdout is not None:
-            from evals.holdout import describe as describe_holdout
-
             info["holdout"] = describe_holdout(opts.holdout)
         version = registry.add_version(staging, info)
     except BaseException:

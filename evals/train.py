@@ -19,7 +19,6 @@ labelled requests into a new version of a router registry instead (:mod:`evals.r
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -47,7 +46,7 @@ from evals.difficulty import (
     fit_candidate,
 )
 from evals.embeddings import embed_prompts, get_encoder, prompt_text
-from evals.metrics import QualityGap
+from evals.holdout import holdout_fraction
 
 ROUTERS_DIR = REPO_ROOT / "classifiers" / "artifacts" / "routers"
 ENCODERS = ("minilm", "static")
@@ -323,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "RouterBench declares no licence, so the shipped artifact directory is refused",
     )
     parser.add_argument(
-        "--holdout", type=float, metavar="FRACTION",
+        "--holdout", type=holdout_fraction, metavar="FRACTION",
         help="labelled --data: keep this fraction of the requests (by a hash of each prompt) out of training, "
         "for pointsman promote --holdout FRACTION on the same sources",
     )
@@ -344,8 +343,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("labelled --data needs --out REGISTRY_DIR (the router registry to add a version to)")
         if args.folds < 2:
             parser.error("--folds must be at least 2")
-        if args.holdout is not None and not 0 < args.holdout < 1:
-            parser.error(f"--holdout {args.holdout:g}: give a fraction strictly between 0 and 1, e.g. 0.2")
         if args.prior_weight is not None and (args.prior_weight < 0 or args.warm_start is False):
             parser.error("--prior-weight needs the warm start (not --no-warm-start) and a value >= 0")
         return _train_labelled(args, encoders, list(argv) if argv is not None else sys.argv[1:])
@@ -415,8 +412,7 @@ def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[st
             f"(random router {_fmt(rlo)}-{_fmt(rhi)})"
         )
         # PGR divides by the pair's mean quality gap: near zero, APGR swings wildly and means nothing.
-        gap = m["quality_gap"]
-        warning = QualityGap(*(math.nan if v is None else v for v in (gap["value"], *gap["ci95"]))).warning()
+        warning = pair.gap.warning()
         if warning:
             print(f"    note: {warning}")
     for name, q in result.info["metrics"]["quality"].items():
