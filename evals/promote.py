@@ -16,10 +16,15 @@ not judged: APGR divides by that gap, so its interval spans several units and no
 clear it; one near-tie among the pairs of a multi-model file would otherwise block every promotion.
 With no pair left to judge the version is refused.
 
-Held-out data must not be training data. ``--holdout FRACTION`` keeps only the held-out part of each
-source (``evals.holdout``: the part ``pointsman train --holdout FRACTION`` left out). A ``--data`` source
-the candidate was trained on is refused unless the candidate was trained with ``--holdout`` and the
-gate's fraction is at most that one (a smaller fraction's part lies inside a larger one's).
+Held-out data must not be training data. A version records which requests it was trained on
+(:mod:`evals.trained_rows`: hashes, no text); the gate leaves out every held-out request the candidate
+or the active version was trained on, says how many, and records the counts in the verdict. So
+``--data logs:STORE`` after training grades the routers on the traffic logged since (and on what
+``--holdout`` kept out), and a gate on the very file the candidate learnt from is refused. ``--holdout
+FRACTION`` keeps only the held-out part of each source (``evals.holdout``: the part ``pointsman train
+--holdout FRACTION`` left out). For a version that recorded no training requests (trained before this
+was recorded) the check is by source: a ``--data`` source it was trained on is refused unless it was
+trained with ``--holdout`` and the gate's fraction is at most that one.
 
 The verdict and its numbers are written into the registry either way (``verdicts.json`` of the
 version; on promotion also ``active.json``). Exit code: 0 promoted, 1 refused, 2 usage error.
@@ -43,11 +48,18 @@ from typing import Any
 import numpy as np
 
 from classifiers.heads import Head, load_head
-from classifiers.registry import RouterRegistry, VersionInfo, is_registry, resolve_routers_dir
+from classifiers.registry import (
+    SHIPPED_ROUTERS_DIR,
+    RouterRegistry,
+    VersionInfo,
+    is_registry,
+    resolve_routers_dir,
+)
 from evals.holdout import holdout_fraction, split_sources
 from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
 from evals.metrics import QualityGap, quality_gap
 from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
+from evals.trained_rows import key_hashes, load_trained_rows, trained_mask
 
 Log = Callable[[str], None]
 MIN_RESAMPLES = 1000
@@ -120,6 +132,8 @@ class Verdict:
     comparisons: list[Comparison] = field(default_factory=list)
     not_gated: list[dict[str, str]] = field(default_factory=list)
     reason: str = ""
+    #: Held-out requests left out because a router was trained on them: {"candidate": n, "active": m}.
+    excluded: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """What goes into the registry."""
@@ -134,6 +148,7 @@ class Verdict:
             "resamples": self.resamples,
             "seed": self.seed,
             "data": self.data,
+            "excluded_training_rows": self.excluded,
             "comparisons": [c.as_dict() for c in self.comparisons],
             "not_gated": self.not_gated,
             "reason": self.reason,
@@ -261,15 +276,24 @@ def run_gate(
         raise GateError(f"{version} has no pair difficulty head to compare")
     gated = _select_pairs(info.pairs, pairs, version)
     loaded: list[LoadedSource] = [load_source(spec) for spec in sources]
-    _check_not_training_data(info, loaded, holdout)
+    candidate_rows = _trained_rows(info)
+    if candidate_rows is None:  # a version from before row membership was recorded: judge by source
+        _check_not_training_data(info, loaded, holdout)
     if holdout is not None:
         loaded = split_sources(loaded, holdout, "heldout")
-    rows: list[LabelledRequest] = [r for src in loaded for r in src.rows]
+    rows, excluded = _leave_out_training_rows(
+        [r for src in loaded for r in src.rows], candidate_rows,
+        _trained_rows(registry.info(baseline.version)) if baseline.directory != SHIPPED_ROUTERS_DIR else None,
+    )
     log(
         f"promotion gate: {version} against {baseline.version} on {len(rows)} held-out requests "
         f"({', '.join(src.spec for src in loaded)}), {resamples} paired bootstrap resamples, margin {margin:g}"
     )
-    verdict = Verdict(version, baseline.version, False, margin, resamples, seed, [s.describe() for s in loaded])
+    if excluded["candidate"] or excluded["active"]:
+        log(f"  left out {excluded['candidate']} requests {version} was trained on and {excluded['active']} the "
+            f"active version was trained on")
+    verdict = Verdict(version, baseline.version, False, margin, resamples, seed, [s.describe() for s in loaded],
+                      excluded=excluded)
     for pair in info.pairs:
         if pair not in gated:
             verdict.not_gated.append({"strong": pair["strong"], "weak": pair["weak"],
@@ -340,8 +364,38 @@ def _inactive_version(registry_dir: Path, version: str) -> tuple[RouterRegistry,
     return registry, info
 
 
+def _trained_rows(info: VersionInfo) -> np.ndarray | None:
+    """The hashes of the requests ``info``'s version was trained on; None if it did not record them."""
+    try:
+        return load_trained_rows(info.path, info.raw.get("trained_rows"))
+    except (OSError, ValueError) as exc:
+        raise GateError(f"{info.version}: cannot read the record of its training requests: {exc}") from None
+
+
+def _leave_out_training_rows(
+    rows: list[LabelledRequest], candidate: np.ndarray | None, active: np.ndarray | None
+) -> tuple[list[LabelledRequest], dict[str, Any]]:
+    """``rows`` without those either router was trained on, and how many each accounted for."""
+    hashes = key_hashes(rows)
+    in_candidate, in_active = trained_mask(hashes, candidate), trained_mask(hashes, active)
+    kept = [r for r, drop in zip(rows, in_candidate | in_active, strict=True) if not drop]
+    excluded = {
+        "candidate": int(in_candidate.sum()),
+        "active": int(in_active.sum()),
+        "active_recorded": active is not None,
+    }
+    if rows and not kept:
+        raise GateError(
+            f"all {len(rows)} held-out requests were training data of the candidate ({excluded['candidate']}) or "
+            f"the active version ({excluded['active']}); gate on requests neither was trained on (pointsman train "
+            "--holdout FRACTION keeps a part out, as does new traffic logged after training)"
+        )
+    return kept, excluded
+
+
 def _check_not_training_data(info: VersionInfo, loaded: Sequence[LoadedSource], holdout: float | None) -> None:
-    """Refuse a gate whose held-out data is what the candidate was trained on (see the module docstring)."""
+    """For a candidate that recorded no training requests: refuse held-out data that is a source it was
+    trained on (see the module docstring)."""
     trained_on = {str(d.get("source")) for d in info.data}
     recorded = (info.raw.get("holdout") or {}).get("fraction")
     for src in loaded:

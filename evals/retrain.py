@@ -46,6 +46,7 @@ from evals.holdout import describe as describe_holdout
 from evals.holdout import split_sources
 from evals.labelled import LabelledRequest, LoadedSource, display_spec, encoder_matches, models_of
 from evals.metrics import QualityGap, evaluate_scores, quality_gap
+from evals.trained_rows import write_trained_rows
 
 Log = Callable[[str], None]
 
@@ -520,10 +521,11 @@ class TrainResult:
 
 def _prior(
     opts: TrainOptions, encoder: Any, strong: str, weak: str, cheap: bool, loaded_bundled: bool, log: Log
-) -> tuple[Any, dict[str, Any] | None]:
-    """The warm-start prior for one pair (bundled data as a ``PairPrior``), or (None, None)."""
+) -> tuple[Any, dict[str, Any] | None, list[LabelledRequest]]:
+    """The warm-start prior for one pair (bundled data as a ``PairPrior``), what the version records about
+    it, and its rows (trained on too); (None, None, []) without one."""
     if opts.warm_start is False:
-        return None, None
+        return None, None, []
     from evals.data import STRONG, WEAK
     from evals.data.prior import PRIOR_FILE, load_prior_rows, sample_rows
     from evals.pair_fit import PRIOR_WEIGHT, PairPrior
@@ -531,14 +533,14 @@ def _prior(
     matches = (strong, weak) == (STRONG, WEAK)
     if matches and loaded_bundled:
         log(f"  warm start skipped for {strong} vs {weak}: the bundled data is already training data")
-        return None, {"source": "bundled", "used": False, "reason": "bundled data is training data"}
+        return None, {"source": "bundled", "used": False, "reason": "bundled data is training data"}, []
     try:
         # The sample that ships in the package (evals/data/prior): the same prior on every install.
         rows = load_prior_rows()
     except OSError as exc:  # a broken install: say so, and train without a prior unless it was asked for
         if opts.warm_start is None:
             log(f"  no warm start for {strong} vs {weak}: the shipped prior {PRIOR_FILE} cannot be read ({exc})")
-            return None, {"source": "bundled", "used": False, "reason": f"cannot read {PRIOR_FILE}"}
+            return None, {"source": "bundled", "used": False, "reason": f"cannot read {PRIOR_FILE}"}, []
         raise TrainError(f"--warm-start needs the shipped prior {PRIOR_FILE}: {exc}") from exc
     # Fewer rows on request (a seeded sample): the prior's total weight is fixed anyway, and every fit
     # (one per CV fold and penalty) pays for each prior row.
@@ -558,7 +560,7 @@ def _prior(
         "weight": PRIOR_WEIGHT if opts.prior_weight is None else opts.prior_weight,
         "weight_meaning": "total weight of the prior relative to the new data's total weight",
     }
-    return prior, info
+    return prior, info, list(emb.rows)
 
 
 def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
@@ -602,6 +604,8 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
     metrics: dict[str, Any] = {"pairs": [], "quality": {}}
     encoder_ids: dict[str, str] = {}
     loaded_bundled = any(s == "bundled" for s in opts.sources)
+    # Every request a head was fitted on (the prior's too): the gate leaves these out of its held-out data.
+    trained_on: list[LabelledRequest] = list(rows)
     try:
         for name in opts.encoders:
             log(f"[{name}] loading the encoder and embedding {len(rows)} requests")
@@ -617,7 +621,8 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
                         f"{strong} vs {weak}: only {len(idx)} labelled requests usable with encoder {name}"
                     )
                 cheap = data.subset(idx).all_text
-                prior, prior_info = _prior(opts, encoder, strong, weak, cheap, loaded_bundled, log)
+                prior, prior_info, prior_rows = _prior(opts, encoder, strong, weak, cheap, loaded_bundled, log)
+                trained_on.extend(prior_rows)
                 result = train_pair(
                     data, strong, weak, name, encoder.id, seed=opts.seed, folds=opts.folds,
                     resamples=opts.resamples, prior=prior, prior_weight=opts.prior_weight, prior_info=prior_info,
@@ -651,6 +656,7 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
         }
         if opts.holdout is not None:
             info["holdout"] = describe_holdout(opts.holdout)
+        info["trained_rows"] = write_trained_rows(staging, trained_on)
         version = registry.add_version(staging, info)
     except BaseException:
         import shutil

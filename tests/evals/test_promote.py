@@ -12,6 +12,9 @@ import pytest
 
 from classifiers.provider import load_router_heads
 from classifiers.registry import RouterRegistry
+from evals.holdout import is_held_out
+from evals.labelled import load_source
+from evals.retrain import row_key
 from gateway.cli import main
 from tests.evals.labelled_files import STRONG, TWIN, WEAK, rows, with_twin, write_jsonl
 
@@ -40,6 +43,10 @@ def registry(trained: tuple[Path, Path, list[str]], tmp_path: Path) -> Path:
     return copy
 
 
+def _prompts(path: Path) -> set[str]:
+    return {json.loads(line)["prompt"] for line in path.read_text().splitlines()}
+
+
 def _promote(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(["promote", *args, "--no-progress"])
     out = capsys.readouterr()
@@ -59,9 +66,18 @@ def test_a_better_version_is_promoted_and_served(
     verdict = active["verdict"]
     assert verdict["decision"] == "promoted" and verdict["against"] == v1 and verdict["margin"] == 0.0
     assert verdict["resamples"] == 2000 and verdict["data"][0]["rows"] == 120
+    # The short chat prompts repeat across files: held-out prompts either router was trained on are left out.
+    in_right, in_wrong = (_prompts(trained[0].parent / f"{name}.jsonl") for name in ("right", "wrong"))
+    held = [json.loads(line)["prompt"] for line in heldout.read_text().splitlines()]
+    excluded = verdict["excluded_training_rows"]
+    assert excluded == {"candidate": sum(p in in_right for p in held), "active": sum(p in in_wrong for p in held),
+                        "active_recorded": True}
+    fresh = sum(p not in in_right | in_wrong for p in held)
+    assert 60 < fresh < 120 and excluded["candidate"] > 0 and excluded["active"] > 0
+    assert f"left out {excluded['candidate']} requests {v2} was trained on and {excluded['active']} the active" in out
     (cmp,) = verdict["comparisons"]
-    assert (cmp["strong"], cmp["weak"], cmp["rows"]) == (STRONG, WEAK, 120)
-    assert cmp["apgr_candidate"] > 0.65 > 0.35 > cmp["apgr_active"]
+    assert (cmp["strong"], cmp["weak"], cmp["rows"]) == (STRONG, WEAK, fresh)
+    assert cmp["apgr_candidate"] > 0.55 > 0.45 > cmp["apgr_active"]
     assert cmp["apgr_diff_ci95"][0] > 0 and cmp["passed"] and cmp["resamples_used"] == 2000
     assert f"difference {cmp['apgr_diff']:+.3f}" in out
     assert RouterRegistry(registry).info(v2).verdicts[-1]["decision"] == "promoted"
@@ -269,8 +285,9 @@ def test_force_usage_errors_write_nothing(
 def test_holdout_splits_one_source_between_train_and_the_gate(
     registry: Path, trained: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Logged traffic is one stream: train --holdout F keeps a fixed part out, promote --holdout F reads only it,
-    and a gate on the candidate's own training data is refused."""
+    """Logged traffic is one stream: train --holdout F keeps a fixed part out and promote --holdout F reads only
+    it; whatever the gate reads, requests the candidate or the active version trained on are left out (for a
+    version that did not record them, a source it trained on is refused), and a gate on nothing else is refused."""
     template, _, (v1, v2, _) = trained
     assert RouterRegistry(registry).active_version() == v1
     stream = write_jsonl(tmp_path / "stream.jsonl", rows(seed=11, n=200))
@@ -285,20 +302,41 @@ def test_holdout_splits_one_source_between_train_and_the_gate(
     assert f"--holdout 0.3: {200 - source['rows']} of 200 labelled requests held out" in out
     assert f"pointsman promote {v4.version} --registry {registry} --data file:{stream} --holdout 0.3" in out
 
-    for args, message in (
-        ([], "was trained on it with --holdout 0.3; add --holdout 0.3"),
-        (["--holdout", "0.5"], "was trained on it with --holdout 0.3"),
-    ):
-        code, _, err = _promote(capsys, v4.version, "--registry", str(registry), "--data", f"file:{stream}", *args)
-        assert code == 2 and message in err, err
     right = template.parent / "right.jsonl"  # what v2 was trained on, all of it
+    code, _, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{right}")
+    assert code == 2 and "all 120 held-out requests were training data of the candidate (120)" in err
+    assert RouterRegistry(registry).info(v2).verdicts == []  # a usage error writes nothing
+    # A version from before training rows were recorded is judged by source.
+    manifest = registry / "versions" / v2 / "version.json"
+    older = json.loads(manifest.read_text())
+    del older["trained_rows"]
+    manifest.write_text(json.dumps(older))
+    (registry / "versions" / v2 / "trained_rows.npy").unlink()
     code, _, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{right}")
     assert code == 2 and f"{v2} was trained on all of it (no --holdout)" in err
 
-    code, out, err = _promote(capsys, v4.version, "--registry", str(registry), "--data", f"file:{stream}",
-                              "--holdout", "0.3")
-    assert code == 0, out + err  # v4 learnt the right relation, the active v1 the wrong one
-    verdict = RouterRegistry(registry).info(v4.version).verdicts[-1]
+    # Without --holdout, or with a larger fraction, the rows v4 trained on are left out all the same; so are
+    # those the active v1 was trained on.
+    stream_rows = load_source(f"file:{stream}").rows
+    v4_trained = [not is_held_out(row_key(r), 0.3) for r in stream_rows]
+    v1_trained = [row_key(r) in {row_key(w) for w in load_source(f"file:{template.parent / 'wrong.jsonl'}").rows}
+                  for r in stream_rows]
+    assert sum(v4_trained) == source["rows"] and any(v1_trained)
+    for fraction in (None, 0.5, 0.3):
+        read = [fraction is None or is_held_out(row_key(r), fraction) for r in stream_rows]
+        args = [] if fraction is None else ["--holdout", str(fraction)]
+        code, out, err = _promote(capsys, v4.version, "--registry", str(registry), "--data", f"file:{stream}", *args,
+                                  "--resamples", "1000")
+        assert code == 0, out + err  # v4 learnt the right relation, the active v1 the wrong one
+        verdict = RouterRegistry(registry).info(v4.version).verdicts[-1]
+        assert verdict["excluded_training_rows"] == {
+            "candidate": sum(r and t for r, t in zip(read, v4_trained, strict=True)),
+            "active": sum(r and t for r, t in zip(read, v1_trained, strict=True)),
+            "active_recorded": True,
+        }
+        assert verdict["comparisons"][0]["rows"] == sum(
+            r and not (a or b) for r, a, b in zip(read, v4_trained, v1_trained, strict=True)
+        )
+        RouterRegistry(registry).promote(v1, {"decision": "promoted", "reason": "test: back to v1"})
     (gate_source,) = verdict["data"]
     assert gate_source["rows"] == 200 - source["rows"] and gate_source["holdout"]["part"] == "heldout"
-    assert verdict["comparisons"][0]["rows"] == gate_source["rows"]

@@ -16,7 +16,9 @@ from classifiers.conversation import conversation_text
 from classifiers.heads import build_features
 from classifiers.provider import load_router_heads
 from classifiers.registry import RouterRegistry
+from evals.data.prior import load_prior_rows
 from evals.labelled import DataError, load_source
+from evals.trained_rows import key_hashes, load_trained_rows
 from gateway.cli import main
 from tests.evals.labelled_files import STRONG, TWIN, WEAK, prompts, rows, with_twin, write_csv, write_jsonl
 
@@ -68,6 +70,11 @@ def test_train_from_a_labelled_file_writes_the_active_version_and_serves_it(
     # The prompt decides who is needed, so the cross-validated figure clears the random band.
     assert pair["cv_apgr"] > 0.65 and lo > pair["random_apgr_band95"][1]
     assert f"CV APGR {pair['cv_apgr']:.3f}" in stdout
+    # What it was trained on, as hashes the promotion gate reads: the file's prompts and the warm-start prior's.
+    trained = load_trained_rows(info.path, info.raw["trained_rows"])
+    assert trained is not None and info.raw["trained_rows"]["count"] == len(trained)
+    expected = np.union1d(key_hashes(load_source(f"file:{labelled}").rows), key_hashes(load_prior_rows()))
+    assert np.array_equal(trained, expected)
     # Served: the registry as routers_dir gives the pair head, which sends math to the strong model.
     heads = load_router_heads("static", out)
     assert heads.version == info.version and set(heads.pairs) == {(STRONG, WEAK)}
@@ -124,6 +131,7 @@ def test_a_second_training_is_inactive_reproducible_and_names_its_parent(
     assert f"pointsman promote {second.version} --registry {out}" in stdout
     # Same inputs and seed: the same weights, byte for byte.
     assert first.raw["weights_sha256"] == second.raw["weights_sha256"]
+    assert (first.path / "trained_rows.npy").read_bytes() == (second.path / "trained_rows.npy").read_bytes()
     assert first.version.split("-")[1] == second.version.split("-")[1]
     assert second.raw["training"]["seed"] == 0 and second.raw["training"]["folds"] == 3
 

@@ -1,0 +1,96 @@
+"""Which requests a registry version was trained on, so the promotion gate can leave them out.
+
+``pointsman train`` writes ``trained_rows.npy`` into the version: the sorted, distinct 64-bit hashes of
+the key of every request it trained on (the fold key, :func:`evals.retrain.row_key`: the conversation
+text, else the request id, else the stored embedding), the warm-start prior's prompts included. No text
+is stored, only hashes. ``pointsman promote`` hashes its held-out requests the same way and leaves out
+those the candidate or the active version was trained on: a gate must not grade a router on its own
+training rows, and should not grade the incumbent on its own either. Membership is by row rather than
+by source, so new traffic logged after training counts as held out even from the same store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evals.labelled import LabelledRequest
+
+TRAINED_ROWS_FILE = "trained_rows.npy"
+HASH = "blake2b-64 of the fold key (the conversation text, else the request id, else the stored embedding)"
+
+
+def hash_key(key: str) -> int:
+    """The 64-bit hash of one fold key."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+def key_hashes(rows: Iterable[LabelledRequest]) -> np.ndarray:
+    """The 64-bit hash of each row's key, in row order."""
+    from evals.retrain import row_key
+
+    return np.array([hash_key(row_key(r)) for r in rows], dtype=np.uint64)
+
+
+def text_hashes(conversations: Iterable[list[dict[str, Any]]]) -> np.ndarray:
+    """The hash of each conversation (OpenAI messages), keyed like a labelled row with that text."""
+    from classifiers.conversation import conversation_text
+    from evals.labelled import MAX_CHARS
+
+    return np.array(
+        [hash_key(conversation_text({"messages": m}, max_chars=MAX_CHARS)) for m in conversations], dtype=np.uint64
+    )
+
+
+def write_trained_rows(directory: Path, rows: Sequence[LabelledRequest]) -> dict[str, Any]:
+    """Write the distinct hashes of ``rows`` into ``directory``; returns what ``version.json`` records."""
+    hashes = np.unique(key_hashes(rows))
+    np.save(directory / TRAINED_ROWS_FILE, hashes, allow_pickle=False)
+    return {"file": TRAINED_ROWS_FILE, "count": len(hashes), "hash": HASH}
+
+
+def load_trained_rows(version_dir: Path, recorded: Any) -> np.ndarray | None:
+    """The sorted hashes a version recorded, or ``None`` when it recorded none (older versions, shipped heads).
+
+    A recorded but unreadable file is an error (``OSError``/``ValueError``): the gate must not silently
+    treat a version as trained on nothing.
+    """
+    if not isinstance(recorded, dict) or "file" not in recorded:
+        return None
+    hashes = np.load(version_dir / str(recorded["file"]), allow_pickle=False)
+    if hashes.dtype != np.uint64 or hashes.ndim != 1:
+        raise ValueError(f"{version_dir / str(recorded['file'])}: not a 1-d uint64 array")
+    return hashes
+
+
+def trained_mask(hashes: np.ndarray, trained: np.ndarray | None) -> np.ndarray:
+    """For each of ``hashes``, whether it is among the sorted ``trained`` hashes (all False for ``None``)."""
+    if trained is None or len(trained) == 0:
+        return np.zeros(len(hashes), dtype=bool)
+    at = np.searchsorted(trained, hashes)
+    at[at >= len(trained)] = 0
+    return np.asarray(trained[at] == hashes)
+
+
+def router_training_rows(routers_dir: str | Path | None) -> tuple[str, np.ndarray] | None:
+    """The version id and training-row hashes of the router ``routers_dir`` serves (a registry's active
+    version, or a version directory), or None when it recorded none (the shipped heads, older versions)."""
+    import json
+
+    from classifiers.registry import VERSION_FILE, resolve_routers_dir
+
+    resolved = resolve_routers_dir(routers_dir)
+    try:
+        raw = json.loads((resolved.directory / VERSION_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    hashes = load_trained_rows(resolved.directory, raw.get("trained_rows"))
+    if hashes is None:
+        return None
+    return str(raw.get("version") or resolved.version), hashes
