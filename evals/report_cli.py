@@ -97,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+#: How requests left out because the replayed router was trained on them are counted (then the version id).
+TRAINING_DATA = "training data of router"
+
+
 class EvalError(ValueError):
     """A problem the user can fix (config, data, route, pair); the message names it."""
 
@@ -110,6 +114,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, Any]]:
     """
     config, cq = _route_config(args)
     data = _load_data(args)
+    _leave_out_training_rows(data, args.routers_dir or config.classifiers.routers_dir)
     ips_rows, ips_excluded = _ips_candidates(data.logged, cq.strong, cq.weak)
     strong_data, weak_data, direct_missing = _direct_pair(cq, data.rows, args, bool(ips_rows))
     direct_rows: list[Any] = []
@@ -260,6 +265,36 @@ def _route_config(args: argparse.Namespace) -> tuple[Any, Any]:
             "routing decision (set routes.<name>.cost_quality)"
         )
     return config, route.cost_quality
+
+
+def _leave_out_training_rows(data: _Data, routers_dir: str | None) -> None:
+    """Drop (and count) the requests the replayed router version was trained on: graded on its own
+    training rows a router looks better than it will on new traffic (:mod:`evals.trained_rows`)."""
+    from evals.trained_rows import key_hashes, router_training_rows, text_hashes, trained_mask
+
+    try:
+        found = router_training_rows(routers_dir)
+    except (OSError, ValueError) as exc:
+        raise EvalError(f"the router in {routers_dir}: cannot read the record of its training requests: {exc}") from exc
+    if found is None:
+        return
+    version, trained = found
+    reason = f"{TRAINING_DATA} {version}"
+    labelled = trained_mask(key_hashes(data.rows), trained)
+    logged = trained_mask(text_hashes(r.messages for r in data.logged), trained)
+    if (labelled.any() or logged.any()) and labelled.all() and logged.all():
+        raise EvalError(
+            f"--data {' '.join(s['source'] for s in data.sources)}: router {version} was trained on every one of "
+            f"these {len(labelled) + len(logged)} requests, so they cannot tell how it routes new traffic; evaluate "
+            "on requests it did not learn from (pointsman train --holdout FRACTION keeps a part out, as does "
+            "traffic logged after training)"
+        )
+    if labelled.any():
+        data.rows = [r for r, drop in zip(data.rows, labelled, strict=True) if not drop]
+        data.skipped = _merged(data.skipped, {reason: int(labelled.sum())})
+    if logged.any():
+        data.logged = [r for r, drop in zip(data.logged, logged, strict=True) if not drop]
+        data.logged_skipped = _merged(data.logged_skipped, {reason: int(logged.sum())})
 
 
 def _load_data(args: argparse.Namespace) -> _Data:
@@ -486,7 +521,10 @@ def summary(report: dict[str, Any]) -> str:
     lines = [f"route {report['route']} (estimator: {report['estimator']['name']}; router {report['router_version']})"]
     r = report.get("routers")
     if r is not None:
-        lines.append(f"direct, on {report['rows']['evaluated']} labelled requests:")
+        trained_on = sum(n for why, n in (report["rows"].get("excluded") or {}).items()
+                         if why.startswith(TRAINING_DATA))
+        left_out = f" ({trained_on} more left out: the router was trained on them)" if trained_on else ""
+        lines.append(f"direct, on {report['rows']['evaluated']} labelled requests{left_out}:")
         for key, label in (("router", "route"), ("knn", "kNN"), ("random", "random"), ("oracle", "oracle")):
             if key in r:
                 lines.append(

@@ -421,3 +421,40 @@ def test_a_registry_version_directory_reports_its_version_id(tmp_path: Path) -> 
     # The registry's id (version.json), not a hash of the directory; a plain directory keeps its dir-<hash>.
     assert versions["version"] == "v0007-0123abcd"
     assert versions["plain"].startswith("dir-")
+
+
+def test_requests_the_router_was_trained_on_are_left_out_of_its_evaluation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Graded on its own training rows a router looks better than it is: pointsman eval leaves them out,
+    counts them, and refuses data that holds nothing else."""
+    train = write_jsonl(tmp_path / "train.jsonl", labelled_rows(seed=1, n=120))
+    fresh = labelled_rows(seed=5, n=120)
+    held = write_jsonl(tmp_path / "held.jsonl", fresh)
+    registry = tmp_path / "routers"
+    assert pointsman(["train", "--data", f"file:{train}", "--encoders", "static", "--out", str(registry),
+                      "--no-progress", "--folds", "3"]) == 0
+    version = json.loads((registry / "active.json").read_text())["version"]
+    config = eval_config(tmp_path / "config.yaml", threshold=0.5)
+    capsys.readouterr()
+
+    code = pointsman(["eval", "--config", str(config), "--route", "auto", "--data", f"file:{train}",
+                      "--routers-dir", str(registry), "--out", str(tmp_path / "own"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"router {version} was trained on every one of these 120 requests" in err
+    assert not (tmp_path / "own" / "report.json").exists()
+
+    out = tmp_path / "mixed"
+    code = pointsman(["eval", "--config", str(config), "--route", "auto", "--data", f"file:{train}",
+                      "--data", f"file:{held}", "--routers-dir", str(registry), "--out", str(out),
+                      "--bootstrap", "50", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    # Left out: the training file, and the held-out prompts that repeat one of its prompts (short chat asks do).
+    seen = {item["prompt"] for item in labelled_rows(seed=1, n=120)}
+    repeats = sum(item["prompt"] in seen for item in fresh)
+    report = json.loads((out / "report.json").read_text())
+    assert report["rows"]["excluded"] == {f"training data of router {version}": 120 + repeats}
+    assert report["rows"]["evaluated"] == 120 - repeats > 60
+    assert f"direct, on {120 - repeats} labelled requests ({120 + repeats} more left out" in printed
+    assert f"{120 + repeats} training data of router {version}" in (out / "report.md").read_text()
