@@ -32,9 +32,9 @@ import os
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -318,7 +318,8 @@ def _sequence(version: str) -> int:
 
 
 def _now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # The same form as a version's created_at (evals.train.created_at): one format across a registry.
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
 
 
 def resolve_routers_dir(path: str | Path | None) -> ResolvedRouters:
