@@ -32,7 +32,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +45,7 @@ ACTIVE_FILE = "active.json"
 VERSIONS_DIR = "versions"
 VERSION_FILE = "version.json"
 VERDICTS_FILE = "verdicts.json"
+PRUNED_FILE = "pruned.json"
 LOCK_FILE = ".lock"
 FORMAT = 1
 #: The directory of a difficulty head for one model pair (``slug`` of each model name).
@@ -284,6 +285,43 @@ class RouterRegistry:
         """Append ``verdict`` (a promotion's or a refusal's numbers) to the version's ``verdicts.json``."""
         with self._locked():
             self._record_locked(version, verdict)
+
+    def prune(self, keep: int, protect: Iterable[str] = (), *, dry_run: bool = False) -> list[str]:
+        """Delete old versions; return the ids deleted (or, with ``dry_run``, that would be), oldest first.
+
+        Kept: the ``keep`` (>= 1) newest versions, the active one, the previous one (where a rollback goes)
+        and every id in ``protect`` (versions that configs pin, e.g. experiment arms). Each deletion is
+        recorded in ``pruned.json`` (id, parent, weights sha256, when, by whom). A version is first renamed
+        out of ``versions/`` (atomic: a reader sees it whole or not at all), then removed.
+        """
+        if keep < 1:
+            raise ValueError("keep must be at least 1: the newest version numbers the next one")
+        with self._locked():
+            ids = self.version_ids()
+            active = self.active() or {}
+            kept = set(ids[-keep:]) | {active.get("version"), active.get("previous")} | set(protect)
+            doomed = [v for v in ids if v not in kept]
+            if dry_run or not doomed:
+                return doomed
+            for stale in (self.root / VERSIONS_DIR).glob(".pruned-*"):  # a prune that stopped part-way
+                shutil.rmtree(stale, ignore_errors=True)
+            path = self.root / PRUNED_FILE
+            log: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
+            user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+            for version in doomed:
+                info = self.info(version)
+                log.append({"version": version, "parent": info.parent, "created_at": info.created_at,
+                            "weights_sha256": info.raw.get("weights_sha256"), "pruned_at": _now_iso(), "user": user})
+            # The record first: a crash part-way leaves a version listed as pruned but still on disk (pruning
+            # again removes it), never one gone without a trace.
+            write_json_atomic(path, log)
+            for version in doomed:
+                directory = self.root / VERSIONS_DIR / version
+                aside = directory.with_name(f".pruned-{version}")
+                os.replace(directory, aside)
+                shutil.rmtree(aside)
+            _fsync_dir(self.root / VERSIONS_DIR)
+        return doomed
 
     def _promote_locked(self, version: str, verdict: Mapping[str, Any]) -> None:
         self.version_dir(version)  # KeyError for an unknown id, before anything is written

@@ -229,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("promote", add_help=False,
                    help="promote a registry version if it beats the active router on held-out data (see --help)")
     sub.add_parser("registry", add_help=False,
-                   help="inspect a router registry: registry list --registry DIR (versions, active, verdicts)")
+                   help="a router registry: registry list --registry DIR (versions, active, verdicts); "
+                        "registry prune --registry DIR --keep N (delete old versions)")
     sub.add_parser("train-answer-confidence", add_help=False,
                    help="train the answer-confidence head a cascade's confidence.source: head scores with "
                         "(GSM8K answers; see --help)")

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from classifiers.provider import load_router_heads
 from classifiers.registry import RouterRegistry
@@ -340,3 +341,65 @@ def test_holdout_splits_one_source_between_train_and_the_gate(
         RouterRegistry(registry).promote(v1, {"decision": "promoted", "reason": "test: back to v1"})
     (gate_source,) = verdict["data"]
     assert gate_source["rows"] == 200 - source["rows"] and gate_source["holdout"]["part"] == "heldout"
+
+
+def _experiment_config(path: Path, registry: Path, pinned: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "backends": [{"name": "fake", "base_url": "http://127.0.0.1:9/v1",
+                      "models": [{"name": STRONG}, {"name": WEAK}]}],
+        "classifiers": {"encoder": "static", "routers_dir": str(registry)},
+        "routes": [{"name": "auto", "policy": "rules",
+                    "cost_quality": {"strong": STRONG, "weak": WEAK, "threshold": 0.5}}],
+        "experiments": [{"name": "old-router", "route": "auto",
+                         "arms": [{"name": "control", "control": True}, {"name": "old", "router_version": pinned}]}],
+    }))
+    return path
+
+
+def test_prune_keeps_the_newest_active_previous_and_pinned_versions(
+    registry: Path, trained: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, (v1, v2, v3) = trained
+    reg = RouterRegistry(registry)
+    for _ in range(2):  # v4 and v5: v2's heads again
+        staging = reg.staging_dir()
+        shutil.copytree(reg.version_dir(v2), staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns("verdicts.json"))
+        reg.add_version(staging, {"data": [{"source": "copy of v2", "rows": 120}]})
+    v4, v5 = reg.version_ids()[3:]
+    assert _promote(capsys, v4, "--registry", str(registry), "--force", "--reason", "test")[0] == 0  # previous: v1
+    config = _experiment_config(tmp_path / "gateway.yaml", registry, pinned=v2)
+
+    def prune(*args: str) -> tuple[int, str, str]:
+        code = main(["registry", "prune", "--registry", str(registry), *args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, out, _ = prune("--keep", "1", "--config", str(config), "--dry-run")
+    assert code == 0 and out.startswith(f"would delete 1 version: {v3}\n") and len(reg.version_ids()) == 5
+    code, out, err = prune("--keep", "1", "--config", f"{tmp_path}/missing.yaml")
+    assert code == 2 and "missing.yaml" in err and len(reg.version_ids()) == 5  # never prune blind to a config
+    with pytest.raises(SystemExit):
+        main(["registry", "prune", "--registry", str(registry), "--keep", "0"])
+    assert "the newest version is always kept" in capsys.readouterr().err
+
+    code, out, err = prune("--keep", "1", "--config", str(config))
+    assert code == 0 and out.startswith(f"deleted 1 version: {v3}\n") and f"pinned by --config: {v2}" in out
+    assert reg.version_ids() == [v1, v2, v4, v5] and not (registry / "versions" / v3).exists()
+    (entry,) = json.loads((registry / "pruned.json").read_text())
+    assert entry["version"] == v3 and len(entry["weights_sha256"]) == 64 and entry["pruned_at"]
+    # The pinned version still loads for the experiment; the gateway serves the active one.
+    assert load_router_heads("static", registry).version == v4
+    assert main(["check-config", str(config)]) == 0
+    capsys.readouterr()
+
+    code, out, err = prune("--keep", "1")  # no config: v2 goes, and the operator is told why configs matter
+    assert code == 0 and f"deleted 1 version: {v2}" in out and "no --config given" in err
+    assert reg.version_ids() == [v1, v4, v5]
+    assert main(["check-config", str(config)]) == 2  # the experiment's pinned version is gone: named at start-up
+    assert f"no version '{v2}'" in capsys.readouterr().err
+    assert main(["registry", "list", "--registry", str(registry)]) == 0
+    assert "2 older versions pruned" in capsys.readouterr().out
+    # Numbering goes on from the newest version, which is never pruned.
+    staging = reg.staging_dir()
+    shutil.copytree(reg.version_dir(v5), staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns("verdicts.json"))
+    assert reg.add_version(staging, {}).startswith("v0006-")
