@@ -9,6 +9,7 @@ reads the whole request body, never just the last message.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +120,29 @@ def load_router_heads(encoder: str, routers_dir: str | Path | None = None) -> Ro
         heads.sources[attr] = str(directory)
     if roots[0] != DEFAULT_ROUTERS_DIR:
         heads.pairs = _load_pair_heads(roots[0], encoder, heads.sources)
+        _check_listed_pairs(roots[0], encoder, heads.sources)
     return heads
+
+
+def _check_listed_pairs(root: Path, encoder: str, sources: dict[str, str]) -> None:
+    """A registry version's ``version.json`` lists its pair heads: each must have loaded. A head directory
+    that lost its manifest would otherwise be skipped, and its routes silently fall back to another head."""
+    from classifiers.registry import VERSION_FILE
+
+    try:
+        listed = json.loads((root / VERSION_FILE).read_text(encoding="utf-8")).get("pairs") or []
+    except FileNotFoundError:
+        return  # a plain directory of heads, not a registry version
+    loaded = set(sources.values())
+    for pair in listed:
+        if pair.get("encoder", "static") != encoder:
+            continue
+        directory = root / str(pair.get("artifact"))
+        if str(directory) not in loaded:
+            raise ValueError(
+                f"{directory}: {VERSION_FILE} lists this pair head ({pair.get('strong')} vs {pair.get('weak')}) but "
+                "it is missing or has no manifest.json; the version is incomplete"
+            )
 
 
 def _load_pair_heads(root: Path, encoder: str, sources: dict[str, str]) -> dict[tuple[str, str], Head]:

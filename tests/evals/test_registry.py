@@ -216,3 +216,21 @@ def test_two_heads_for_one_pair_are_ambiguous(tmp_path: Path) -> None:
     shutil.copytree(original, copy)
     with pytest.raises(ValueError, match="two difficulty heads for a vs b"):
         load_router_heads("static", plain)
+
+
+def test_a_version_missing_a_pair_head_it_lists_does_not_load(tmp_path: Path) -> None:
+    """A head directory that lost its manifest (a partial copy) must fail the load, not be skipped: its route
+    would silently fall back to the shipped GPT-4/Mixtral head."""
+    registry = RouterRegistry(tmp_path / "routers")
+    version = _add(registry, seed=0, pair=("gpt-4o", "gpt-4o-mini"))
+    assert list(load_router_heads("static", registry.root).pairs) == [("gpt-4o", "gpt-4o-mini")]
+    head_dir = registry.version_dir(version) / pair_artifact("gpt-4o", "gpt-4o-mini", "static")
+    (head_dir / "manifest.json").unlink()
+    with pytest.raises(ValueError, match=r"version\.json lists this pair head \(gpt-4o vs gpt-4o-mini\) but it is "
+                                         r"missing or has no manifest\.json"):
+        load_router_heads("static", registry.root)
+    shutil.rmtree(head_dir)
+    with pytest.raises(ValueError, match="the version is incomplete"):
+        load_router_heads("static", registry.root)
+    # Heads of another encoder are not this load's business.
+    assert load_router_heads("minilm", registry.root).pairs == {}
