@@ -204,6 +204,9 @@ def run_draw(draw: int, pool: list[dict[str, Any]], heldout_file: Path, args: ar
             pointsman(*train)
             version = json.loads((registry / "active.json").read_text())["version"]
             result = evaluate(config, heldout_file, root / f"eval-{size}", registry / "versions" / version)
+            if len(result["scores"]) != len(shipped_scores):  # eval left some out (e.g. the router's training data)
+                raise SystemExit(f"pointsman eval scored {len(result['scores'])} of the {len(shipped_scores)} held-out "
+                                 f"prompts ({result['report']['rows']['excluded']}): the paired comparison needs all")
             apgr = result["report"]["routers"]["router"]["apgr"]
             diff = paired_difference(result["scores"], shipped_scores, strong, weak, seed=draw)
             cells.append({"draw": draw, "labelled": size, "apgr": apgr["value"], "ci": apgr["ci"],
