@@ -343,6 +343,9 @@ def test_holdout_splits_one_source_between_train_and_the_gate(
     assert gate_source["rows"] == 200 - source["rows"] and gate_source["holdout"]["part"] == "heldout"
 
 
+NOT_VERDICTS = shutil.ignore_patterns("verdicts.json")
+
+
 def _experiment_config(path: Path, registry: Path, pinned: str) -> Path:
     path.write_text(yaml.safe_dump({
         "backends": [{"name": "fake", "base_url": "http://127.0.0.1:9/v1",
@@ -363,7 +366,7 @@ def test_prune_keeps_the_newest_active_previous_and_pinned_versions(
     reg = RouterRegistry(registry)
     for _ in range(2):  # v4 and v5: v2's heads again
         staging = reg.staging_dir()
-        shutil.copytree(reg.version_dir(v2), staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns("verdicts.json"))
+        shutil.copytree(reg.version_dir(v2), staging, dirs_exist_ok=True, ignore=NOT_VERDICTS)
         reg.add_version(staging, {"data": [{"source": "copy of v2", "rows": 120}]})
     v4, v5 = reg.version_ids()[3:]
     assert _promote(capsys, v4, "--registry", str(registry), "--force", "--reason", "test")[0] == 0  # previous: v1
@@ -401,5 +404,5 @@ def test_prune_keeps_the_newest_active_previous_and_pinned_versions(
     assert "2 older versions pruned" in capsys.readouterr().out
     # Numbering goes on from the newest version, which is never pruned.
     staging = reg.staging_dir()
-    shutil.copytree(reg.version_dir(v5), staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns("verdicts.json"))
+    shutil.copytree(reg.version_dir(v5), staging, dirs_exist_ok=True, ignore=NOT_VERDICTS)
     assert reg.add_version(staging, {}).startswith("v0006-")
