@@ -281,9 +281,10 @@ def run_gate(
         _check_not_training_data(info, loaded, holdout)
     if holdout is not None:
         loaded = split_sources(loaded, holdout, "heldout")
+    from_registry = baseline.directory != SHIPPED_ROUTERS_DIR
     rows, excluded = _leave_out_training_rows(
         [r for src in loaded for r in src.rows], candidate_rows,
-        _trained_rows(registry.info(baseline.version)) if baseline.directory != SHIPPED_ROUTERS_DIR else None,
+        _trained_rows(registry.info(baseline.version)) if from_registry else None,
     )
     log(
         f"promotion gate: {version} against {baseline.version} on {len(rows)} held-out requests "
@@ -292,6 +293,9 @@ def run_gate(
     if excluded["candidate"] or excluded["active"]:
         log(f"  left out {excluded['candidate']} requests {version} was trained on and {excluded['active']} the "
             f"active version was trained on")
+    if from_registry and not excluded["active_recorded"]:
+        log(f"  note: {baseline.version} recorded no training requests (trained before they were recorded): any of "
+            "its own training rows among these stay in and flatter it")
     verdict = Verdict(version, baseline.version, False, margin, resamples, seed, [s.describe() for s in loaded],
                       excluded=excluded)
     for pair in info.pairs:

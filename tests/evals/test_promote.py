@@ -406,3 +406,20 @@ def test_prune_keeps_the_newest_active_previous_and_pinned_versions(
     staging = reg.staging_dir()
     shutil.copytree(reg.version_dir(v5), staging, dirs_exist_ok=True, ignore=NOT_VERDICTS)
     assert reg.add_version(staging, {}).startswith("v0006-")
+
+
+def test_an_active_version_without_a_record_of_its_training_rows_is_named(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, heldout, (v1, v2, _) = trained
+    manifest = registry / "versions" / v1 / "version.json"
+    older = json.loads(manifest.read_text())
+    del older["trained_rows"]
+    manifest.write_text(json.dumps(older))
+    code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}",
+                              "--resamples", "1000")
+    assert code == 0, err
+    assert f"note: {v1} recorded no training requests" in out
+    verdict = RouterRegistry(registry).info(v2).verdicts[-1]
+    assert verdict["excluded_training_rows"]["active"] == 0
+    assert verdict["excluded_training_rows"]["active_recorded"] is False
