@@ -41,7 +41,8 @@ def is_held_out(key: str, fraction: float) -> bool:
 
 
 def split_sources(sources: Sequence[LoadedSource], fraction: float, part: Part) -> list[LoadedSource]:
-    """Each source with only its ``part`` rows; ``describe()`` then names the part and the fraction."""
+    """Each source with only its ``part`` rows (labelled rows and logged outcomes alike); ``describe()``
+    then names the part and the fraction."""
     from evals.retrain import row_key
 
     want_held = part == "heldout"
@@ -49,6 +50,7 @@ def split_sources(sources: Sequence[LoadedSource], fraction: float, part: Part) 
         replace(
             src,
             rows=[r for r in src.rows if is_held_out(row_key(r), fraction) == want_held],
+            logged=[r for r in src.logged if is_held_out(row_key(r), fraction) == want_held],
             holdout={"fraction": fraction, "part": part, "seed": HOLDOUT_SEED},
         )
         for src in sources

@@ -73,6 +73,14 @@ class LoggedOutcome:
         """Whether the conversation itself is known (replay needs it)."""
         return bool(self.messages)
 
+    def text(self) -> str:
+        """The conversation's text as the serving encoder sees it (as ``LabelledRequest.text``): the same
+        request logged as an outcome and as a labelled row has one key (folds, hold-out, training rows)."""
+        from classifiers.conversation import conversation_text
+        from evals.labelled import MAX_CHARS
+
+        return conversation_text({"messages": self.messages}, max_chars=MAX_CHARS)
+
 
 def served_outcome(served: str, feedback: Iterable[Any], metric: str = "quality") -> tuple[float, str] | None:
     """The served answer's outcome and where it came from (``explicit`` | ``implicit``), or None.

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from evals.holdout import holdout_fraction, split_sources
+
 if TYPE_CHECKING:
     from evals.report import PairTable
 
@@ -65,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--knn-k", type=int, help="neighbours of the kNN baseline (default sqrt(n), 5..50)")
     p.add_argument("--min-group", type=int, default=20,
                    help="smallest source/domain group that gets an APGR in the breakdown (default 20)")
+    p.add_argument(
+        "--holdout", type=holdout_fraction, metavar="FRACTION",
+        help="keep only the held-out part of each --data source: the part pointsman train --holdout FRACTION "
+        "left out (so two routers can be compared on the same requests)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -270,7 +277,7 @@ def _route_config(args: argparse.Namespace) -> tuple[Any, Any]:
 def _leave_out_training_rows(data: _Data, routers_dir: str | None) -> None:
     """Drop (and count) the requests the replayed router version was trained on: graded on its own
     training rows a router looks better than it will on new traffic (:mod:`evals.trained_rows`)."""
-    from evals.trained_rows import key_hashes, router_training_rows, text_hashes, trained_mask
+    from evals.trained_rows import key_hashes, router_training_rows, trained_mask
 
     try:
         found = router_training_rows(routers_dir)
@@ -281,7 +288,7 @@ def _leave_out_training_rows(data: _Data, routers_dir: str | None) -> None:
     version, trained = found
     reason = f"{TRAINING_DATA} {version}"
     labelled = trained_mask(key_hashes(data.rows), trained)
-    logged = trained_mask(text_hashes(r.messages for r in data.logged), trained)
+    logged = trained_mask(key_hashes(data.logged), trained)
     if (labelled.any() or logged.any()) and labelled.all() and logged.all():
         raise EvalError(
             f"--data {' '.join(s['source'] for s in data.sources)}: router {version} was trained on every one of "
@@ -307,6 +314,8 @@ def _load_data(args: argparse.Namespace) -> _Data:
             loaded = load_source(spec, metric=args.metric)
         except DataError as exc:
             raise EvalError(str(exc)) from exc
+        if args.holdout is not None:
+            (loaded,) = split_sources([loaded], args.holdout, "heldout")
         with_text = [r for r in loaded.rows if r.has_text]
         missing = len(loaded.rows) - len(with_text)
         data.skipped = _merged(
@@ -315,6 +324,8 @@ def _load_data(args: argparse.Namespace) -> _Data:
             {"no conversation text (only its embedding was stored)": missing} if missing else {},
         )
         entry: dict[str, Any] = {"source": loaded.spec, "rows": len(loaded.rows)}
+        if loaded.holdout:
+            entry["holdout"] = loaded.holdout
         if loaded.skipped:
             entry["skipped"] = loaded.skipped
         if spec.startswith("logs:"):

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -143,8 +143,24 @@ def head_features(head: Head, data: Embedded) -> tuple[np.ndarray, np.ndarray]:
     return data.features(np.flatnonzero(ok), cheap=cheap), ok
 
 
-def row_key(r: LabelledRequest) -> str:
-    """What identifies a prompt for fold assignment: its text, else its request id or stored vector."""
+class KeyedRequest(Protocol):
+    """What :func:`row_key` reads: a labelled row (``LabelledRequest``) or a logged outcome (``LoggedOutcome``)."""
+
+    @property
+    def request_id(self) -> str | None: ...
+
+    @property
+    def embedding(self) -> np.ndarray | None: ...
+
+    @property
+    def has_text(self) -> bool: ...
+
+    def text(self) -> str: ...
+
+
+def row_key(r: KeyedRequest) -> str:
+    """What identifies a prompt for fold assignment, the hold-out and training-row records: its text, else
+    its request id or stored vector."""
     if r.has_text:
         return r.text()
     if r.request_id:

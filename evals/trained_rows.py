@@ -14,11 +14,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from evals.labelled import LabelledRequest
+
+if TYPE_CHECKING:
+    from evals.retrain import KeyedRequest
 
 TRAINED_ROWS_FILE = "trained_rows.npy"
 HASH = "blake2b-64 of the fold key (the conversation text, else the request id, else the stored embedding)"
@@ -29,21 +32,11 @@ def hash_key(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
-def key_hashes(rows: Iterable[LabelledRequest]) -> np.ndarray:
-    """The 64-bit hash of each row's key, in row order."""
+def key_hashes(rows: Iterable[KeyedRequest]) -> np.ndarray:
+    """The 64-bit hash of each row's key (labelled rows or logged outcomes), in row order."""
     from evals.retrain import row_key
 
     return np.array([hash_key(row_key(r)) for r in rows], dtype=np.uint64)
-
-
-def text_hashes(conversations: Iterable[list[dict[str, Any]]]) -> np.ndarray:
-    """The hash of each conversation (OpenAI messages), keyed like a labelled row with that text."""
-    from classifiers.conversation import conversation_text
-    from evals.labelled import MAX_CHARS
-
-    return np.array(
-        [hash_key(conversation_text({"messages": m}, max_chars=MAX_CHARS)) for m in conversations], dtype=np.uint64
-    )
 
 
 def write_trained_rows(directory: Path, rows: Sequence[LabelledRequest]) -> dict[str, Any]:

@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import yaml
 
+from evals.holdout import HOLDOUT_SEED, split_sources
+from evals.labelled import load_source
 from evals.offpolicy import (
     NO_PROPENSITY,
     LoggedTable,
@@ -388,3 +390,25 @@ def test_eval_without_labelled_or_randomised_rows_says_why(
     assert "nothing to evaluate" in err and f"{N_NOT_RANDOMISED} {NO_PROPENSITY}" in err
     assert "explore.epsilon" in err and "compare" in err
     assert not (tmp_path / "o" / "report.json").exists()
+
+
+def test_eval_holdout_reads_the_same_part_of_the_logs_that_train_holdout_left_out(logs: dict[str, Any]) -> None:
+    """--holdout F on eval keeps the labelled rows and the logged outcomes that pointsman train --holdout F
+    left out of training, by the same key, so two routers can be compared on the same requests."""
+    full = load_source(logs["judged"]["url"])
+    held = split_sources([full], 0.3, "heldout")[0]
+    code, out = run_eval(logs, "judged", "--holdout", "0.3")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["data"][0]["holdout"] == {"fraction": 0.3, "part": "heldout", "seed": HOLDOUT_SEED}
+    judged = [r for r in held.rows if r.labelled_for(STRONG, WEAK) and r.has_text]
+    assert report["rows"]["evaluated"] == len(judged) and 60 < len(judged) < 120  # ~30% of the 300 judged
+    replayed_ids = set(replayed(out))
+    assert {r.request_id for r in judged} <= replayed_ids
+    assert replayed_ids <= {r.request_id for r in held.rows} | {r.request_id for r in held.logged}
+    assert report["offpolicy"]["rows"]["used"] < 0.4 * N_LOGGED
+    # A labelled row and the logged outcome of the same request fall on the same side.
+    both = {r.request_id for r in full.rows} & {o.request_id for o in full.logged}
+    assert len(both) > 100
+    assert both & {r.request_id for r in held.rows} == both & {o.request_id for o in held.logged}
+    assert 0.2 < len(held.logged) / len(full.logged) < 0.4
