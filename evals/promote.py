@@ -484,8 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--registry", required=True, help="the router registry directory")
     parser.add_argument(
         "--data", action="append", metavar="HELDOUT",
-        help="held-out labelled data (repeatable): file:PATH, logs:STORE_URL, bundled or DIR; "
-        "never the data the version was trained on",
+        help="held-out labelled data (repeatable): file:PATH, logs:STORE_URL, bundled or DIR; requests the "
+        "version or the active one was trained on are left out (and counted)",
     )
     parser.add_argument("--margin", type=float, default=0.0, help="APGR difference the CI's lower end must exceed")
     parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
