@@ -211,6 +211,12 @@ class RouterRegistry:
         data: dict[str, Any] = json.loads(path.read_text())
         return data
 
+    def pruned(self) -> list[dict[str, Any]]:
+        """``pruned.json``: one entry per version :meth:`prune` deleted, oldest first."""
+        path = self.root / PRUNED_FILE
+        entries: list[dict[str, Any]] = json.loads(path.read_text()) if path.is_file() else []
+        return entries
+
     def active_version(self) -> str | None:
         """The active version's id, or None."""
         active = self.active()
@@ -305,8 +311,7 @@ class RouterRegistry:
                 return doomed
             for stale in (self.root / VERSIONS_DIR).glob(".pruned-*"):  # a prune that stopped part-way
                 shutil.rmtree(stale, ignore_errors=True)
-            path = self.root / PRUNED_FILE
-            log: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
+            log = self.pruned()
             user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
             for version in doomed:
                 info = self.info(version)
@@ -314,7 +319,7 @@ class RouterRegistry:
                             "weights_sha256": info.raw.get("weights_sha256"), "pruned_at": _now_iso(), "user": user})
             # The record first: a crash part-way leaves a version listed as pruned but still on disk (pruning
             # again removes it), never one gone without a trace.
-            write_json_atomic(path, log)
+            write_json_atomic(self.root / PRUNED_FILE, log)
             for version in doomed:
                 directory = self.root / VERSIONS_DIR / version
                 aside = directory.with_name(f".pruned-{version}")

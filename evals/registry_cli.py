@@ -71,16 +71,8 @@ def registry_summary(root: Path) -> dict[str, Any]:
         "previous": active.get("previous"),
         "promoted_at": active.get("promoted_at"),
         "versions": versions,
-        "pruned": _pruned(root),
+        "pruned": registry.pruned(),
     }
-
-
-def _pruned(root: Path) -> list[dict[str, Any]]:
-    from classifiers.registry import PRUNED_FILE
-
-    path = root / PRUNED_FILE
-    pruned: list[dict[str, Any]] = json.loads(path.read_text()) if path.is_file() else []
-    return pruned
 
 
 def _fmt_pairs(pairs: list[dict[str, Any]]) -> str:

@@ -289,10 +289,11 @@ def _leave_out_training_rows(data: _Data, routers_dir: str | None) -> None:
     reason = f"{TRAINING_DATA} {version}"
     labelled = trained_mask(key_hashes(data.rows), trained)
     logged = trained_mask(key_hashes(data.logged), trained)
-    if (labelled.any() or logged.any()) and labelled.all() and logged.all():
+    seen, total = int(labelled.sum() + logged.sum()), len(labelled) + len(logged)
+    if seen and seen == total:
         raise EvalError(
             f"--data {' '.join(s['source'] for s in data.sources)}: router {version} was trained on every one of "
-            f"these {len(labelled) + len(logged)} requests, so they cannot tell how it routes new traffic; evaluate "
+            f"these {total} requests, so they cannot tell how it routes new traffic; evaluate "
             "on requests it did not learn from (pointsman train --holdout FRACTION keeps a part out, as does "
             "traffic logged after training)"
         )

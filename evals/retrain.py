@@ -622,6 +622,7 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
     loaded_bundled = any(s == "bundled" for s in opts.sources)
     # Every request a head was fitted on (the prior's too): the gate leaves these out of its held-out data.
     trained_on: list[LabelledRequest] = list(rows)
+    prior_recorded = False
     try:
         for name in opts.encoders:
             log(f"[{name}] loading the encoder and embedding {len(rows)} requests")
@@ -638,7 +639,9 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
                     )
                 cheap = data.subset(idx).all_text
                 prior, prior_info, prior_rows = _prior(opts, encoder, strong, weak, cheap, loaded_bundled, log)
-                trained_on.extend(prior_rows)
+                if prior_rows and not prior_recorded:  # the same seeded sample for every pair and encoder
+                    trained_on.extend(prior_rows)
+                    prior_recorded = True
                 result = train_pair(
                     data, strong, weak, name, encoder.id, seed=opts.seed, folds=opts.folds,
                     resamples=opts.resamples, prior=prior, prior_weight=opts.prior_weight, prior_info=prior_info,

@@ -12,13 +12,11 @@ by source, so new traffic logged after training counts as held out even from the
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from evals.labelled import LabelledRequest
 
 if TYPE_CHECKING:
     from evals.retrain import KeyedRequest
@@ -39,7 +37,7 @@ def key_hashes(rows: Iterable[KeyedRequest]) -> np.ndarray:
     return np.array([hash_key(row_key(r)) for r in rows], dtype=np.uint64)
 
 
-def write_trained_rows(directory: Path, rows: Sequence[LabelledRequest]) -> dict[str, Any]:
+def write_trained_rows(directory: Path, rows: Iterable[KeyedRequest]) -> dict[str, Any]:
     """Write the distinct hashes of ``rows`` into ``directory``; returns what ``version.json`` records."""
     hashes = np.unique(key_hashes(rows))
     np.save(directory / TRAINED_ROWS_FILE, hashes, allow_pickle=False)
@@ -61,12 +59,10 @@ def load_trained_rows(version_dir: Path, recorded: Any) -> np.ndarray | None:
 
 
 def trained_mask(hashes: np.ndarray, trained: np.ndarray | None) -> np.ndarray:
-    """For each of ``hashes``, whether it is among the sorted ``trained`` hashes (all False for ``None``)."""
-    if trained is None or len(trained) == 0:
+    """For each of ``hashes``, whether it is among the ``trained`` hashes (all False for ``None``)."""
+    if trained is None:
         return np.zeros(len(hashes), dtype=bool)
-    at = np.searchsorted(trained, hashes)
-    at[at >= len(trained)] = 0
-    return np.asarray(trained[at] == hashes)
+    return np.isin(hashes, trained, assume_unique=False)
 
 
 def router_training_rows(routers_dir: str | Path | None) -> tuple[str, np.ndarray] | None:
