@@ -81,8 +81,23 @@ class QualityGap:
         or the gap is tiny."""
         return not (self.lo > 0 or self.hi < 0) or not abs(self.value) >= SMALL_GAP
 
+    @property
+    def inverted(self) -> bool:
+        """True when the data tells the models apart the other way round: the *weak* model does better
+        on average (PGR's denominator is negative, so PGR, APGR and CPT read upside down)."""
+        return not self.unresolved and self.value < 0
+
     def warning(self) -> str | None:
-        """One sentence for reports when :attr:`unresolved` (PGR divides by this gap), else ``None``."""
+        """One sentence for reports when :attr:`unresolved` or :attr:`inverted` (PGR divides by this
+        gap), else ``None``."""
+        if self.inverted:
+            return (
+                f"the weak model does better than the strong one on these requests (strong minus weak "
+                f"{self.value:+.3f} [95% CI {self.lo:+.3f}, {self.hi:+.3f}]): PGR, APGR and CPT divide by that "
+                "negative gap and read upside down (a router that sends the strong model the prompts it wins "
+                "scores below zero); judge this pair by the quality the route reaches at each strong-call "
+                "share, or name the pair the other way round"
+            )
         if not self.unresolved:
             return None
         return (

@@ -253,7 +253,9 @@ def fit_pair_difficulty(
         The head (kind ``logreg``, labels ``("weak_ok", "strong_needed")``) and a report: the method,
         the chosen ``alpha`` and ``prior_weight_rows``, the prior's size ``prior_rows``, the
         out-of-fold squared error per configuration (``cv_mse``), the out-of-fold ranking score
-        (:func:`rank_gain`) of the chosen one, row counts, calibration.
+        (:func:`rank_gain`) of the chosen one, row counts, calibration, and ``reverse_calibration``:
+        the Platt map of the negated scores to P(weak strictly better), for reading the head with
+        strong and weak swapped (:mod:`classifiers.heads.reverse`).
     """
     x = np.asarray(x, dtype=np.float64)
     strong_q = np.asarray(strong_q, dtype=np.float64)
@@ -360,6 +362,9 @@ def fit_pair_difficulty(
     )
     scores = oof.get(best)
     head.calibration = _platt_on_scores(scores, gain > 0, weight) if scores is not None else {"method": "none"}
+    # The same pair read the other way round (a route naming the weak model strong) ranks by -score;
+    # P(weak strictly better) gets its own Platt map, as ties make it no mirror of P(strong better).
+    reverse = _platt_on_scores(-scores, gain < 0, weight) if scores is not None else {"method": "none"}
     report: dict[str, Any] = {
         "method": "ridge-gain" + ("+prior" if has_prior else ""),
         "alpha": a_best,
@@ -372,12 +377,14 @@ def fit_pair_difficulty(
         "rows": n,
         "prior_rows": len(prior.x) if prior is not None and has_prior else 0,
         "calibration": head.calibration["method"],
+        "reverse_calibration": reverse,
     }
     return head, report
 
 
 def _platt_on_scores(score: np.ndarray, y: np.ndarray, weight: np.ndarray) -> dict[str, Any]:
-    """Platt map from the head's raw probability ``sigmoid(score)`` to P(strong better)."""
+    """Platt map from the head's raw probability ``sigmoid(score)`` to P(``y``): P(strong better), or
+    with the scores negated P(weak better)."""
     from sklearn.linear_model import LogisticRegression
 
     if y.min() == y.max():

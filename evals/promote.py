@@ -14,7 +14,9 @@ Which pairs are judged: every pair head of the candidate, or those named with ``
 (their mean quality gap's 95% interval reaches zero, :class:`evals.metrics.QualityGap`) is reported but
 not judged: APGR divides by that gap, so its interval spans several units and no candidate could ever
 clear it; one near-tie among the pairs of a multi-model file would otherwise block every promotion.
-With no pair left to judge the version is refused.
+Nor is a pair whose *weak* model does better on the held-out prompts (the interval lies below zero):
+APGR then divides by a negative gap and a better ranking scores lower. With no pair left to judge the
+version is refused.
 
 Held-out data must not be training data. A version records which requests it was trained on
 (:mod:`evals.trained_rows`: hashes, no text); the gate leaves out every held-out request the candidate
@@ -94,8 +96,9 @@ class Comparison:
 
     @property
     def judged(self) -> bool:
-        """Whether this pair counts in the verdict: the held-out prompts tell its two models apart."""
-        return not self.gap.unresolved
+        """Whether this pair counts in the verdict: the held-out prompts tell its two models apart, the
+        strong one ahead (with the weak one ahead the APGR difference reads upside down)."""
+        return not self.gap.unresolved and not self.gap.inverted
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready numbers."""
@@ -144,7 +147,7 @@ class Verdict:
             "margin": self.margin,
             "test": "paired bootstrap of the APGR difference over held-out prompts, 95% percentile CI; "
             "promote when the CI's lower end exceeds the margin for every judged pair (a pair whose models' "
-            "mean quality gap has a 95% interval reaching zero is not judged)",
+            "mean quality gap has a 95% interval reaching zero, or below it, is not judged)",
             "resamples": self.resamples,
             "seed": self.seed,
             "data": self.data,
@@ -330,8 +333,8 @@ def run_gate(
     current = resolve_routers_dir(registry_dir).version
     if not judged:
         verdict.reason = (
-            "no pair could be judged: on these held-out prompts no pair's two models differ in mean quality "
-            "with a 95% interval that excludes zero (label more held-out requests)"
+            "no pair could be judged: on these held-out prompts no pair's strong model beats its weak one in "
+            "mean quality with a 95% interval that excludes zero (label more held-out requests)"
         )
     elif verdict.promoted and current != baseline.version:
         # Someone promoted another version while this gate ran: its numbers are against a router
@@ -423,7 +426,13 @@ def _comparison_line(c: Comparison) -> str:
         f"(candidate) vs {c.apgr_active:.3f} (active, {c.baseline_head}); difference {c.diff:+.3f} "
         f"[95% CI {c.ci_low:+.3f} to {c.ci_high:+.3f}]"
     )
-    if not c.judged:
+    if c.gap.inverted:
+        line += (
+            f"\n    not judged: on these prompts the weak model does better on average (strong minus weak "
+            f"{c.gap.value:+.3f} [95% CI {c.gap.lo:+.3f}, {c.gap.hi:+.3f}]), so APGR divides by a negative gap "
+            "and its difference reads upside down"
+        )
+    elif not c.judged:
         line += (
             f"\n    not judged: the models' mean quality gap on these prompts is {c.gap.value:+.3f} "
             f"[95% CI {c.gap.lo:+.3f}, {c.gap.hi:+.3f}], too close to zero for APGR to decide anything"

@@ -416,6 +416,7 @@ def compute_report(
         },
         "routers": routers,
         "quality_gap": {"value": pair_gap.value, "ci": [pair_gap.lo, pair_gap.hi], "resolved": not pair_gap.unresolved,
+                        "inverted": pair_gap.inverted,
                         "method": f"strong minus weak mean quality over the direct rows, {level:.0%} t-interval"},
         "warnings": warnings,
         "calibration": {

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from classifiers.heads import Head, build_features
+from classifiers.heads.reverse import REVERSE_KEY, reversed_pair_head
 from classifiers.registry import RouterRegistry, is_registry, pair_artifact
 from evals.data.prior import PRIOR_ROWS
 from evals.data.split import fold_of
@@ -337,6 +338,7 @@ def train_pair(
     lo, hi = bootstrap_apgr(oof, qs, qw, resamples=resamples, seed=seed)
     r_lo, r_hi = random_band(qs, qw, resamples=min(resamples, 500), seed=seed)
     head, fit_report = fit_pair(x, qs, qw, w, seed=seed, prior=prior, prior_weight=prior_weight)
+    reverse_calibration = fit_report.pop("reverse_calibration", {"method": "none"})
     gap = quality_gap(qs, qw)
     metrics: dict[str, Any] = {
         "rows": len(idx),
@@ -384,15 +386,27 @@ def train_pair(
         # own scores, not the out-of-fold ones: five fold heads smear the distribution (measured on
         # RouterBench GPT-4 vs Mixtral halves, target 0.1 / 0.3 / 0.5: held-out strong shares 0.086 /
         # 0.277 / 0.463 from these, 0.0 / 0.385 / 0.406 from the out-of-fold scores).
-        "score_quantiles": {
-            "of": "this head's P(strong needed) over its labelled prompts, at 0%, 1%, ..., 100%",
-            "values": [
-                round(float(v), 6) for v in np.quantile(head.predict_proba(x)[:, 1], np.linspace(0.0, 1.0, 101))
-            ],
-        },
+        "score_quantiles": score_quantiles(head, x),
         "created_at": created_at(),
     }
+    # A route may name the pair the other way round (its dearer model strong, though this data says the
+    # other does better): what reading the head reversed needs, so that route serves instead of failing.
+    head.manifest[REVERSE_KEY] = {
+        "of": f"reading this head as {weak} (strong) vs {strong} (weak): calibration of the negated score "
+        "to P(weak model strictly better), fitted on the same out-of-fold scores, and its score quantiles",
+        "calibration": reverse_calibration,
+    }
+    head.manifest[REVERSE_KEY]["score_quantiles"] = score_quantiles(reversed_pair_head(head), x)
     return PairResult(strong, weak, encoder_name, artifact, head, metrics, gap)
+
+
+def score_quantiles(head: Head, x: np.ndarray) -> dict[str, Any]:
+    """How ``head``'s P(strong needed) spreads over the rows ``x``, at 0%, 1%, ..., 100%."""
+    values = np.quantile(head.predict_proba(x)[:, 1], np.linspace(0.0, 1.0, 101))
+    return {
+        "of": "this head's P(strong needed) over its labelled prompts, at 0%, 1%, ..., 100%",
+        "values": [round(float(v), 6) for v in values],
+    }
 
 
 def _round(v: float) -> float | None:

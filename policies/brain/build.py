@@ -290,6 +290,13 @@ class Brain:
             self.router_version,
             _summary(self.router.current.heads.sources),
         )
+        for route, heads in self.router.current.routes.items():
+            difficulty = heads.get("difficulty")
+            if difficulty is not None and difficulty.manifest.get("reversed_from"):
+                pair = difficulty.manifest["model_pair"]
+                log.info("route %s: strong %s vs weak %s reads the pair head %s reversed (trained the other "
+                         "way round: that data gave the higher mean quality to %s)", route, pair["strong"],
+                         pair["weak"], difficulty.manifest["reversed_from"], pair["weak"])
 
     async def close(self) -> None:
         """Stop watching, release the encoder's workers and the text-scan workers."""

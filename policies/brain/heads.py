@@ -3,7 +3,9 @@
 A route reads at most one head per signal. Which difficulty head it reads depends on its
 ``cost_quality`` models: with per-pair difficulty heads in the routers directory (``pointsman train``
 on a labelled file), a route uses the head trained for *its* strong and weak models — their names, or
-the names ``cost_quality.difficulty_models`` maps them to. A head trained for another pair would
+the names ``cost_quality.difficulty_models`` maps them to — or, when the route names them the other
+way round from training (which picks the higher mean quality as strong), that head read reversed: the
+same ranking negated, with the reverse direction's own calibration. A head trained for another pair would
 rank prompts by the wrong models' gap, so when the directory has pair heads and none matches the
 route is refused, naming ``routes.<name>.cost_quality``. With no pair heads at all (the shipped
 priors), the shipped GPT-4 vs Mixtral difficulty head serves every pair, as it always did.
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from classifiers.heads import Head
+from classifiers.heads.reverse import reversed_pair_head, reversible
 from classifiers.provider import HEAD_SIGNALS, RouterHeads, load_router_heads
 from policies.brain.config import RoutingConfigError
 from policies.config import RouteConfig
@@ -120,8 +123,10 @@ def pair_head(
 ) -> tuple[Head | None, str | None]:
     """The difficulty head for ``strong`` vs ``weak`` (each renamed through ``names`` first).
 
-    Returns ``(head, None)`` for a matching pair head, ``(None, None)`` when the directory has no pair
-    heads of its own (the shipped difficulty head then serves), ``(None, problem)`` otherwise.
+    Returns ``(head, None)`` for a matching pair head, or the head trained for ``weak`` vs ``strong``
+    read reversed (:func:`classifiers.heads.reverse.reversed_pair_head`: its manifest's
+    ``reversed_from`` names it), ``(None, None)`` when the directory has no pair heads of its own (the
+    shipped difficulty head then serves), ``(None, problem)`` otherwise.
     """
     pair = (names.get(strong, strong), names.get(weak, weak))
     pairs = dict(heads.pairs)
@@ -130,11 +135,18 @@ def pair_head(
     trained = sorted(pairs)  # the routers directory's own: the shipped prior is never among them
     if not trained:
         return None, None
+    if pair[::-1] in pairs and reversible(pairs[pair[::-1]]):
+        return reversed_pair_head(pairs[pair[::-1]]), None
     listed = "; ".join(f"strong {s!r}, weak {w!r}" for s, w in trained)
     renamed = ""
     if pair != (strong, weak):
         renamed = f" (as difficulty_models names them: strong {pair[0]!r}, weak {pair[1]!r})"
-    reverse = " (a head exists for the reverse pair: swap strong and weak?)" if pair[::-1] in pairs else ""
+    reverse = (
+        " (a head exists for the reverse pair, trained before heads recorded how to read them reversed: "
+        "retrain it, or swap strong and weak)"
+        if pair[::-1] in pairs
+        else ""
+    )
     return None, (
         f"no difficulty head for strong {strong!r}, weak {weak!r}{renamed} among the pair heads for encoder "
         f"{encoder!r} in {directory} (classifiers.routers_dir): {listed}{reverse}. Map the configured models "

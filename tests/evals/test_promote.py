@@ -423,3 +423,20 @@ def test_an_active_version_without_a_record_of_its_training_rows_is_named(
     verdict = RouterRegistry(registry).info(v2).verdicts[-1]
     assert verdict["excluded_training_rows"]["active"] == 0
     assert verdict["excluded_training_rows"]["active_recorded"] is False
+
+
+def test_a_pair_the_held_out_data_ranks_the_other_way_round_is_not_judged(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # On these prompts the trained weak model is always right and the strong one fails the math: APGR
+    # would divide by a negative gap, so a better ranking would score lower. Not judged, so refused.
+    _, _, (v1, v2, _) = trained
+    upside_down = write_jsonl(tmp_path / "upside-down.jsonl", rows(seed=4, n=120, models=(WEAK, STRONG)))
+    code, out, _ = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{upside_down}")
+    assert code == 1
+    assert "not judged: on these prompts the weak model does better on average (strong minus weak -0." in out
+    assert "no pair could be judged" in out
+    assert RouterRegistry(registry).active_version() == v1
+    verdict = json.loads((registry / "versions" / v2 / "verdicts.json").read_text())[-1]
+    (cmp,) = verdict["comparisons"]
+    assert cmp["judged"] is False and cmp["quality_gap"]["ci95"][1] < 0

@@ -256,6 +256,18 @@ def test_a_pair_the_data_cannot_tell_apart_gets_a_caution_before_its_apgr(tmp_pa
     assert clear["quality_gap"]["resolved"] and clear["quality_gap"]["ci"][0] > 0.4 and clear["warnings"] == []
 
 
+def test_a_pair_whose_weak_model_does_better_gets_a_caution(tmp_path: Path) -> None:
+    t = table(n=400)
+    t.strong_q[:], t.weak_q[:] = t.weak_q.copy(), t.strong_q.copy()  # the configured strong model is worse
+    upside_down = _report(t)
+    assert upside_down["quality_gap"]["ci"][1] < 0 and upside_down["quality_gap"]["inverted"]
+    (warning,) = upside_down["warnings"]
+    assert "the weak model does better than the strong one" in warning and "upside down" in warning
+    write_report(upside_down, tmp_path / "inv", [])
+    assert "Caution: the weak model does better" in html.unescape((tmp_path / "inv" / "report.md").read_text())
+    assert _report(table(n=400))["quality_gap"]["inverted"] is False
+
+
 # ----------------------------------------------------------------------------- the command
 
 
