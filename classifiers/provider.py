@@ -268,12 +268,10 @@ def _head_signal(name: str, head: Head, features: np.ndarray) -> Signal:
     if name == "difficulty":
         index = _positive_index(head.labels)
         p_strong = float(proba[index])
-        return Signal(
-            name="difficulty",
-            value=p_strong,
-            confidence=abs(p_strong - 0.5) * 2.0,
-            detail={"head": head.kind, "label": head.labels[index]},
-        )
+        detail: dict[str, Any] = {"head": head.kind, "label": head.labels[index]}
+        if head.manifest.get("reversed_from"):  # a pair head read the other way round (classifiers.heads.reverse)
+            detail["reversed_from"] = head.manifest["reversed_from"]
+        return Signal(name="difficulty", value=p_strong, confidence=abs(p_strong - 0.5) * 2.0, detail=detail)
     best = int(np.argmax(proba))
     return Signal(
         name=name,

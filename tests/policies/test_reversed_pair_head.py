@@ -97,6 +97,9 @@ async def test_the_route_naming_the_pair_reversed_routes_math_to_the_dear_model(
     forward_chat = forward[1]["signals"]["difficulty"]["value"]
     assert 0.3 < forward_chat < 0.7 and 1.0 - forward_chat > chat_p + 0.2
     assert forward[0]["model"] == DEAR  # as trained: cheap is "strong", not needed for math
+    # The explanation says which head was read the other way round; the forward one says nothing.
+    assert reverse[0]["signals"]["difficulty"]["detail"]["reversed_from"] == f"difficulty-{CHEAP}--{DEAR}-static"
+    assert "reversed_from" not in forward[0]["signals"]["difficulty"]["detail"]
     assert all(e["router_version"] == RouterRegistry(registry).active_version() for e in reverse)
 
 
