@@ -100,6 +100,7 @@ class Brain:
         self._marker = active_marker(self.routers_dir) if watch else None
         self.router = ActiveRouter(self.load_router())
         self.router.on_swap(self._recalibrate)
+        self.router.on_swap(lambda _old, new: _log_reversed_heads(new))
         for key, policy in self._on_active.items():
             _seed_knob(policy, self.router.current.heads_for(key))
         # Some route or arm reads a head signal, or a route's semantic cache embeds last turns.
@@ -290,13 +291,7 @@ class Brain:
             self.router_version,
             _summary(self.router.current.heads.sources),
         )
-        for route, heads in self.router.current.routes.items():
-            difficulty = heads.get("difficulty")
-            if difficulty is not None and difficulty.manifest.get("reversed_from"):
-                pair = difficulty.manifest["model_pair"]
-                log.info("route %s: strong %s vs weak %s reads the pair head %s reversed (trained the other "
-                         "way round: that data gave the higher mean quality to %s)", route, pair["strong"],
-                         pair["weak"], difficulty.manifest["reversed_from"], pair["weak"])
+        _log_reversed_heads(self.router.current)
 
     async def close(self) -> None:
         """Stop watching, release the encoder's workers and the text-scan workers."""
@@ -351,6 +346,17 @@ def _summary(sources: Iterable[str], listed: int = 8) -> str:
         return "none"
     more = f", and {len(names) - listed} more" if len(names) > listed else ""
     return ", ".join(names[:listed]) + more
+
+
+def _log_reversed_heads(version: RouterVersion) -> None:
+    """Say which routes read a pair head the other way round (:mod:`classifiers.heads.reverse`)."""
+    for route, heads in version.routes.items():
+        difficulty = heads.get("difficulty")
+        if difficulty is not None and difficulty.manifest.get("reversed_from"):
+            pair = difficulty.manifest["model_pair"]
+            log.info("route %s: strong %s vs weak %s reads the pair head %s reversed (trained the other way "
+                     "round: that data gave the higher mean quality to %s)", route, pair["strong"], pair["weak"],
+                     difficulty.manifest["reversed_from"], pair["weak"])
 
 
 def _seed_knob(policy: RulePolicy, heads: Mapping[str, Head]) -> None:

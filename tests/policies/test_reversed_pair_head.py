@@ -11,6 +11,7 @@ real labelled file (static encoder), built the way ``pointsman eval`` builds a r
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +86,15 @@ def test_training_names_the_better_model_on_average_strong(registry: Path) -> No
     assert (pair["strong"], pair["weak"]) == (CHEAP, DEAR)
 
 
-async def test_the_route_naming_the_pair_reversed_routes_math_to_the_dear_model(registry: Path) -> None:
-    forward = await decide(config(registry, CHEAP, DEAR), MATH, CHAT)
-    reverse = await decide(config(registry, DEAR, CHEAP), MATH, CHAT)
+async def test_the_route_naming_the_pair_reversed_routes_math_to_the_dear_model(
+    registry: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="pointsman.routing"):
+        forward = await decide(config(registry, CHEAP, DEAR), MATH, CHAT)
+        assert "routing encoder" in caplog.text and "reversed" not in caplog.text
+        reverse = await decide(config(registry, DEAR, CHEAP), MATH, CHAT)
+    assert (f"route auto: strong {DEAR} vs weak {CHEAP} reads the pair head difficulty-{CHEAP}--{DEAR}-static "
+            f"reversed") in caplog.text
     assert [e["model"] for e in reverse] == [DEAR, CHEAP]
     math_p, chat_p = (e["signals"]["difficulty"]["value"] for e in reverse)
     # P(dear strictly better): about 1 on math, about 0 on chat, where it ties or loses.
