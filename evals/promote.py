@@ -61,7 +61,7 @@ from evals.holdout import holdout_fraction, split_sources
 from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
 from evals.metrics import QualityGap, quality_gap
 from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
-from evals.trained_rows import key_hashes, load_trained_rows, trained_mask
+from evals.trained_rows import key_hashes, load_trained_rows, shipped_trained_rows, trained_mask
 
 Log = Callable[[str], None]
 MIN_RESAMPLES = 1000
@@ -287,7 +287,7 @@ def run_gate(
     from_registry = baseline.directory != SHIPPED_ROUTERS_DIR
     rows, excluded = _leave_out_training_rows(
         [r for src in loaded for r in src.rows], candidate_rows,
-        _trained_rows(registry.info(baseline.version)) if from_registry else None,
+        _trained_rows(registry.info(baseline.version)) if from_registry else shipped_trained_rows(),
     )
     log(
         f"promotion gate: {version} against {baseline.version} on {len(rows)} held-out requests "

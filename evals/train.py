@@ -47,6 +47,7 @@ from evals.difficulty import (
 )
 from evals.embeddings import embed_prompts, get_encoder, prompt_text
 from evals.holdout import holdout_fraction
+from evals.trained_rows import write_bundled_trained_rows
 
 ROUTERS_DIR = REPO_ROOT / "classifiers" / "artifacts" / "routers"
 ENCODERS = ("minilm", "static")
@@ -274,6 +275,8 @@ def build(
         dpath = dhead.save(out_dir / f"domain-{name}")
         report[dpath.name] = dmetrics
         print(f"[{name}] wrote {path} and {dpath} in {time.perf_counter() - t0:.0f}s", flush=True)
+    # Which prompts these heads learnt from: pointsman eval leaves them out of --data bundled.
+    write_bundled_trained_rows(out_dir, data_dir)
     return report
 
 

@@ -44,8 +44,33 @@ def write_trained_rows(directory: Path, rows: Iterable[KeyedRequest]) -> dict[st
     return {"file": TRAINED_ROWS_FILE, "count": len(hashes), "hash": HASH}
 
 
+def write_bundled_trained_rows(directory: Path, data_dir: Path) -> dict[str, Any]:
+    """Write the record of what the shipped heads learnt from into their directory: the RouteLLM
+    prompts of the train and validation splits (fitted on train, calibrated and selected on validation;
+    the test split stays held out), keyed as ``--data bundled`` loads them."""
+    from evals.data import DEFAULT_SEED, split_of
+    from evals.labelled import load_routellm_rows
+
+    rows = [r for r in load_routellm_rows(data_dir) if split_of(_prompt(r), DEFAULT_SEED) != "test"]
+    return write_trained_rows(directory, rows)
+
+
+def shipped_trained_rows() -> np.ndarray | None:
+    """The hashes of the prompts the shipped heads learnt from (None if the file is missing)."""
+    from classifiers.registry import SHIPPED_ROUTERS_DIR
+
+    if not (SHIPPED_ROUTERS_DIR / TRAINED_ROWS_FILE).is_file():
+        return None
+    return load_trained_rows(SHIPPED_ROUTERS_DIR, {"file": TRAINED_ROWS_FILE})
+
+
+def _prompt(row: Any) -> str:
+    (message,) = row.messages  # load_routellm_rows: one user message per prompt
+    return str(message["content"])
+
+
 def load_trained_rows(version_dir: Path, recorded: Any) -> np.ndarray | None:
-    """The sorted hashes a version recorded, or ``None`` when it recorded none (older versions, shipped heads).
+    """The sorted hashes a version recorded, or ``None`` when it recorded none (older versions).
 
     A recorded but unreadable file is an error (``OSError``/``ValueError``): the gate must not silently
     treat a version as trained on nothing.
@@ -67,7 +92,8 @@ def trained_mask(hashes: np.ndarray, trained: np.ndarray | None) -> np.ndarray:
 
 def router_training_rows(routers_dir: str | Path | None) -> tuple[str, np.ndarray] | None:
     """The version id and training-row hashes of the router ``routers_dir`` serves (a registry's active
-    version, or a version directory), or None when it recorded none (the shipped heads, older versions)."""
+    version, a version directory, or the shipped heads' directory with its ``trained_rows.npy``), or None
+    when it recorded none (older versions)."""
     import json
 
     from classifiers.registry import VERSION_FILE, resolve_routers_dir
@@ -76,7 +102,10 @@ def router_training_rows(routers_dir: str | Path | None) -> tuple[str, np.ndarra
     try:
         raw = json.loads((resolved.directory / VERSION_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return None
+        # No registry version: the shipped heads (or a directory rebuilt like them) keep the file alone.
+        if not (resolved.directory / TRAINED_ROWS_FILE).is_file():
+            return None
+        raw = {"version": resolved.version, "trained_rows": {"file": TRAINED_ROWS_FILE}}
     if not isinstance(raw, dict):
         return None
     hashes = load_trained_rows(resolved.directory, raw.get("trained_rows"))
