@@ -486,10 +486,11 @@ def _breakdown(
         row: dict[str, Any] = {
             "group": str(group), "n": len(idx), "strong_quality": strong, "weak_quality": weak,
             "knob_share": float(sel.mean()), "knob_pgr": _pgr(knob_q, strong, weak),
-            "gap_resolved": not gap.unresolved,
+            "gap_resolved": not gap.unresolved, "gap_inverted": gap.inverted,
         }
-        # A group whose two models the data cannot tell apart gets no APGR: it divides by that gap.
-        if len(idx) >= min_group and not gap.unresolved:
+        # A group whose two models the data cannot tell apart gets no APGR: it divides by that gap; nor
+        # does one whose weak model does better (the gap is negative and APGR reads upside down).
+        if len(idx) >= min_group and not gap.unresolved and not gap.inverted:
 
             def stat(i: np.ndarray, sub: PairTable = sub, sub_knn: np.ndarray | None = sub_knn) -> dict[str, float]:
                 t = sub.take(i, numbers_only=True)

@@ -169,7 +169,7 @@ def _tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[s
                          _est(g.get("apgr")), _est(g.get("knn_apgr")), _pct(g["knob_share"]), _num(g["knob_pgr"])]
                         for g in groups],
                        "APGR only for groups with enough requests and a mean quality gap between the models "
-                       "whose 95% interval excludes zero (PGR divides by that gap)."))
+                       "whose 95% interval lies above zero (PGR divides by that gap)."))
     return tables
 
 

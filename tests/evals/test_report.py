@@ -263,6 +263,8 @@ def test_a_pair_whose_weak_model_does_better_gets_a_caution(tmp_path: Path) -> N
     assert upside_down["quality_gap"]["ci"][1] < 0 and upside_down["quality_gap"]["inverted"]
     (warning,) = upside_down["warnings"]
     assert "the weak model does better than the strong one" in warning and "upside down" in warning
+    # Nor does a group whose weak model does better get an APGR (it would read upside down too).
+    assert [("apgr" in g, g["gap_inverted"]) for g in upside_down["breakdown"]["source"]] == [(False, True)] * 2
     write_report(upside_down, tmp_path / "inv", [])
     assert "Caution: the weak model does better" in html.unescape((tmp_path / "inv" / "report.md").read_text())
     assert _report(table(n=400))["quality_gap"]["inverted"] is False
