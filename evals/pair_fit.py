@@ -18,7 +18,9 @@ pseudo-rows, hyperparameters by cross-validation, Platt-calibrated.**
   probability ``sigmoid(gain estimate)`` is mapped by Platt scaling, fitted on the chosen
   configuration's out-of-fold scores against "strong strictly better" (gain > 0), so column 1 is
   P(strong better) and the ranking is unchanged. Platt is skipped (``method: none``) when that label is
-  constant or the fitted slope is not positive, and below 10 rows (no folds to fit it on).
+  constant or the fitted slope is not positive, and below 10 rows (no folds to fit it on). A second
+  Platt map, of the negated scores against "weak strictly better", is reported for reading the head
+  with strong and weak swapped (:mod:`classifiers.heads.reverse`).
 - Deterministic given ``seed`` (it only draws the fold assignment).
 - Optional ``focus``: tilt the prior's row weights towards prompts that look like the new traffic
   (importance weighting for covariate shift, :func:`_focus_weights`). Off by default (see below).
