@@ -71,6 +71,9 @@ class Replay:
     threshold_source: str = ""  # "config" | "target share over the replayed set" | ""
     target_share: float | None = None
     skipped: dict[str, int] = field(default_factory=dict)
+    #: The pair head the knob read the other way round (its name), when the route names the trained
+    #: pair reversed (:mod:`classifiers.heads.reverse`).
+    difficulty_reversed_from: str | None = None
 
 
 class ReplayError(ValueError):
@@ -152,7 +155,17 @@ async def replay_route(
         threshold=threshold,
         threshold_source=source,
         target_share=target,
+        difficulty_reversed_from=_reversed_from(explanations),
     )
+
+
+def _reversed_from(explanations: Iterable[Mapping[str, Any]]) -> str | None:
+    for explanation in explanations:
+        difficulty = (explanation.get("signals") or {}).get("difficulty")
+        if isinstance(difficulty, Mapping):
+            found = (difficulty.get("detail") or {}).get("reversed_from")
+            return str(found) if found else None
+    return None
 
 
 def subset(replay: Replay, indices: Iterable[int]) -> Replay:

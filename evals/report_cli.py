@@ -192,7 +192,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, Any]]:
         "config": str(args.config),
         "router_version": routers_dir_version(args.routers_dir) or replay.router_version,
         "data": data.sources,
-        "pair": {"strong": cq.strong, "weak": cq.weak, "strong_data": strong_data, "weak_data": weak_data},
+        "pair": {"strong": cq.strong, "weak": cq.weak, "strong_data": strong_data, "weak_data": weak_data,
+                 **({"reversed_from": replay.difficulty_reversed_from} if replay.difficulty_reversed_from else {})},
         "rows": {
             "total": len(data.rows) + sum(data.skipped.values()),
             "replayed": len(items),

@@ -188,7 +188,9 @@ def _facts(report: Mapping[str, Any]) -> list[tuple[str, str]]:
         (
             "pair",
             f"strong {pair.get('strong')}{_data_name(pair.get('strong_data'))}, "
-            f"weak {pair.get('weak')}{_data_name(pair.get('weak_data'))}",
+            f"weak {pair.get('weak')}{_data_name(pair.get('weak_data'))}"
+            + (f"; scored by the pair head {pair['reversed_from']} read reversed (trained the other way round)"
+               if pair.get("reversed_from") else ""),
         ),
         (
             "data",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from classifiers.registry import RouterRegistry
 from gateway.cli import main
@@ -133,3 +134,27 @@ def test_a_head_without_a_reverse_record_is_refused_naming_the_key(tmp_path: Pat
     message = str(caught.value)
     assert f"routes.auto.cost_quality: no difficulty head for strong '{DEAR}', weak '{CHEAP}'" in message
     assert "a head exists for the reverse pair, trained before heads recorded how to read them reversed" in message
+
+
+def test_eval_of_the_reversed_route_names_the_head_and_cautions(registry: Path, tmp_path: Path) -> None:
+    # pointsman eval replays the route as served: read reversed, said so in the report; and since the
+    # route's strong model does worse on average, APGR reads upside down, said before the verdict.
+    # Prompts none of the training ones (the chat templates repeat): a reference number on each.
+    fresh = [{**r, "prompt": f"{r['prompt']} (ref {i})"} for i, r in enumerate(labelled(seed=12, n=300))]
+    held = write_jsonl(tmp_path / "held.jsonl", fresh)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(config(registry, DEAR, CHEAP, target_strong_share=0.2)))
+    code = main(["eval", "--config", str(cfg), "--route", "auto", "--data", f"file:{held}", "--out",
+                 str(tmp_path / "report"), "--no-progress"])
+    assert code == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["pair"]["reversed_from"] == f"difficulty-{CHEAP}--{DEAR}-static"
+    assert report["quality_gap"]["inverted"]
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert f"scored by the pair head difficulty-{CHEAP}--{DEAR}-static read reversed" in markdown
+    assert "Caution: the weak model does better than the strong one" in markdown
+    # The route's choices are right: at a 20% dear-model share (about the math share) the quality beats
+    # both always-cheap and always-dear by far.
+    knob, routers = report["knob"], report["routers"]
+    best_fixed = max(routers["always_weak"]["quality"]["value"], routers["always_strong"]["quality"]["value"])
+    assert knob["quality"]["value"] > best_fixed + 0.1, (knob, routers)
