@@ -312,7 +312,7 @@ class RouterRegistry:
             for stale in (self.root / VERSIONS_DIR).glob(".pruned-*"):  # a prune that stopped part-way
                 shutil.rmtree(stale, ignore_errors=True)
             log = self.pruned()
-            user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+            user = operator_name()
             for version in doomed:
                 info = self.info(version)
                 log.append({"version": version, "parent": info.parent, "created_at": info.created_at,
@@ -358,6 +358,11 @@ class RouterRegistry:
 def _sequence(version: str) -> int:
     match = _VERSION_ID.match(version)
     return int(match.group(1)) if match else -1
+
+
+def operator_name() -> str:
+    """Who is changing the registry (recorded with forced promotions and prunes)."""
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
 
 
 def _now_iso() -> str:

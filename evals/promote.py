@@ -52,16 +52,18 @@ import numpy as np
 from classifiers.heads import Head, load_head
 from classifiers.registry import (
     SHIPPED_ROUTERS_DIR,
+    ResolvedRouters,
     RouterRegistry,
     VersionInfo,
     is_registry,
+    operator_name,
     resolve_routers_dir,
 )
 from evals.holdout import holdout_fraction, split_sources
 from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
 from evals.metrics import QualityGap, quality_gap
 from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
-from evals.trained_rows import key_hashes, load_trained_rows, shipped_trained_rows, trained_mask
+from evals.trained_rows import key_hashes, load_trained_rows, resolved_training_rows, trained_mask
 
 Log = Callable[[str], None]
 MIN_RESAMPLES = 1000
@@ -286,8 +288,7 @@ def run_gate(
         loaded = split_sources(loaded, holdout, "heldout")
     from_registry = baseline.directory != SHIPPED_ROUTERS_DIR
     rows, excluded = _leave_out_training_rows(
-        [r for src in loaded for r in src.rows], candidate_rows,
-        _trained_rows(registry.info(baseline.version)) if from_registry else shipped_trained_rows(),
+        [r for src in loaded for r in src.rows], candidate_rows, _baseline_trained_rows(baseline)
     )
     log(
         f"promotion gate: {version} against {baseline.version} on {len(rows)} held-out requests "
@@ -377,6 +378,16 @@ def _trained_rows(info: VersionInfo) -> np.ndarray | None:
         return load_trained_rows(info.path, info.raw.get("trained_rows"))
     except (OSError, ValueError) as exc:
         raise GateError(f"{info.version}: cannot read the record of its training requests: {exc}") from None
+
+
+def _baseline_trained_rows(baseline: ResolvedRouters) -> np.ndarray | None:
+    """The hashes of the requests the active router (a registry version, or the shipped fallback) was
+    trained on; None if it did not record them."""
+    try:
+        found = resolved_training_rows(baseline)
+    except (OSError, ValueError) as exc:
+        raise GateError(f"{baseline.version}: cannot read the record of its training requests: {exc}") from None
+    return None if found is None else found[1]
 
 
 def _leave_out_training_rows(
@@ -476,7 +487,7 @@ def force_promote(registry_dir: Path, version: str, reason: str) -> str | None:
     registry.promote(version, {
         "decision": "promoted", "forced": True, "against": previous,
         "reason": f"forced without the gate: {reason.strip()}",
-        "user": os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown",
+        "user": operator_name(),
     })
     return previous
 

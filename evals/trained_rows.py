@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from classifiers.registry import ResolvedRouters
     from evals.retrain import KeyedRequest
 
 TRAINED_ROWS_FILE = "trained_rows.npy"
@@ -55,15 +56,6 @@ def write_bundled_trained_rows(directory: Path, data_dir: Path) -> dict[str, Any
     return write_trained_rows(directory, rows)
 
 
-def shipped_trained_rows() -> np.ndarray | None:
-    """The hashes of the prompts the shipped heads learnt from (None if the file is missing)."""
-    from classifiers.registry import SHIPPED_ROUTERS_DIR
-
-    if not (SHIPPED_ROUTERS_DIR / TRAINED_ROWS_FILE).is_file():
-        return None
-    return load_trained_rows(SHIPPED_ROUTERS_DIR, {"file": TRAINED_ROWS_FILE})
-
-
 def _prompt(row: Any) -> str:
     (message,) = row.messages  # load_routellm_rows: one user message per prompt
     return str(message["content"])
@@ -94,11 +86,17 @@ def router_training_rows(routers_dir: str | Path | None) -> tuple[str, np.ndarra
     """The version id and training-row hashes of the router ``routers_dir`` serves (a registry's active
     version, a version directory, or the shipped heads' directory with its ``trained_rows.npy``), or None
     when it recorded none (older versions)."""
+    from classifiers.registry import resolve_routers_dir
+
+    return resolved_training_rows(resolve_routers_dir(routers_dir))
+
+
+def resolved_training_rows(resolved: ResolvedRouters) -> tuple[str, np.ndarray] | None:
+    """:func:`router_training_rows` of an already resolved router (the one a gate compared against)."""
     import json
 
-    from classifiers.registry import VERSION_FILE, resolve_routers_dir
+    from classifiers.registry import VERSION_FILE
 
-    resolved = resolve_routers_dir(routers_dir)
     try:
         raw = json.loads((resolved.directory / VERSION_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
