@@ -34,6 +34,7 @@ from gateway.protocol import CHAT, COMPLETIONS, EMBEDDINGS
 from gateway.responses import error_response, gateway_headers, json_response
 from gateway.runtime import start_runtime
 from gateway.service import ProxyService
+from gateway.streaming import ProxyStream
 from gateway.tracing import build_tracer
 from policies.echo import client_echo
 
@@ -76,15 +77,15 @@ def _service(request: Request) -> ProxyService:
     return service
 
 
-async def chat_completions(request: Request) -> Response:
+async def chat_completions(request: Request) -> Response | ProxyStream:
     return await _service(request).handle(request, CHAT)
 
 
-async def completions(request: Request) -> Response:
+async def completions(request: Request) -> Response | ProxyStream:
     return await _service(request).handle(request, COMPLETIONS)
 
 
-async def embeddings(request: Request) -> Response:
+async def embeddings(request: Request) -> Response | ProxyStream:
     return await _service(request).handle(request, EMBEDDINGS)
 
 

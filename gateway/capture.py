@@ -21,8 +21,9 @@ import orjson
 from classifiers.batching import BatchingEncoder
 from classifiers.conversation import conversation_text
 from classifiers.provider import HEAD_SIGNALS
+from gateway.trace import RequestTrace
 from policies.config import RecordSettings
-from store.records import ConversationRecord, DecisionRecord
+from store.records import ConversationRecord
 
 DAY = 86_400.0
 #: The provider renders conversations with this budget (``ClassifierSignalProvider(max_chars=...)``);
@@ -52,11 +53,11 @@ class ConversationCapture:
         return route in self._settings and any(name in signals for name in HEAD_SIGNALS)
 
     async def attach(
-        self, record: DecisionRecord, decided: Mapping[str, Any], forwarded: Mapping[str, Any]
+        self, trace: RequestTrace, decided: Mapping[str, Any], forwarded: Mapping[str, Any]
     ) -> None:
-        """Set ``record.conversation``: ``decided`` is the body the policy encoded, ``forwarded`` the
+        """Set ``trace.conversation``: ``decided`` is the body the policy encoded, ``forwarded`` the
         body sent upstream (its messages are the text kept, when kept)."""
-        settings = self._settings[record.route or ""]
+        settings = self._settings[trace.route or ""]
         encoder = self._encoder()
         embedding: bytes | None = None
         encoder_id: str | None = None
@@ -73,7 +74,7 @@ class ConversationCapture:
             expires_at = now + settings.text_retention_days * DAY
         if embedding is None and text is None:
             return
-        record.conversation = ConversationRecord(
-            request_id=record.request_id, created_at=now, tenant=record.tenant, encoder_id=encoder_id,
+        trace.conversation = ConversationRecord(
+            request_id=trace.request_id, created_at=now, tenant=trace.tenant, encoder_id=encoder_id,
             embedding=embedding, text=text, expires_at=expires_at,
         )

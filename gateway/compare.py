@@ -321,7 +321,7 @@ class CompareRunner:
 
     # --- request path (cheap, synchronous, never raises) -------------------------------------------
 
-    def sampled(self, record: DecisionRecord) -> bool:
+    def sampled(self, record: DecisionRecord | RequestTrace) -> bool:
         """Whether this request is one its route compares (decided by a hash of its id)."""
         state = self.routes.get(record.route or "")
         return (
@@ -485,15 +485,15 @@ class CompareRunner:
 
     async def _call(self, record: DecisionRecord, model: str, body: Mapping[str, Any]) -> Completed | None:
         """One non-streamed call through the gateway's forwarding path (retries, breaker, metrics)."""
-        shadow = DecisionRecord(
-            request_id=f"{record.request_id}:compare:{model}", created_at=time.time(), endpoint=CHAT.name,
-            route=record.route, requested_model=model, tenant=record.tenant,
+        trace = RequestTrace(
+            request_id=f"{record.request_id}:compare:{model}", endpoint=CHAT.name, route=record.route,
+            requested_model=model, tenant=record.tenant,
         )
         request = {**body, "model": model}
         try:
             result = await self._forwarder.forward(
                 path=CHAT.path, body=request, raw_body=with_model_first(request), candidates=(model,),
-                stream=False, trace=RequestTrace(record=shadow),
+                stream=False, trace=trace,
             )
         except PointsmanError as error:
             log.info("comparison call to %s for request %s failed: %s", model, record.request_id, error.error_type)

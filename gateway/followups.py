@@ -21,6 +21,7 @@ from gateway.forward import Forwarder
 from gateway.implicit import Fingerprint, ImplicitSignals, fingerprint, finished_by_length
 from gateway.pool import BackendPool
 from gateway.protocol import CHAT
+from gateway.trace import RequestTrace
 from gateway.usage import SSEUsageScanner
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord
@@ -35,8 +36,7 @@ MAX_FINGERPRINT_BYTES = 256 * 1024
 class Served:
     """One request as the follow-ups see it, filled in by the service as it goes."""
 
-    record: DecisionRecord
-    session_id: str | None = None
+    trace: RequestTrace  # the request's running state (its record is built when it is finished)
     decided: Mapping[str, Any] | None = None  # the body as the client sent it (what the policy read)
     forwarded: Mapping[str, Any] | None = None  # the body sent upstream (redacted, gateway fields dropped)
     size: int = 0  # bytes of the request body
@@ -68,30 +68,32 @@ class Followups:
 
     async def decided(self, served: Served, signals: Mapping[str, Any]) -> None:
         """The request is decided and about to be forwarded: fingerprint it, capture its conversation."""
-        record, body = served.record, served.decided
-        if body is None or record.endpoint != CHAT.name:
+        trace, body = served.trace, served.decided
+        if body is None or trace.endpoint != CHAT.name:
             return
         # Marked now, whether or not a bound later skips the comparison: its judge feedback and the
         # extra call's spend are for learning, so A/B reports leave such requests out by default.
-        record.compared = record.decision.get("workflow") is None and self.compare.sampled(record)
-        if self.implicit.settings_for(record.route).enabled and served.size <= MAX_FINGERPRINT_BYTES:
-            served.fingerprint = fingerprint(body, record.tenant, served.session_id)
-        if self.capture.wants(record.route, signals):
+        trace.compared = trace.decision.get("workflow") is None and self.compare.sampled(trace)
+        if self.implicit.settings_for(trace.route).enabled and served.size <= MAX_FINGERPRINT_BYTES:
+            served.fingerprint = fingerprint(body, trace.tenant, trace.session_id)
+        if self.capture.wants(trace.route, signals):
             try:
-                await self.capture.attach(record, body, served.forwarded or body)
+                await self.capture.attach(trace, body, served.forwarded or body)
             except Exception:  # the record goes without its conversation; the request goes on
-                log.exception("could not capture the conversation of request %s", record.request_id)
+                log.exception("could not capture the conversation of request %s", trace.request_id)
 
     def stream_scanner(self, served: Served) -> SSEUsageScanner:
         """The usage scanner for a streamed answer; it also keeps the text when it will be compared."""
-        return SSEUsageScanner(collect_text=self.compare.sampled(served.record))
+        return SSEUsageScanner(collect_text=self.compare.sampled(served.trace))
 
     # --- after the answer ----------------------------------------------------------------------------
 
-    def completed(self, served: Served, answer: bytes) -> Callable[[], Awaitable[None]] | None:
-        """A non-streamed request is done (its record final, its response not yet sent): record implicit
-        feedback now; return what starts the comparison once the response is sent, if there is one."""
-        record = served.record
+    def completed(
+        self, served: Served, record: DecisionRecord, answer: bytes
+    ) -> Callable[[], Awaitable[None]] | None:
+        """A non-streamed request is done (``record`` is its decision record, its response not yet
+        sent): record implicit feedback now; return what starts the comparison once the response is
+        sent, if there is one."""
         ok = record.status == 200 and record.outcome == "ok"
         self.implicit.finished(record, served.fingerprint, finish_length=ok and finished_by_length(answer))
         # A workflow's answer is not compared: its decision was a workflow, not a candidate model.
@@ -104,13 +106,13 @@ class Followups:
 
         return launch
 
-    def failed(self, served: Served) -> None:
+    def failed(self, served: Served, record: DecisionRecord) -> None:
         """A request ended without an upstream answer to pass on (refused, failed, disconnected)."""
-        self.implicit.finished(served.record, served.fingerprint)
+        self.implicit.finished(record, served.fingerprint)
 
-    def streamed(self, served: Served, scanner: SSEUsageScanner) -> None:
-        """A streamed answer's last byte was sent: implicit feedback, then the comparison."""
-        record = served.record
+    def streamed(self, served: Served, record: DecisionRecord, scanner: SSEUsageScanner) -> None:
+        """A streamed answer's last byte was sent (``record`` is its decision record): implicit
+        feedback, then the comparison."""
         self.implicit.finished(record, served.fingerprint, finish_length=scanner.finish_length)
         if served.forwarded is not None and scanner.text is not None:
             self.compare.launch(record, served.forwarded, scanner.text)

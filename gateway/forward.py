@@ -108,7 +108,6 @@ class Forwarder:
         trace: RequestTrace,
     ) -> Completed | OpenedStream:
         """Try each candidate model in order (with retries); raise a :class:`PointsmanError` if all fail."""
-        record = trace.record
         last_failure: UpstreamFailure | None = None
         no_replica: PointsmanError | None = None
         previous: str | None = None
@@ -118,14 +117,14 @@ class Forwarder:
             if target is None:  # plans are validated against the pool at start-up; defensive only
                 continue
             if previous is not None:
-                self._metrics.fallbacks.labels(record.route or "", previous, name).inc()
+                self._metrics.fallbacks.labels(trace.route or "", previous, name).inc()
             previous = name
-            record.model, record.backend = target.name, target.backend.name
+            trace.model, trace.backend = target.name, target.backend.name
             payload = _payload(body, raw_body, target.model.wire_name)
             headers = _upstream_headers(target)
             tried: list[Replica] = []
             backend = target.backend
-            affinity = affinity_of(backend.policy, backend.config.balancing, raw_body, record.tenant,
+            affinity = affinity_of(backend.policy, backend.config.balancing, raw_body, trace.tenant,
                                    trace.session_id, body, affinities)
             for attempt in range(self._retry.attempts):
                 choice = backend.choose(exclude=tried, affinity=affinity)
@@ -145,16 +144,16 @@ class Forwarder:
                 assert choice is not None
                 tried.append(replica)
                 backend.placed(choice, affinity)
-                record.replica = replica.base_url
+                trace.replica = replica.base_url
                 if backend.policy.name != "least_outstanding":
-                    record.decision["replica"] = choice.describe(backend.policy.name)
-                record.attempts += 1
+                    trace.decision["replica"] = choice.describe(backend.policy.name)
+                trace.attempts += 1
                 if attempt > 0:
                     self._metrics.retries.labels(target.backend.name, name).inc()
                 try:
                     if self.tracer is not None and self.tracer.active():
                         return await self._traced_attempt(
-                            path, payload, headers, target, choice, stream, trace, record.attempts
+                            path, payload, headers, target, choice, stream, trace, trace.attempts
                         )
                     return await self._attempt(path, payload, headers, target, choice, stream, trace)
                 except UpstreamFailure as failure:
@@ -164,7 +163,7 @@ class Forwarder:
                     if not await self._backoff(attempt, failure, trace):
                         break
         if last_failure is not None:
-            raise _client_error(last_failure, record.attempts)
+            raise _client_error(last_failure, trace.attempts)
         if no_replica is not None:
             raise no_replica
         raise ServiceUnavailableError("no configured model could serve this request")

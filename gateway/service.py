@@ -141,15 +141,11 @@ class ProxyService:
         """Tenant of the request's API key (None when auth is off); raises 401."""
         return self.keys.tenant_for(request.headers.get("authorization"))
 
-    async def handle(self, request: Request, endpoint: Endpoint) -> Response:
+    async def handle(self, request: Request, endpoint: Endpoint) -> Response | ProxyStream:
         """Serve one proxied OpenAI request; every outcome ends in exactly one decision record."""
         request_id = new_request_id()
         current_request_id.set(request_id)  # every log line of this request carries its id
-        record = DecisionRecord(
-            request_id=request_id, created_at=time.time(), endpoint=endpoint.name, route=None,
-            requested_model=None,
-        )
-        trace = RequestTrace(record=record)
+        trace = RequestTrace(request_id=request_id, endpoint=endpoint.name)
         tracer = self.tracer
         if tracer is None:
             return await self._handle(request, endpoint, trace)
@@ -157,32 +153,31 @@ class ProxyService:
         # stream, once its last byte is sent).
         trace.span = tracer.start("pointsman.request", {"pointsman.endpoint": endpoint.name,
                                                         "pointsman.request_id": request_id}, request.headers)
-        record.trace_id = tracer.trace_id(trace.span)
+        trace.trace_id = tracer.trace_id(trace.span)
         with tracer.current(trace.span):
             return await self._handle(request, endpoint, trace)
 
-    async def _handle(self, request: Request, endpoint: Endpoint, trace: RequestTrace) -> Response:
-        record = trace.record
+    async def _handle(self, request: Request, endpoint: Endpoint, trace: RequestTrace) -> Response | ProxyStream:
         self.metrics.in_flight.inc()
         streaming = False
-        served = Served(record=record, session_id=request.headers.get(SESSION_HEADER))
-        trace.session_id = served.session_id
+        trace.session_id = request.headers.get(SESSION_HEADER)
+        served = Served(trace=trace)
         response: Response | None = None
         answer: bytes | None = None
         joined: RequestContext | None = None  # the request's context, when shadow arms will decide on it too
         try:
             if self.draining:
                 raise ServiceUnavailableError("the gateway is shutting down", headers={"Retry-After": "1"})
-            record.tenant = self.authenticate(request)
+            trace.tenant = self.authenticate(request)
             raw = await self._read_body(request)
             body = parse_request(raw, endpoint)
             served.decided, served.size = body, len(raw)
-            record.stream = bool(body.get("stream"))
-            with self._pinned_router(record):
+            trace.stream = bool(body.get("stream"))
+            with self._pinned_router(trace):
                 plan, joined = await self._plan(request, endpoint, body, trace, raw)
             if self.quotas is not None:  # 429 when a limit or budget is exhausted (the plan prices it)
                 trace.quota = await self.quotas.reserve(
-                    record.tenant, body["model"], plan.candidates[0], plan.workflow, body, len(raw)
+                    trace.tenant, body["model"], plan.candidates[0], plan.workflow, body, len(raw)
                 )
             if plan.redact:
                 # The policy asked to strip PII before the request leaves the gateway (and the
@@ -196,7 +191,7 @@ class ProxyService:
             await self.followups.decided(served, plan.signals)
             cached: CacheLookup | None = None
             if self.cache.enabled:
-                cached = await self.cache.lookup(record, plan, endpoint.name, body)
+                cached = await self.cache.lookup(trace, plan, endpoint.name, body)
                 if cached is not None and cached.hit is not None:
                     response = self._cached(cached, trace, body)  # no upstream call
                     return response
@@ -205,7 +200,7 @@ class ProxyService:
                     request, self.workflows.run(plan.workflow, endpoint, body, trace)
                 )
                 if done is None:
-                    record.outcome, record.status = "client_disconnected", 499
+                    trace.outcome, trace.status = "client_disconnected", 499
                     return Response(status_code=499)
                 if done.opened is not None:
                     streaming = True
@@ -217,12 +212,12 @@ class ProxyService:
                 stream=bool(body.get("stream")), trace=trace,
             ))
             if result is None:
-                record.outcome, record.status = "client_disconnected", 499
+                trace.outcome, trace.status = "client_disconnected", 499
                 return Response(status_code=499)
             if isinstance(result, OpenedStream):
                 streaming = True
                 trace.headers_sent_at = time.perf_counter()
-                record.status = 200
+                trace.status = 200
                 on_done: Callable[[RequestTrace, SSEUsageScanner], None] = functools.partial(
                     self._finish_stream, served, joined
                 )
@@ -234,7 +229,7 @@ class ProxyService:
             response = self._completed(result, trace)
             answer = result.body
             if cached is not None and cached.keys is not None:
-                self.cache.completed(cached, record, answer)
+                self.cache.completed(cached, trace, answer)
             return response
         except PointsmanError as error:
             response = self._error(error, trace)
@@ -243,21 +238,21 @@ class ProxyService:
             response = self._error(_scan_unavailable(exc), trace)
             return response
         except ClientDisconnected:
-            record.outcome, record.status = "client_disconnected", 499
+            trace.outcome, trace.status = "client_disconnected", 499
             return Response(status_code=499)
         except Exception:
             # A bug: the app's handler answers 500 in OpenAI's shape; the record must say so too.
-            record.status, record.outcome, record.error_type = 500, "error", "internal_error"
+            trace.status, trace.outcome, trace.error_type = 500, "error", "internal_error"
             raise
         finally:
             if not streaming:  # a stream is finished (and leaves in_flight) when its last byte is sent
                 self.metrics.in_flight.dec()
-                self._finish(trace)
+                record = self._finish(trace)
                 after: list[Callable[[], Any]] = []
                 if answer is None:
-                    self.followups.failed(served)
+                    self.followups.failed(served, record)
                 else:
-                    launch = self.followups.completed(served, answer)
+                    launch = self.followups.completed(served, record, answer)
                     if launch is not None:
                         after.append(launch)
                 if joined is not None and self.experiments is not None:
@@ -272,23 +267,22 @@ class ProxyService:
         self, request: Request, endpoint: Endpoint, body: Mapping[str, Any], trace: RequestTrace, raw: bytes
     ) -> tuple[Plan, RequestContext | None]:
         """The request's plan and, when it is in an experiment with shadow arms, the context it was decided on."""
-        record = trace.record
         model = body["model"]
         direct = self._direct_plans.get(model)
         joined: RequestContext | None = None
         assignment: Assignment | None = None
         if direct is not None:
-            record.requested_model = model
+            trace.requested_model = model
             plan = direct
         else:
             policy = self.policies.get(model)
             if policy is None:
                 # Client text, not a configured name: keep (and echo) only a masked prefix of it.
-                record.requested_model = masked_prefix(model)
+                trace.requested_model = masked_prefix(model)
                 raise _unknown_model(model)
-            record.requested_model = model
-            record.route = model
-            ctx = self.context(request, endpoint, body, record.request_id, record.tenant, raw)
+            trace.requested_model = model
+            trace.route = model
+            ctx = self.context(request, endpoint, body, trace.request_id, trace.tenant, raw)
             if model in self._experiment_routes:
                 assert self.experiments is not None
                 assignment = await self.experiments.assign(model, ctx)
@@ -296,27 +290,27 @@ class ProxyService:
                     policy = assignment.policy
                     if self.experiments.shadowed(assignment.experiment):
                         joined = ctx  # its shadow arms decide on it once the request is served
-                    record.experiment, record.experiment_arm = assignment.experiment, assignment.arm
-                    record.arm_propensity = assignment.propensity
+                    trace.experiment, trace.experiment_arm = assignment.experiment, assignment.arm
+                    trace.arm_propensity = assignment.propensity
                     if assignment.router_version is not None:  # the arm decides on its own router version
-                        record.router_version = assignment.router_version
+                        trace.router_version = assignment.router_version
             try:
                 if self.tracer is None:
                     plan = await policy.decide(ctx)
                 else:
                     plan = await self._traced_decide(policy, ctx)
             except PolicyError as exc:
-                record.decision = {"policy": policy.name, "blocked": exc.code}
+                trace.decision = {"policy": policy.name, "blocked": exc.code}
                 if assignment is not None:
-                    record.decision["experiment"] = assignment.describe()
+                    trace.decision["experiment"] = assignment.describe()
                 raise _policy_error(exc) from exc
             plan = self._with_model_fallbacks(plan)
-        record.decision = plan.describe()
+        trace.decision = plan.describe()
         if assignment is not None:
-            record.decision["experiment"] = assignment.describe()
-        record.reason = plan.reason
-        record.signals = plan.signals
-        record.propensity = plan.details.get("propensity")
+            trace.decision["experiment"] = assignment.describe()
+        trace.reason = plan.reason
+        trace.signals = plan.signals
+        trace.propensity = plan.details.get("propensity")
         return plan, joined
 
     async def _traced_decide(self, policy: Policy, ctx: RequestContext) -> Plan:
@@ -332,13 +326,13 @@ class ProxyService:
             return plan
 
     @contextlib.contextmanager
-    def _pinned_router(self, record: DecisionRecord) -> Iterator[None]:
+    def _pinned_router(self, trace: RequestTrace) -> Iterator[None]:
         """Decide on one router version, and record which (``x-pointsman-router`` says it too)."""
         if self.router is None:
             yield
             return
         with self.router.pin() as version:
-            record.router_version = version.version
+            trace.router_version = version.version
             yield
 
     def context(
@@ -449,34 +443,32 @@ class ProxyService:
                 await watcher
 
     def _completed(self, result: Completed, trace: RequestTrace) -> Response:
-        record = trace.record
-        record.status = result.status
-        record.model, record.backend = result.target.name, result.target.backend.name
-        record.prompt_tokens, record.completion_tokens = result.prompt_tokens, result.completion_tokens
-        record.cost_usd = cost_usd(result.target.model, result.prompt_tokens, result.completion_tokens)
+        trace.status = result.status
+        trace.model, trace.backend = result.target.name, result.target.backend.name
+        trace.prompt_tokens, trace.completion_tokens = result.prompt_tokens, result.completion_tokens
+        trace.cost_usd = cost_usd(result.target.model, result.prompt_tokens, result.completion_tokens)
         if result.status >= 400:
-            record.outcome = "error"
-            record.error_type = f"upstream_{result.status}"
+            trace.outcome = "error"
+            trace.error_type = f"upstream_{result.status}"
         return self._buffered(trace, result.status, result.body, result.content_type)
 
     def _cached(self, cached: CacheLookup, trace: RequestTrace, body: Mapping[str, Any]) -> Response:
         """A cached answer, as JSON or replayed as an SSE stream when the client streams."""
-        content, content_type = self.cache.serve(cached, trace.record, body)
-        if trace.record.stream:
-            trace.record.ttft_ms = trace.elapsed_ms()  # the whole answer is the first byte
+        content, content_type = self.cache.serve(cached, trace, body)
+        if trace.stream:
+            trace.ttft_ms = trace.elapsed_ms()  # the whole answer is the first byte
         return self._buffered(trace, 200, content, content_type)
 
     def _workflow_answer(self, done: WorkflowDone, trace: RequestTrace) -> tuple[Response, bytes]:
         """A workflow's buffered answer (JSON, or an SSE stream when the client streams) and the
         answer as JSON for the follow-ups."""
-        record = trace.record
         status, body, content_type, answer = done.body()  # also fills the record's workflow part
-        record.status = status
+        trace.status = status
         if status >= 400:
-            record.outcome = "error"
-            record.error_type = f"upstream_{status}"
-        elif record.stream:
-            record.ttft_ms = trace.elapsed_ms()  # the whole answer is the first byte
+            trace.outcome = "error"
+            trace.error_type = f"upstream_{status}"
+        elif trace.stream:
+            trace.ttft_ms = trace.elapsed_ms()  # the whole answer is the first byte
         return self._buffered(trace, status, body, content_type, done.headers()), answer
 
     def _buffered(
@@ -500,10 +492,9 @@ class ProxyService:
     ) -> ProxyStream:
         """Relay a workflow's final stage, live, with the workflow's totals put into the stream."""
         assert done.final.stream is not None and done.opened is not None
-        record = trace.record
         call = done.final.stream.call
-        record.model, record.backend = call.answered or call.model, call.backend
-        record.status = 200
+        trace.model, trace.backend = call.answered or call.model, call.backend
+        trace.status = 200
         trace.headers_sent_at = time.perf_counter()
         return ProxyStream(
             done.opened, trace, [*self._headers(trace), *done.headers()],
@@ -518,37 +509,34 @@ class ProxyService:
         self._stream_done(served, joined, trace, scanner)
 
     def _error(self, error: PointsmanError, trace: RequestTrace) -> Response:
-        record = trace.record
-        record.status = error.status
-        record.outcome = "error"
-        record.error_type = error.error_type if error.code is None else error.code
-        record.error_message = error.message
+        trace.status = error.status
+        trace.outcome = "error"
+        trace.error_type = error.error_type if error.code is None else error.code
+        trace.error_message = error.message
         trace.headers_sent_at = time.perf_counter()
         return error_response(error, self._headers(trace))
 
     def _headers(self, trace: RequestTrace) -> list[tuple[bytes, bytes]]:
-        record = trace.record
         return [
-            (b"x-pointsman-request-id", record.request_id.encode()),
-            (b"x-pointsman-model", (record.model or "").encode()),
-            (b"x-pointsman-backend", (record.backend or "").encode()),
-            (b"x-pointsman-route", (record.route or DIRECT_ROUTE).encode()),
+            (b"x-pointsman-request-id", trace.request_id.encode()),
+            (b"x-pointsman-model", (trace.model or "").encode()),
+            (b"x-pointsman-backend", (trace.backend or "").encode()),
+            (b"x-pointsman-route", (trace.route or DIRECT_ROUTE).encode()),
             (b"x-pointsman-overhead-ms", f"{trace.overhead_ms():.3f}".encode()),
-            *([(b"x-pointsman-router", record.router_version.encode())] if record.router_version else []),
-            *([(b"x-pointsman-arm", f"{record.experiment}/{record.experiment_arm}".encode())]
-              if record.experiment is not None else []),
-            *cache_headers(record.decision),
+            *([(b"x-pointsman-router", trace.router_version.encode())] if trace.router_version else []),
+            *([(b"x-pointsman-arm", f"{trace.experiment}/{trace.experiment_arm}".encode())]
+              if trace.experiment is not None else []),
+            *cache_headers(trace.decision),
             *(trace.quota.headers if trace.quota is not None else ()),
         ]
 
     def _finish_stream(
         self, served: Served, joined: RequestContext | None, trace: RequestTrace, scanner: SSEUsageScanner
     ) -> None:
-        record = trace.record
-        record.prompt_tokens, record.completion_tokens = scanner.prompt_tokens, scanner.completion_tokens
-        target = self.pool.get(record.model or "")
+        trace.prompt_tokens, trace.completion_tokens = scanner.prompt_tokens, scanner.completion_tokens
+        target = self.pool.get(trace.model or "")
         if target is not None:
-            record.cost_usd = cost_usd(target.model, record.prompt_tokens, record.completion_tokens)
+            trace.cost_usd = cost_usd(target.model, trace.prompt_tokens, trace.completion_tokens)
         self._stream_done(served, joined, trace, scanner)
 
     def _stream_done(
@@ -557,21 +545,20 @@ class ProxyService:
         """A stream's last byte was sent (its record's usage filled in): finish the record, then what
         follows an answer (implicit feedback, comparison, shadow arms)."""
         self.metrics.in_flight.dec()
-        self._finish(trace, scanner)
-        self.followups.streamed(served, scanner)
+        record = self._finish(trace, scanner)
+        self.followups.streamed(served, record, scanner)
         if joined is not None and self.experiments is not None:
-            self.experiments.served(joined, trace.record, served.forwarded)  # shadow arms decide now
+            self.experiments.served(joined, record, served.forwarded)  # shadow arms decide now
 
-    def _finish(self, trace: RequestTrace, scanner: SSEUsageScanner | None = None) -> None:
-        """Complete the decision record, update metrics, settle the quota reservation and hand the
-        record to the batch writer."""
-        record = trace.record
+    def _finish(self, trace: RequestTrace, scanner: SSEUsageScanner | None = None) -> DecisionRecord:
+        """Build the request's decision record (once: the request is over), update metrics, settle
+        the quota reservation, hand the record to the batch writer and return it."""
+        record = trace.record()
         if trace.quota is not None and self.quotas is not None:
             # A stream without a usage chunk is settled from its chunks of text (one token each).
             chunks = None if scanner is None else max(scanner.events - int(scanner.saw_done) - 2, 0)
             self.quotas.settle(trace.quota, record, chunks)
-        record.latency_ms = trace.elapsed_ms()
-        record.overhead_ms = trace.overhead_ms()
+        assert record.latency_ms is not None and record.overhead_ms is not None
         route, model, backend = record.route or DIRECT_ROUTE, record.model or "", record.backend or ""
         metrics = self.metrics
         metrics.requests.labels(route, model, backend, str(record.status)).inc()
@@ -596,12 +583,13 @@ class ProxyService:
                        "outcome": record.outcome, "error_type": record.error_type, "attempts": record.attempts},
             )
         if trace.span is not None:
-            self._end_span(trace, route)
+            self._end_span(trace, record, route)
         self.issued.add(record.request_id, record.tenant)
         self.recorder.record(record)
+        return record
 
-    def _end_span(self, trace: RequestTrace, route: str) -> None:
-        record, span = trace.record, trace.span
+    def _end_span(self, trace: RequestTrace, record: DecisionRecord, route: str) -> None:
+        span = trace.span
         span.set_attributes({
             "pointsman.route": route, "pointsman.requested_model": record.requested_model or "",
             "pointsman.model": record.model or "", "pointsman.backend": record.backend or "",

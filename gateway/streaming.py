@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.forward import OpenedStream
@@ -34,8 +32,9 @@ def error_event(message: str, error_type: str, code: str) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-class ProxyStream(Response):
-    """The ASGI response for a streamed completion already opened upstream."""
+class ProxyStream:
+    """The response to a streamed completion already opened upstream: a plain ASGI app (it writes
+    its own messages), which Starlette runs like any response a route returns."""
 
     def __init__(
         self,
@@ -46,9 +45,6 @@ class ProxyStream(Response):
         scanner: SSEUsageScanner | None = None,
         rewrite: Callable[[bytes], bytes] | None = None,
     ) -> None:
-        # Response.__init__ is skipped on purpose: this class writes its own ASGI messages.
-        self.status_code = 200
-        self.background = None
         self._opened = opened
         self._trace = trace
         self._extra_headers = list(headers)
@@ -58,7 +54,7 @@ class ProxyStream(Response):
         self._client_done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        record = self._trace.record
+        trace = self._trace
         content_type = self._opened.response.content_type.encode("latin-1")
         await send(
             {
@@ -77,14 +73,14 @@ class ProxyStream(Response):
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
-                record.outcome = "client_disconnected"
+                trace.outcome = "client_disconnected"
                 self._opened.finish(ok=False)
             else:
                 pump.result()  # re-raise bugs rather than hiding them
         except BaseException:
             pump.cancel()
-            if record.outcome == "ok":
-                record.outcome = "client_disconnected"
+            if trace.outcome == "ok":
+                trace.outcome = "client_disconnected"
             self._opened.finish(ok=False)
             raise
         finally:
@@ -102,10 +98,10 @@ class ProxyStream(Response):
         opened.finish(ok=True)
 
     async def _pump(self, send: Send) -> None:
-        opened, scanner, record = self._opened, self._scanner, self._trace.record
+        opened, scanner, trace = self._opened, self._scanner, self._trace
         first = opened.first_chunk
         scanner.feed(first)
-        record.ttft_ms = (time.perf_counter() - self._trace.started) * 1000.0
+        trace.ttft_ms = trace.elapsed_ms()
         try:
             chunk = first
             while not scanner.saw_done:
@@ -128,23 +124,23 @@ class ProxyStream(Response):
         except UpstreamFailure as failure:
             failure_log.note(failure, backend=opened.target.backend.name, replica=opened.replica.base_url,
                              model=opened.target.name, phase="stream")
-            record.outcome = "stream_error"
-            record.error_type = failure.kind
-            record.error_message = failure.message
+            trace.outcome = "stream_error"
+            trace.error_type = failure.kind
+            trace.error_message = failure.message
             opened.finish(ok=False, failure=failure)
             event = error_event(f"upstream stream failed: {failure.message}", "upstream_error", failure.kind)
             await send({"type": "http.response.body", "body": event, "more_body": False})
             return
         except OSError:
             # The client's socket went away under us (uvicorn raises on send after a disconnect).
-            record.outcome = "client_disconnected"
+            trace.outcome = "client_disconnected"
             opened.finish(ok=False)
             return
         if not scanner.saw_done and scanner.events:
             # A chat/completions stream that ends without [DONE] was cut short upstream.
-            record.outcome = "stream_error"
-            record.error_type = "truncated"
-            record.error_message = "upstream stream ended without [DONE]"
+            trace.outcome = "stream_error"
+            trace.error_type = "truncated"
+            trace.error_message = "upstream stream ended without [DONE]"
             opened.finish(ok=False, failure=UpstreamFailure("reset", "stream ended without [DONE]"))
             event = error_event("upstream stream ended without [DONE]", "upstream_error", "truncated")
             await send({"type": "http.response.body", "body": event, "more_body": False})

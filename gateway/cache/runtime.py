@@ -34,7 +34,6 @@ from gateway.cache.replay import replay
 from gateway.config import Config
 from policies import Plan
 from policies.config import CacheSettings
-from store.records import DecisionRecord
 
 if TYPE_CHECKING:
     from classifiers.batching import BatchingEncoder
@@ -114,10 +113,10 @@ class ResponseCache:
     # --- before forwarding -------------------------------------------------------------------------
 
     async def lookup(
-        self, record: DecisionRecord, plan: Plan, endpoint: str, body: Mapping[str, Any]
+        self, trace: RequestTrace, plan: Plan, endpoint: str, body: Mapping[str, Any]
     ) -> CacheLookup | None:
-        """Look the request up (None: its route has no cache). Fills ``record.decision["cache"]``."""
-        route = record.route
+        """Look the request up (None: its route has no cache). Fills ``trace.decision["cache"]``."""
+        route = trace.route
         settings = self.routes.get(route) if route is not None else None
         if settings is None or route is None:
             return None
@@ -129,12 +128,12 @@ class ResponseCache:
         keys: CacheKeys | None = None
         if reason is None:
             try:
-                keys = cache_keys(tenant=record.tenant, route=route, model=model, endpoint=endpoint, body=body,
+                keys = cache_keys(tenant=trace.tenant, route=route, model=model, endpoint=endpoint, body=body,
                                   settings=settings, encoder=self._encoder_id(settings))
             except (TypeError, orjson.JSONEncodeError):
                 reason = "unhashable"
         if keys is None:
-            return self._done(lookup, record, started, {"reason": reason})
+            return self._done(lookup, trace, started, {"reason": reason})
         store = self._stores[route]
         lookup.stream_storable = not body.get("logprobs")
         info: dict[str, Any] = {"key": keys.exact[:_KEY_SHOWN]}
@@ -149,20 +148,20 @@ class ResponseCache:
                     match, similarity = "semantic", best[1]
         except CacheUnavailable:
             lookup.result = "error"
-            return self._done(lookup, record, started, {**info, "error": "unavailable"})
+            return self._done(lookup, trace, started, {**info, "error": "unavailable"})
         lookup.keys = keys
         if hit is None:
             lookup.result = "miss"
-            return self._done(lookup, record, started, info)
+            return self._done(lookup, trace, started, info)
         lookup.result, lookup.hit = "hit", hit
         age = max(time.time() - hit.created_at, 0.0)
         info.update(match=match, similarity=round(similarity, 4), age_s=round(age, 3))
-        return self._done(lookup, record, started, info)
+        return self._done(lookup, trace, started, info)
 
-    def _done(self, lookup: CacheLookup, record: DecisionRecord, started: float, info: dict[str, Any]) -> CacheLookup:
+    def _done(self, lookup: CacheLookup, trace: RequestTrace, started: float, info: dict[str, Any]) -> CacheLookup:
         lookup.info = {"hit": lookup.result == "hit", "result": "miss" if lookup.result == "error" else lookup.result,
                        **info, "lookup_ms": round((time.perf_counter() - started) * 1000.0, 3)}
-        record.decision["cache"] = lookup.info
+        trace.decision["cache"] = lookup.info
         self.requests.labels(lookup.route, lookup.result).inc()
         return lookup
 
@@ -200,25 +199,25 @@ class ResponseCache:
 
     # --- a hit ---------------------------------------------------------------------------------------
 
-    def serve(self, lookup: CacheLookup, record: DecisionRecord, body: Mapping[str, Any]) -> tuple[bytes, str]:
-        """The hit's response bytes and content type; fills the record (no tokens, no cost: no upstream call)."""
+    def serve(self, lookup: CacheLookup, trace: RequestTrace, body: Mapping[str, Any]) -> tuple[bytes, str]:
+        """The hit's response bytes and content type; fills the trace (no tokens, no cost: no upstream call)."""
         assert lookup.hit is not None
-        record.model, record.backend = lookup.hit.model, BACKEND
-        record.status, record.outcome = 200, "ok"
-        record.prompt_tokens = record.completion_tokens = 0
-        record.cost_usd = 0.0
-        record.compared = False  # a replayed answer is not compared with the other candidates
-        return replay(lookup.hit, record.request_id, body)
+        trace.model, trace.backend = lookup.hit.model, BACKEND
+        trace.status, trace.outcome = 200, "ok"
+        trace.prompt_tokens = trace.completion_tokens = 0
+        trace.cost_usd = 0.0
+        trace.compared = False  # a replayed answer is not compared with the other candidates
+        return replay(lookup.hit, trace.request_id, body)
 
     # --- after a miss --------------------------------------------------------------------------------
 
-    def completed(self, lookup: CacheLookup, record: DecisionRecord, answer: bytes) -> None:
+    def completed(self, lookup: CacheLookup, trace: RequestTrace, answer: bytes) -> None:
         """A non-streamed answer was served: store it if it qualifies."""
-        if not self._storable(lookup, record):
+        if not self._storable(lookup, trace):
             return
         completion = storable_completion(answer)
         if completion is not None:
-            self._put(lookup, record, completion)
+            self._put(lookup, trace, completion)
 
     def stream_finisher(
         self, lookup: CacheLookup, on_done: Callable[[RequestTrace, SSEUsageScanner], None]
@@ -227,32 +226,31 @@ class ResponseCache:
 
         def finished(trace: RequestTrace, scanner: SSEUsageScanner) -> None:
             on_done(trace, scanner)
-            record = trace.record
             if (
-                lookup.stream_storable and self._storable(lookup, record) and scanner.saw_done
+                lookup.stream_storable and self._storable(lookup, trace) and scanner.saw_done
                 and scanner.finish_reason == "stop" and not scanner.other_deltas and scanner.text is not None
             ):
                 completion = completion_from_stream(
-                    text=scanner.text, model=record.model or lookup.model,
+                    text=scanner.text, model=trace.model or lookup.model,
                     usage=(scanner.prompt_tokens, scanner.completion_tokens),
                 )
-                self._put(lookup, record, completion)
+                self._put(lookup, trace, completion)
 
         return finished
 
     @staticmethod
-    def _storable(lookup: CacheLookup, record: DecisionRecord) -> bool:
+    def _storable(lookup: CacheLookup, trace: RequestTrace) -> bool:
         # Only the chosen model's own answer: a fallback's answer is not the scope's.
         return (
-            lookup.result == "miss" and lookup.keys is not None and record.status == 200
-            and record.outcome == "ok" and record.model == lookup.model
+            lookup.result == "miss" and lookup.keys is not None and trace.status == 200
+            and trace.outcome == "ok" and trace.model == lookup.model
         )
 
-    def _put(self, lookup: CacheLookup, record: DecisionRecord, completion: dict[str, Any]) -> None:
+    def _put(self, lookup: CacheLookup, trace: RequestTrace, completion: dict[str, Any]) -> None:
         keys, settings = lookup.keys, lookup.settings
         assert keys is not None
         now = time.time()
-        answer = CachedAnswer(completion=completion, model=record.model or lookup.model, created_at=now,
+        answer = CachedAnswer(completion=completion, model=trace.model or lookup.model, created_at=now,
                               text=keys.text if settings.store_text else None)
         item = None
         if keys.bucket is not None and lookup.vector is not None:

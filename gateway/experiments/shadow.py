@@ -128,7 +128,9 @@ class ShadowRunner:
             experiment=arm.experiment, experiment_arm=name, shadow_of=served.request_id,
             router_version=arm.policy.router_version,
         )
-        trace = RequestTrace(record=shadow)
+        # The shadow call's own running state (its attempts, replica); the shadow row takes them after.
+        trace = RequestTrace(request_id=shadow.request_id, endpoint=shadow.endpoint, route=shadow.route,
+                             requested_model=shadow.requested_model, tenant=shadow.tenant)
         try:
             try:
                 plan = await self._decide(arm, shadow, ctx)
@@ -200,6 +202,12 @@ class ShadowRunner:
                 arm.counts["call_error"] += 1
                 shadow.status, shadow.error_type = error.status, error.error_type if error.code is None else error.code
                 return
+            finally:
+                if trace.model is not None:  # the model last tried (a fallback, when the first failed)
+                    shadow.model, shadow.backend = trace.model, trace.backend
+                shadow.replica, shadow.attempts = trace.replica, trace.attempts
+                if "replica" in trace.decision:
+                    shadow.decision["replica"] = trace.decision["replica"]
             assert isinstance(result, Completed)  # stream=False
             arm.counts["called"] += 1
             shadow.status = result.status

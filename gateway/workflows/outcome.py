@@ -14,8 +14,9 @@ from typing import Any
 
 from gateway.forward import Completed
 from gateway.metrics import Metrics
+from gateway.trace import RequestTrace
 from gateway.workflows.runtime import Answer, Run, Streamed, SubCall
-from store.records import DecisionRecord, SubCallRecord
+from store.records import SubCallRecord
 
 
 @dataclass(slots=True)
@@ -86,8 +87,8 @@ def describe(run: Run, final: Final | None) -> dict[str, Any]:
     return out
 
 
-def finish(run: Run, final: Final | None, record: DecisionRecord, metrics: Metrics, *, outcome: str) -> None:
-    """Write the run into ``record`` (tree, sub-call rows, answering model, totals) and count it.
+def finish(run: Run, final: Final | None, trace: RequestTrace, metrics: Metrics, *, outcome: str) -> None:
+    """Write the run into ``trace`` (tree, sub-call rows, answering model, totals) and count it.
 
     ``outcome`` is the run's: answered, capped, degraded, failed or cancelled. Called once per run:
     at its end, or when its final stream ends.
@@ -98,28 +99,28 @@ def finish(run: Run, final: Final | None, record: DecisionRecord, metrics: Metri
     if run.ask.stream:
         # What buffering cost the first token: the time until the final answer could start.
         tree["buffered_ms"] = round(_first_byte_ms(run, final), 3)
-    record.workflow = tree
+    trace.workflow = tree
     answering = final.answering if final is not None else None
     if answering is not None:
-        record.model = answering.call.answered or answering.call.model
-        record.backend = answering.call.backend
+        trace.model = answering.call.answered or answering.call.model
+        trace.backend = answering.call.backend
     else:
-        record.model, record.backend = workflow.model_name, None
-    record.prompt_tokens, record.completion_tokens = totals.prompt_tokens, totals.completion_tokens
-    record.cost_usd = totals.cost_usd
-    record.attempts = sum(call.attempts for call in run.calls)
+        trace.model, trace.backend = workflow.model_name, None
+    trace.prompt_tokens, trace.completion_tokens = totals.prompt_tokens, totals.completion_tokens
+    trace.cost_usd = totals.cost_usd
+    trace.attempts = sum(call.attempts for call in run.calls)
     now = time.time()
-    record.subcalls = [
+    trace.subcalls = [
         SubCallRecord(
-            request_id=record.request_id, index=c.index, workflow=workflow.name, step=c.step,
+            request_id=trace.request_id, index=c.index, workflow=workflow.name, step=c.step,
             model=c.answered or c.model, backend=c.backend, status=c.status, prompt_tokens=c.prompt_tokens,
             completion_tokens=c.completion_tokens, cost_usd=c.cost_usd, latency_ms=c.latency_ms,
             confidence=c.confidence, outcome="cancelled" if c.outcome in ("pending", "streaming") else c.outcome,
-            error=c.error, created_at=now, tenant=record.tenant,
+            error=c.error, created_at=now, tenant=trace.tenant,
         )
         for c in run.calls
     ]
-    _count(run, record, metrics, outcome)
+    _count(run, trace, metrics, outcome)
 
 
 def _first_byte_ms(run: Run, final: Final | None) -> float:
@@ -129,9 +130,9 @@ def _first_byte_ms(run: Run, final: Final | None) -> float:
     return (time.perf_counter() - run.started) * 1000.0
 
 
-def _count(run: Run, record: DecisionRecord, metrics: Metrics, outcome: str) -> None:
+def _count(run: Run, trace: RequestTrace, metrics: Metrics, outcome: str) -> None:
     name = run.workflow.name
-    route = record.route or "direct"
+    route = trace.route or "direct"
     metrics.workflow_runs.labels(name, outcome).inc()
     for call in run.calls:
         model = call.answered or call.model

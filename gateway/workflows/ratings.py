@@ -53,14 +53,14 @@ def _ratings(answers: list[Answer], judgement: Judgement) -> list[dict[str, Any]
 
 
 def _store(run: Run, workflow: RatingsWorkflow, answers: list[Answer], judgement: Judgement) -> None:
-    record = run.trace.record
+    trace = run.trace
     now = time.time()
     for answer, score in zip(answers, judgement.scores, strict=True):
         if score is None:
             continue
         run.runner.recorder.record_feedback(FeedbackRecord(
-            request_id=record.request_id, score=score, metric="quality", source="judge",
-            model=answer.call.answered or answer.label, tenant=record.tenant, created_at=now,
+            request_id=trace.request_id, score=score, metric="quality", source="judge",
+            model=answer.call.answered or answer.label, tenant=trace.tenant, created_at=now,
             metadata={"workflow": workflow.name, "judge": judgement.judge, "mode": judgement.mode,
                       "candidates": [a.call.answered or a.label for a in answers], "subcall": answer.call.index},
         ))

@@ -91,11 +91,11 @@ class WorkflowDone:
         final, run = self.final, self.run
         if final.passthrough is not None:
             completed = final.passthrough
-            finish(run, final, run.trace.record, run.runner.metrics, outcome="failed")
+            finish(run, final, run.trace, run.runner.metrics, outcome="failed")
             return completed.status, completed.body, completed.content_type, completed.body
         assert final.answer is not None
         completion = client_completion(final.answer, run, final)
-        finish(run, final, run.trace.record, run.runner.metrics, outcome=run_outcome(run, final))
+        finish(run, final, run.trace, run.runner.metrics, outcome=run_outcome(run, final))
         as_json = orjson.dumps(completion)
         if run.ask.stream:
             return 200, render(completion, include_usage=run.ask.include_usage), "text/event-stream", as_json
@@ -122,8 +122,8 @@ class WorkflowDone:
         """The live final stage's stream ended: settle it and finish the record's workflow part."""
         stream, run = self.final.stream, self.run
         assert stream is not None
-        record = run.trace.record
-        run.finish_stream(stream, scanner, record.outcome)
-        outcome = run_outcome(run, self.final) if record.outcome == "ok" else (
-            "cancelled" if record.outcome == "client_disconnected" else "failed")
-        finish(run, self.final, record, run.runner.metrics, outcome=outcome)
+        trace = run.trace
+        run.finish_stream(stream, scanner, trace.outcome)
+        outcome = run_outcome(run, self.final) if trace.outcome == "ok" else (
+            "cancelled" if trace.outcome == "client_disconnected" else "failed")
+        finish(run, self.final, trace, run.runner.metrics, outcome=outcome)

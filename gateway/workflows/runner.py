@@ -133,7 +133,7 @@ class WorkflowRunner:
             final = await self._execute(run)
         except BaseException as exc:
             cancelled = isinstance(exc, asyncio.CancelledError)
-            finish(run, None, trace.record, self.metrics, outcome="cancelled" if cancelled else "failed")
+            finish(run, None, trace, self.metrics, outcome="cancelled" if cancelled else "failed")
             raise
         return WorkflowDone(run, final)
 

@@ -33,7 +33,6 @@ from gateway.workflows.bodies import ClientAsk, estimate_prompt_tokens, with_max
 from gateway.workflows.caps import Budget, CapReached, Reservation
 from gateway.workflows.confidence import first_choice, message_text
 from policies.workflows import AnyWorkflow
-from store.records import DecisionRecord
 
 if TYPE_CHECKING:
     from gateway.workflows.runner import WorkflowRunner
@@ -271,9 +270,9 @@ class Run:
                 self.trace.upstream_seconds += time.perf_counter() - self._busy_since
 
     async def _forward(self, call: SubCall, request: dict[str, Any], *, stream: bool) -> Completed | OpenedStream:
-        parent = self.trace.record
-        shadow = DecisionRecord(
-            request_id=f"{parent.request_id}:{call.index}", created_at=parent.created_at, endpoint=CHAT.name,
+        parent = self.trace
+        sub = RequestTrace(  # the sub-call's own running state: its attempts, the model that answered
+            request_id=f"{parent.request_id}:{call.index}", endpoint=CHAT.name, created_at=parent.created_at,
             route=parent.route, requested_model=call.model, tenant=parent.tenant,
         )
         forwarder = self.runner.forwarder
@@ -288,7 +287,7 @@ class Run:
             with contextlib.nullcontext() if span is None or tracer is None else tracer.current(span):
                 result = await forwarder.forward(
                     path=CHAT.path, body=request, raw_body=with_model_first(request),
-                    candidates=self.runner.candidates(call.model), stream=stream, trace=RequestTrace(record=shadow),
+                    candidates=self.runner.candidates(call.model), stream=stream, trace=sub,
                 )
             if span is not None:
                 span.set_attribute("pointsman.status", 200 if isinstance(result, OpenedStream) else result.status)
@@ -299,10 +298,10 @@ class Run:
                 tracer.error(span, type(exc).__name__)
             raise
         finally:
-            call.attempts, call.answered, call.backend = shadow.attempts, shadow.model, shadow.backend
+            call.attempts, call.answered, call.backend = sub.attempts, sub.model, sub.backend
             if span is not None:
-                span.set_attributes({"pointsman.attempts": shadow.attempts, "pointsman.answered": shadow.model or "",
-                                     "pointsman.backend": shadow.backend or ""})
+                span.set_attributes({"pointsman.attempts": sub.attempts, "pointsman.answered": sub.model or "",
+                                     "pointsman.backend": sub.backend or ""})
                 span.end()
 
     def _answer(self, call: SubCall, result: Completed, position: int, label: str) -> Answer:
