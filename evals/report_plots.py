@@ -64,6 +64,20 @@ def _subtitle(report: Mapping[str, Any]) -> str:
     )
 
 
+def gap_caution(report: Mapping[str, Any]) -> str | None:
+    """The caution a PGR plot carries when its pair's quality gap makes PGR misleading (the weak model
+    does better, or the two are not told apart), else None: a plot is often looked at on its own."""
+    gap = report.get("quality_gap") or {}
+    inverted, resolved = bool(gap.get("inverted")), bool(gap.get("resolved", True))
+    if resolved and not inverted:
+        return None
+    lo, hi = gap.get("ci") or (None, None)
+    span = f"strong minus weak {_nan(gap.get('value')):+.3f} [95% CI {_nan(lo):+.3f}, {_nan(hi):+.3f}]"
+    if inverted:
+        return f"Caution: the weak model does better on these requests\n({span}): PGR reads upside down"
+    return f"Caution: the two models are not told apart on these requests\n({span}): PGR means little here"
+
+
 def pgr_curve(report: Mapping[str, Any], path: Path) -> Path:
     """Performance gap recovered against the strong-call share, for the route and every baseline."""
     plt = _plt()
@@ -106,7 +120,12 @@ def pgr_curve(report: Mapping[str, Any], path: Path) -> Path:
     ax.set_ylabel("performance gap recovered (PGR)")
     ax.set_title("Quality recovered per share of strong calls\n" + _subtitle(report), fontsize=11)
     ax.legend(loc="lower right", framealpha=0.92)
-    fig.savefig(path)
+    caution = gap_caution(report)
+    if caution is not None:
+        ax.text(0.01, 0.99, caution, transform=ax.transAxes, va="top", ha="left", fontsize=9, color="#a61b1b",
+                zorder=6, bbox={"boxstyle": "round,pad=0.35", "fc": "#fff4f4", "ec": "#a61b1b", "alpha": 0.95})
+    # The caution also travels in the PNG's text chunk, for whoever reads the file without looking.
+    fig.savefig(path, metadata=None if caution is None else {"Description": caution})
     plt.close(fig)
     return path
 

@@ -234,6 +234,14 @@ def test_report_files_are_written_and_the_html_shows_existing_pngs(tmp_path: Pat
     assert paths["html"] == out / "report.html"
 
 
+def _png_description(path: Path) -> str | None:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        description: str | None = getattr(image, "text", {}).get("Description")
+        return description
+
+
 def test_a_pair_the_data_cannot_tell_apart_gets_a_caution_before_its_apgr(tmp_path: Path) -> None:
     t = table(n=400)
     rng = np.random.default_rng(1)
@@ -252,8 +260,12 @@ def test_a_pair_the_data_cannot_tell_apart_gets_a_caution_before_its_apgr(tmp_pa
         text = html.unescape((tmp_path / "tie" / name).read_text())
         assert "Caution: the two models' mean qualities are not told apart" in text, name
         assert text.index("Caution") < text.index("The route")  # before the verdict it qualifies
+    # The PGR plot carries it too: a plot is often looked at (or pasted) on its own.
+    assert "not told apart" in (_png_description(tmp_path / "tie" / "pgr_curve.png") or "")
     clear = _report(table(n=400))
     assert clear["quality_gap"]["resolved"] and clear["quality_gap"]["ci"][0] > 0.4 and clear["warnings"] == []
+    write_report(clear, tmp_path / "clear", [])
+    assert _png_description(tmp_path / "clear" / "pgr_curve.png") is None
 
 
 def test_a_pair_whose_weak_model_does_better_gets_a_caution(tmp_path: Path) -> None:
@@ -267,6 +279,7 @@ def test_a_pair_whose_weak_model_does_better_gets_a_caution(tmp_path: Path) -> N
     assert [("apgr" in g, g["gap_inverted"]) for g in upside_down["breakdown"]["source"]] == [(False, True)] * 2
     write_report(upside_down, tmp_path / "inv", [])
     assert "Caution: the weak model does better" in html.unescape((tmp_path / "inv" / "report.md").read_text())
+    assert "upside down" in (_png_description(tmp_path / "inv" / "pgr_curve.png") or "")
     assert _report(table(n=400))["quality_gap"]["inverted"] is False
 
 
