@@ -15,12 +15,17 @@ Which pairs are judged: every pair head of the candidate, or those named with ``
 not judged: APGR divides by that gap, so its interval spans several units and no candidate could ever
 clear it; one near-tie among the pairs of a multi-model file would otherwise block every promotion.
 Nor is a pair whose *weak* model does better on the held-out prompts (the interval lies below zero):
-APGR then divides by a negative gap and a better ranking scores lower. With no pair left to judge the
+APGR then divides by a negative gap and a better ranking scores lower. Nor is a pair with fewer than
+``MIN_HELDOUT_ROWS`` held-out prompts labelled for both its models (a multi-model version's pairs the
+held-out file does not cover): each such pair is shown with its count; when that is every pair, the
+held-out data is wrong for this version (a usage error, nothing written). With no pair left to judge the
 version is refused.
 
 Held-out data must not be training data. A version records which requests it was trained on
 (:mod:`evals.trained_rows`: hashes, no text); the gate leaves out every held-out request the candidate
-or the active version was trained on, says how many, and records the counts in the verdict. So
+or the active version was trained on, says how many, and records the counts in the verdict; where the
+active version has no head for a pair and the shipped head stands in for it, that pair's comparison
+also leaves out the shipped head's training prompts. So
 ``--data logs:STORE`` after training grades the routers on the traffic logged since (and on what
 ``--holdout`` kept out), and a gate on the very file the candidate learnt from is refused. ``--holdout
 FRACTION`` keeps only the held-out part of each source (``evals.holdout``: the part ``pointsman train
@@ -95,12 +100,22 @@ class Comparison:
     resamples_used: int
     gap: QualityGap
     passed: bool = False
+    #: Held-out requests left out of this pair only: the shipped head the active version falls back to
+    #: for it was trained on them.
+    excluded_fallback_rows: int = 0
+
+    @property
+    def too_few_rows(self) -> bool:
+        """Fewer held-out prompts labelled for both models (and scorable by both heads) than a verdict
+        needs."""
+        return self.rows < MIN_HELDOUT_ROWS
 
     @property
     def judged(self) -> bool:
-        """Whether this pair counts in the verdict: the held-out prompts tell its two models apart, the
-        strong one ahead (with the weak one ahead the APGR difference reads upside down)."""
-        return not self.gap.unresolved and not self.gap.inverted
+        """Whether this pair counts in the verdict: enough held-out prompts are labelled for it, and they
+        tell its two models apart, the strong one ahead (with the weak one ahead the APGR difference
+        reads upside down)."""
+        return not self.too_few_rows and not self.gap.unresolved and not self.gap.inverted
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready numbers."""
@@ -120,6 +135,7 @@ class Comparison:
             "quality_gap": {"value": _r(self.gap.value), "ci95": [_r(self.gap.lo), _r(self.gap.hi)]},
             "judged": self.judged,
             "passed": self.passed,
+            "excluded_fallback_training_rows": self.excluded_fallback_rows,
         }
 
 
@@ -189,13 +205,17 @@ def _percentiles(values: np.ndarray) -> tuple[float, float]:
     return float(np.percentile(finite, 2.5)), float(np.percentile(finite, 97.5))
 
 
-def _baseline_head(heads: Any, strong: str, weak: str) -> tuple[Head | None, str]:
+def _baseline_head(heads: Any, strong: str, weak: str) -> tuple[Head | None, str, bool]:
+    """The active router's head for the pair, its name, and whether it is the shipped difficulty head
+    (the fallback of a registry version without a head of its own for the pair)."""
     head = heads.pairs.get((strong, weak))
     if head is not None:
-        return head, str(head.manifest.get("name", f"{strong} vs {weak}"))
+        return head, str(head.manifest.get("name", f"{strong} vs {weak}")), False
     if heads.difficulty is not None:
-        return heads.difficulty, str(heads.difficulty.manifest.get("name", "difficulty"))
-    return None, "none"
+        source = heads.sources.get("difficulty")
+        shipped = source is not None and Path(source).resolve().parent == SHIPPED_ROUTERS_DIR
+        return heads.difficulty, str(heads.difficulty.manifest.get("name", "difficulty")), shipped
+    return None, "none", False
 
 
 def compare_pair(
@@ -221,13 +241,16 @@ def compare_pair(
     s_new = candidate.predict_proba(x_new)[:, 1][both[ok_new]]
     s_old = baseline.predict_proba(x_old)[:, 1][both[ok_old]]
     rows = [r for r, keep in zip(sub.rows, both, strict=True) if keep]
-    if len(rows) < MIN_HELDOUT_ROWS:
-        raise GateError(
-            f"{strong} vs {weak} [{encoder}]: {len(rows)} held-out prompts labelled for both models and scorable "
-            f"by both routers; need at least {MIN_HELDOUT_ROWS}"
-        )
     qs = np.array([r.qualities[strong] for r in rows], dtype=np.float64)
     qw = np.array([r.qualities[weak] for r in rows], dtype=np.float64)
+    if len(rows) < MIN_HELDOUT_ROWS:
+        # Not enough to judge: reported, like a pair whose models the prompts cannot tell apart.
+        nan = float("nan")
+        return Comparison(
+            strong=strong, weak=weak, encoder=encoder, rows=len(rows), apgr_candidate=nan, apgr_active=nan,
+            diff=nan, ci_low=nan, ci_high=nan, candidate_ci=(nan, nan), active_ci=(nan, nan),
+            baseline_head=baseline_name, resamples_used=0, gap=quality_gap(qs, qw),
+        )
     apgr_new, apgr_old = safe_apgr(s_new, qs, qw), safe_apgr(s_old, qs, qw)
     boot_new, boot_old = paired_bootstrap(s_new, s_old, qs, qw, resamples=resamples, seed=seed)
     diffs = boot_new - boot_old
@@ -319,15 +342,27 @@ def run_gate(
                 continue
             strong, weak = pair["strong"], pair["weak"]
             candidate = load_head(info.path / pair["artifact"])
-            base, base_name = _baseline_head(active_heads, strong, weak)
+            base, base_name, base_shipped = _baseline_head(active_heads, strong, weak)
             if base is None:
                 raise GateError(f"the active router has no difficulty head for encoder {encoder_name}")
+            pair_data, fallback_excluded = data, 0
+            if base_shipped and from_registry:
+                # The active version has no head for this pair, so the shipped one stands in for it: it
+                # must not be graded on the prompts it learnt from either.
+                pair_data, fallback_excluded = _without_shipped_training_rows(data)
             comparison = compare_pair(
-                candidate, base, base_name, data, strong, weak, encoder_name,
+                candidate, base, base_name, pair_data, strong, weak, encoder_name,
                 margin=margin, resamples=resamples, seed=seed,
             )
+            comparison.excluded_fallback_rows = fallback_excluded
             verdict.comparisons.append(comparison)
             log(_comparison_line(comparison))
+    if verdict.comparisons and all(c.too_few_rows for c in verdict.comparisons):
+        # The held-out data does not cover any pair gated: a usage error, not a verdict to record.
+        raise GateError("; ".join(
+            f"{c.strong} vs {c.weak} [{c.encoder}]: {c.rows} held-out prompts labelled for both models and scorable "
+            f"by both routers; need at least {MIN_HELDOUT_ROWS}" for c in verdict.comparisons
+        ))
     judged = [c for c in verdict.comparisons if c.judged]
     verdict.promoted = bool(judged) and all(c.passed for c in judged)
     failing = [c for c in judged if not c.passed]
@@ -335,7 +370,8 @@ def run_gate(
     if not judged:
         verdict.reason = (
             "no pair could be judged: on these held-out prompts no pair's strong model beats its weak one in "
-            "mean quality with a 95% interval that excludes zero (label more held-out requests)"
+            "mean quality with a 95% interval that excludes zero, or too few are labelled for both of its models "
+            "(label more held-out requests, or name the pairs your routes use with --pair)"
         )
     elif verdict.promoted and current != baseline.version:
         # Someone promoted another version while this gate ran: its numbers are against a router
@@ -390,6 +426,17 @@ def _baseline_trained_rows(baseline: ResolvedRouters) -> np.ndarray | None:
     return None if found is None else found[1]
 
 
+def _without_shipped_training_rows(data: Embedded) -> tuple[Embedded, int]:
+    """``data`` without the requests the shipped heads were trained on, and how many those were."""
+    shipped = resolved_training_rows(resolve_routers_dir(None))
+    if shipped is None:
+        return data, 0
+    trained = trained_mask(key_hashes(data.rows), shipped[1])
+    if not trained.any():
+        return data, 0
+    return data.subset(np.flatnonzero(~trained)), int(trained.sum())
+
+
 def _leave_out_training_rows(
     rows: list[LabelledRequest], candidate: np.ndarray | None, active: np.ndarray | None
 ) -> tuple[list[LabelledRequest], dict[str, Any]]:
@@ -432,6 +479,17 @@ def _check_not_training_data(info: VersionInfo, loaded: Sequence[LoadedSource], 
 
 
 def _comparison_line(c: Comparison) -> str:
+    fallback = ""
+    if c.excluded_fallback_rows:
+        fallback = (
+            f"\n    left out {c.excluded_fallback_rows} more requests for this pair: the active version has no "
+            f"head for it, and the shipped one standing in ({c.baseline_head}) was trained on them"
+        )
+    if c.too_few_rows:
+        return (
+            f"  {c.strong} (strong) vs {c.weak} (weak) [{c.encoder}]: not judged: {c.rows} held-out prompts "
+            f"labelled for both models and scorable by both routers, need at least {MIN_HELDOUT_ROWS}{fallback}"
+        )
     line = (
         f"  {c.strong} (strong) vs {c.weak} (weak) [{c.encoder}], {c.rows} prompts: APGR {c.apgr_candidate:.3f} "
         f"(candidate) vs {c.apgr_active:.3f} (active, {c.baseline_head}); difference {c.diff:+.3f} "
@@ -448,7 +506,7 @@ def _comparison_line(c: Comparison) -> str:
             f"\n    not judged: the models' mean quality gap on these prompts is {c.gap.value:+.3f} "
             f"[95% CI {c.gap.lo:+.3f}, {c.gap.hi:+.3f}], too close to zero for APGR to decide anything"
         )
-    return line
+    return line + fallback
 
 
 def _select_pairs(

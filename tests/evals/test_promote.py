@@ -5,6 +5,7 @@ labelled files with the static encoder."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -440,3 +441,62 @@ def test_a_pair_the_held_out_data_ranks_the_other_way_round_is_not_judged(
     verdict = json.loads((registry / "versions" / v2 / "verdicts.json").read_text())[-1]
     (cmp,) = verdict["comparisons"]
     assert cmp["judged"] is False and cmp["quality_gap"]["ci95"][1] < 0
+
+
+def test_a_pair_the_held_out_data_does_not_cover_is_shown_but_does_not_block(
+    three_models: tuple[Path, Path, list[str]], registry3: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A multi-model version gated on a held-out file that labels only two of its models: the other
+    # pairs cannot be judged, which is said per pair; the pair the file covers decides.
+    _, _, (_, v2) = three_models
+    two_models = write_jsonl(tmp_path / "two-models.jsonl", rows(seed=3, n=120))
+    code, out, err = _promote(capsys, v2, "--registry", str(registry3), "--data", f"file:{two_models}")
+    assert code == 0, out + err
+    assert out.count("held-out prompts labelled for both models and scorable by both routers, need at least 10") == 2
+    comparisons = RouterRegistry(registry3).info(v2).verdicts[-1]["comparisons"]
+    by_pair = {frozenset((c["strong"], c["weak"])): c for c in comparisons}
+    for pair in ((STRONG, TWIN), (WEAK, TWIN)):
+        uncovered = by_pair[frozenset(pair)]
+        assert uncovered["rows"] == 0 and uncovered["judged"] is False and uncovered["apgr_diff"] is None
+    covered = by_pair[frozenset((STRONG, WEAK))]
+    assert covered["rows"] >= 10 and covered["judged"] and covered["passed"]
+    assert RouterRegistry(registry3).active_version() == v2
+
+
+def test_the_shipped_head_standing_in_for_a_missing_pair_is_not_graded_on_its_training_prompts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The active version has no head for the candidate's pair, so the gate compares against the shipped
+    # difficulty head; held-out prompts the shipped head was trained on must not grade it.
+    from classifiers.registry import SHIPPED_ROUTERS_DIR
+    from evals.data.prior import load_prior_rows
+    from evals.trained_rows import TRAINED_ROWS_FILE, key_hashes, load_trained_rows
+
+    registry = tmp_path / "routers"
+    active = write_jsonl(tmp_path / "active.jsonl", rows(seed=2, n=120, models=(STRONG, WEAK)))
+    candidate = write_jsonl(tmp_path / "candidate.jsonl", rows(seed=1, n=120, models=(STRONG, TWIN)))
+    for data in (active, candidate):  # no warm start: the shipped prompts stay out of both records
+        assert main(["train", "--data", f"file:{data}", "--encoders", "static", "--out", str(registry),
+                     "--no-progress", "--folds", "3", "--no-warm-start"]) == 0
+    v1, v2 = (v.version for v in RouterRegistry(registry).versions())
+
+    prior = load_prior_rows()
+    shipped = load_trained_rows(SHIPPED_ROUTERS_DIR, {"file": TRAINED_ROWS_FILE})
+    assert shipped is not None
+    seen = [r for r, h in zip(prior, key_hashes(prior), strict=True) if h in set(shipped.tolist())][:40]
+    assert len(seen) == 40
+    heldout = rows(seed=3, n=120, models=(STRONG, TWIN)) + [
+        {"prompt": r.messages[0]["content"], "scores": {STRONG: 1.0, TWIN: 0.0}} for r in seen
+    ]
+    heldout_file = write_jsonl(tmp_path / "heldout.jsonl", heldout)
+    code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout_file}",
+                              "--resamples", "1000")
+    assert code in (0, 1), out + err
+    (cmp,) = RouterRegistry(registry).info(v2).verdicts[-1]["comparisons"]
+    assert cmp["baseline_head"].startswith("difficulty-gpt4-mixtral")
+    assert cmp["excluded_fallback_training_rows"] == 40
+    # Every other held-out request (after the versions' own training rows) is labelled for the pair.
+    gated = int(re.search(r"on (\d+) held-out requests", out).group(1))  # type: ignore[union-attr]
+    assert cmp["rows"] == gated - 40
+    assert "left out 40 more requests for this pair: the active version has no head for it" in out
+    assert RouterRegistry(registry).active_version() in (v1, v2)
