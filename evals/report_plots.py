@@ -7,6 +7,7 @@ figure and returns the path, or None when the report has nothing to draw for it.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ COLORS = {
     "router": "#1f5fbf", "knn": "#e07b00", "oracle": "#2a9d47", "random": "#7f7f7f", "knob": "#d62728",
     "ends": "#222222",
 }
+#: Characters per line of a plot's subtitle (about what a 9-inch title line holds at 11 pt).
+SUBTITLE_WIDTH = 100
 LABELS = {"router": "this route", "knn": "kNN (cross-fitted)", "oracle": "oracle", "random": "random"}
 
 
@@ -59,9 +62,11 @@ def _subtitle(report: Mapping[str, Any]) -> str:
         sizes.append(f"{rows.get('evaluated', '?')} labelled requests (direct)")
     if "offpolicy" in report:
         sizes.append(f"{report['offpolicy']['rows']['used']} logged (IPS/SNIPS/DR)")
-    return f"route {report.get('route', '?')} · {pair.get('strong', '?')} vs {pair.get('weak', '?')} · " + (
+    text = f"route {report.get('route', '?')} · {pair.get('strong', '?')} vs {pair.get('weak', '?')} · " + (
         " + ".join(sizes) or "?"
     )
+    # Long model names (``mistralai/Mixtral-8x7B-Instruct-v0.1``) would run past the figure's edge.
+    return "\n".join(textwrap.wrap(text, SUBTITLE_WIDTH, break_on_hyphens=False))
 
 
 def gap_caution(report: Mapping[str, Any]) -> str | None:
