@@ -20,7 +20,7 @@ the eval's bootstrap 95% CI, the random router's 95% band, and the paired bootst
 resampled) of APGR(retrained) - APGR(shipped). With ``--repeats R`` the traffic order is drawn R
 times and the table shows the mean over draws. RouterBench has no licence: nothing built here ships.
 
-Run: ``nice -n 5 .venv/bin/python bench/adaptation.py [--encoder static|minilm] [--repeats 3]``;
+Run: ``nice -n 5 .venv/bin/python bench/adaptation.py [--encoder static|minilm] [--repeats 3] [--no-warm-start]``;
 results in ``bench/results/adaptation/`` (``adaptation.md``, ``adaptation.json``, ``adaptation.png``).
 """
 
@@ -123,23 +123,44 @@ async def send(base_url: str, prompts: Sequence[str], concurrency: int = 4) -> N
         await asyncio.gather(*(one(p) for p in prompts))
 
 
-def judge_rows(db: Path) -> int:
+def labelled_requests(db: Path) -> int:
+    """Requests the store holds a judge's score for both models of (what ``pointsman train`` learns from)."""
     with sqlite3.connect(db) as conn:
-        return int(conn.execute("SELECT count(*) FROM feedback WHERE source = 'judge'").fetchone()[0])
+        return int(conn.execute(
+            "SELECT count(*) FROM (SELECT request_id FROM feedback WHERE source = 'judge' AND model IN (?, ?) "
+            "GROUP BY request_id HAVING count(DISTINCT model) = 2)", (STRONG, WEAK)
+        ).fetchone()[0])
 
 
 def wait_for_comparisons(db: Path, expected: int, quiet: float = 30.0) -> int:
-    """Wait until every request's comparison is stored, or none has landed for ``quiet`` seconds
-    (a comparison the gateway skipped, over a bound, never lands); returns the judge rows stored."""
+    """Wait until ``expected`` requests are labelled, or none has been for ``quiet`` seconds (a
+    comparison the gateway skipped, over a bound, never lands); returns the labelled requests stored."""
     seen, changed = -1, time.monotonic()
-    while (now := judge_rows(db)) < expected:
+    while (now := labelled_requests(db)) < expected:
         if now != seen:
             seen, changed = now, time.monotonic()
         elif time.monotonic() - changed > quiet:
-            print(f"  only {now} of {expected} judge rows (comparisons skipped: see /metrics)", flush=True)
             break
         time.sleep(0.5)
-    return judge_rows(db)
+    return labelled_requests(db)
+
+
+def serve_until_labelled(base_url: str, db: Path, order: Sequence[str], sent: int, size: int) -> tuple[int, int]:
+    """Send traffic from ``order[sent:]`` until the store holds ``size`` labelled requests.
+
+    The gateway skips comparisons while its loop is busy (served requests first, comparisons from
+    spare capacity), so n requests sent can leave fewer than n labelled; the learning curve's x is what
+    was labelled, so the shortfall is topped up with more traffic. Returns (requests sent, labelled).
+    """
+    labelled = labelled_requests(db)
+    while labelled < size and sent < len(order):
+        batch = order[sent : sent + (size - labelled)]
+        asyncio.run(send(base_url, batch))
+        sent += len(batch)
+        labelled = wait_for_comparisons(db, size)
+    if labelled < size:
+        print(f"  only {labelled} of {size} requests labelled after all {sent} sent", flush=True)
+    return sent, labelled
 
 
 def evaluate(config: Path, heldout: Path, out: Path, routers: Path | None) -> dict[str, Any]:
@@ -174,7 +195,7 @@ def run_draw(draw: int, pool: list[dict[str, Any]], heldout_file: Path, args: ar
              weak: np.ndarray) -> list[dict[str, Any]]:
     """One traffic order: serve, retrain and evaluate after each size."""
     rng = np.random.default_rng(1000 + draw)
-    order = [pool[i]["prompt"] for i in rng.permutation(len(pool))[: max(args.sizes)]]
+    order = [pool[i]["prompt"] for i in rng.permutation(len(pool))]  # the whole pool: top-ups draw on it
     root = work / f"draw{draw}"
     root.mkdir(parents=True, exist_ok=True)
     upstream_port, port = free_port(), free_port()
@@ -193,14 +214,11 @@ def run_draw(draw: int, pool: list[dict[str, Any]], heldout_file: Path, args: ar
         sent = 0
         for size in args.sizes:
             t0 = time.perf_counter()
-            asyncio.run(send(f"http://127.0.0.1:{port}", order[sent:size]))
-            sent = size
-            judged = wait_for_comparisons(db, 2 * size)
+            sent, labelled = serve_until_labelled(f"http://127.0.0.1:{port}", db, order, sent, size)
             registry = root / f"routers-{size}"
             train = ["train", "--data", f"logs:sqlite:///{db}", "--encoders", args.encoder, "--out", str(registry),
                      "--seed", str(draw), "--no-progress"]
-            if args.warm_start:
-                train.append("--warm-start")
+            train.append("--warm-start" if args.warm_start else "--no-warm-start")
             pointsman(*train)
             version = json.loads((registry / "active.json").read_text())["version"]
             result = evaluate(config, heldout_file, root / f"eval-{size}", registry / "versions" / version)
@@ -210,10 +228,11 @@ def run_draw(draw: int, pool: list[dict[str, Any]], heldout_file: Path, args: ar
             apgr = result["report"]["routers"]["router"]["apgr"]
             diff = paired_difference(result["scores"], shipped_scores, strong, weak, seed=draw)
             cells.append({"draw": draw, "labelled": size, "apgr": apgr["value"], "ci": apgr["ci"],
-                          "vs_shipped": diff, "judge_rows": judged,
+                          "vs_shipped": diff, "labelled_requests": labelled, "requests_sent": sent,
                           "seconds": round(time.perf_counter() - t0, 1)})
             print(f"draw {draw} n={size:4d}: APGR {apgr['value']:.3f} [{apgr['ci'][0]:.3f}, {apgr['ci'][1]:.3f}]"
-                  f"  vs shipped {diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]", flush=True)
+                  f"  vs shipped {diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]  ({labelled} labelled of {sent} "
+                  "requests sent)", flush=True)
     finally:
         stop(gateway)
         stop(upstream)
@@ -229,6 +248,7 @@ def summarise(cells: list[dict[str, Any]], sizes: Sequence[int]) -> list[dict[st
             "apgr": float(np.mean([c["apgr"] for c in mine])),
             "ci": [float(np.mean([c["ci"][0] for c in mine])), float(np.mean([c["ci"][1] for c in mine]))],
             "vs_shipped": [float(np.mean([c["vs_shipped"][k] for c in mine])) for k in range(3)],
+            "requests_sent": float(np.mean([c["requests_sent"] for c in mine])),
             "draws": len(mine),
         })
     return rows
@@ -267,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--encoder", default="static", choices=("static", "minilm"))
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--repeats", type=int, default=1, help="traffic orders drawn (the table shows the mean)")
-    parser.add_argument("--warm-start", action="store_true", help="train with --warm-start (bundled data as prior)")
+    parser.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=True,
+                        help="train with the bundled data as a prior (pointsman train's default) or without")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -303,19 +324,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot(table, shipped_apgr, band, args.out / "adaptation.png", args.encoder)
     lines = [
         f"# Adaptation to RouterBench GPT-4 vs Mixtral ({args.encoder} encoder"
-        + (", warm start" if args.warm_start else "") + ")",
+        + (", warm start" if args.warm_start else ", no warm start") + ")",
         "",
         f"Held-out: {len(heldout)} prompts (by prompt hash). Shipped router APGR {shipped_apgr['value']:.3f} "
         f"[{shipped_apgr['ci'][0]:.3f}, {shipped_apgr['ci'][1]:.3f}]; random router 95% band "
         f"[{band[0]:.3f}, {band[1]:.3f}]. {args.repeats} traffic order(s); means over them.",
         "",
-        "| labelled requests | APGR | 95% CI | minus shipped | 95% CI (paired) |",
-        "|---:|---:|---|---:|---|",
+        "| labelled requests | requests sent | APGR | 95% CI | minus shipped | 95% CI (paired) |",
+        "|---:|---:|---:|---|---:|---|",
     ]
     for r in table:
         d = r["vs_shipped"]
-        lines.append(f"| {r['labelled']} | {r['apgr']:.3f} | [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] | {d[0]:+.3f} "
-                     f"| [{d[1]:+.3f}, {d[2]:+.3f}] |")
+        lines.append(f"| {r['labelled']} | {r['requests_sent']:.0f} | {r['apgr']:.3f} | [{r['ci'][0]:.3f}, "
+                     f"{r['ci'][1]:.3f}] | {d[0]:+.3f} | [{d[1]:+.3f}, {d[2]:+.3f}] |")
     lines += ["", "![learning curve](adaptation.png)", ""]
     (args.out / "adaptation.md").write_text("\n".join(lines))
     print("\n".join(lines))
