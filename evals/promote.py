@@ -68,7 +68,7 @@ from evals.holdout import holdout_fraction, split_sources
 from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
 from evals.metrics import QualityGap, quality_gap
 from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
-from evals.trained_rows import key_hashes, load_trained_rows, resolved_training_rows, trained_mask
+from evals.trained_rows import TrainedRows, load_trained_rows, resolved_training_rows, trained_mask
 
 Log = Callable[[str], None]
 MIN_RESAMPLES = 1000
@@ -408,7 +408,7 @@ def _inactive_version(registry_dir: Path, version: str) -> tuple[RouterRegistry,
     return registry, info
 
 
-def _trained_rows(info: VersionInfo) -> np.ndarray | None:
+def _trained_rows(info: VersionInfo) -> TrainedRows | None:
     """The hashes of the requests ``info``'s version was trained on; None if it did not record them."""
     try:
         return load_trained_rows(info.path, info.raw.get("trained_rows"))
@@ -416,7 +416,7 @@ def _trained_rows(info: VersionInfo) -> np.ndarray | None:
         raise GateError(f"{info.version}: cannot read the record of its training requests: {exc}") from None
 
 
-def _baseline_trained_rows(baseline: ResolvedRouters) -> np.ndarray | None:
+def _baseline_trained_rows(baseline: ResolvedRouters) -> TrainedRows | None:
     """The hashes of the requests the active router (a registry version, or the shipped fallback) was
     trained on; None if it did not record them."""
     try:
@@ -431,18 +431,17 @@ def _without_shipped_training_rows(data: Embedded) -> tuple[Embedded, int]:
     shipped = resolved_training_rows(resolve_routers_dir(None))
     if shipped is None:
         return data, 0
-    trained = trained_mask(key_hashes(data.rows), shipped[1])
+    trained = trained_mask(data.rows, shipped[1])
     if not trained.any():
         return data, 0
     return data.subset(np.flatnonzero(~trained)), int(trained.sum())
 
 
 def _leave_out_training_rows(
-    rows: list[LabelledRequest], candidate: np.ndarray | None, active: np.ndarray | None
+    rows: list[LabelledRequest], candidate: TrainedRows | None, active: TrainedRows | None
 ) -> tuple[list[LabelledRequest], dict[str, Any]]:
     """``rows`` without those either router was trained on, and how many each accounted for."""
-    hashes = key_hashes(rows)
-    in_candidate, in_active = trained_mask(hashes, candidate), trained_mask(hashes, active)
+    in_candidate, in_active = trained_mask(rows, candidate), trained_mask(rows, active)
     kept = [r for r, drop in zip(rows, in_candidate | in_active, strict=True) if not drop]
     excluded = {
         "candidate": int(in_candidate.sum()),

@@ -278,7 +278,7 @@ def _route_config(args: argparse.Namespace) -> tuple[Any, Any]:
 def _leave_out_training_rows(data: _Data, routers_dir: str | None) -> None:
     """Drop (and count) the requests the replayed router version was trained on: graded on its own
     training rows a router looks better than it will on new traffic (:mod:`evals.trained_rows`)."""
-    from evals.trained_rows import key_hashes, router_training_rows, trained_mask
+    from evals.trained_rows import router_training_rows, trained_mask
 
     try:
         found = router_training_rows(routers_dir)
@@ -288,8 +288,8 @@ def _leave_out_training_rows(data: _Data, routers_dir: str | None) -> None:
         return
     version, trained = found
     reason = f"{TRAINING_DATA} {version}"
-    labelled = trained_mask(key_hashes(data.rows), trained)
-    logged = trained_mask(key_hashes(data.logged), trained)
+    labelled = trained_mask(data.rows, trained)
+    logged = trained_mask(data.logged, trained)
     seen, total = int(labelled.sum() + logged.sum()), len(labelled) + len(logged)
     if seen and seen == total:
         raise EvalError(

@@ -3,16 +3,22 @@
 ``pointsman train`` writes ``trained_rows.npy`` into the version: the sorted, distinct 64-bit hashes of
 the key of every request it trained on (the fold key, :func:`evals.retrain.row_key`: the conversation
 text, else the request id, else the stored embedding), the warm-start prior's prompts included. No text
-is stored, only hashes. ``pointsman promote`` hashes its held-out requests the same way and leaves out
-those the candidate or the active version was trained on: a gate must not grade a router on its own
-training rows, and should not grade the incumbent on its own either. Membership is by row rather than
-by source, so new traffic logged after training counts as held out even from the same store.
+is stored, only hashes. The text is normalised before hashing (Unicode NFKC, casefolded, runs of
+whitespace made one space), so a prompt asked again with other capitals or spacing counts as seen;
+records written before this (``hash`` says which) keep their exact hashes and are matched exactly.
+``pointsman promote`` hashes its held-out requests the same way and leaves out those the candidate or
+the active version was trained on: a gate must not grade a router on its own training rows, and should
+not grade the incumbent on its own either. Membership is by row rather than by source, so new traffic
+logged after training counts as held out even from the same store.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import json
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +29,29 @@ if TYPE_CHECKING:
     from evals.retrain import KeyedRequest
 
 TRAINED_ROWS_FILE = "trained_rows.npy"
-HASH = "blake2b-64 of the fold key (the conversation text, else the request id, else the stored embedding)"
+#: Beside the shipped heads' ``trained_rows.npy`` (they have no ``version.json`` to say it): its ``hash``.
+TRAINED_ROWS_INFO = "trained_rows.json"
+#: The key hash records written before text was normalised (still read, matched exactly).
+HASH_EXACT = "blake2b-64 of the fold key (the conversation text, else the request id, else the stored embedding)"
+HASH = (
+    "blake2b-64 of the normalised fold key (the conversation text in NFKC, casefolded, whitespace collapsed; "
+    "else the request id, else the stored embedding)"
+)
+
+
+@dataclass(frozen=True)
+class TrainedRows:
+    """The record of the requests a router was trained on: their key hashes, and how keys were hashed."""
+
+    hashes: np.ndarray
+    normalised: bool = True
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def contains(self, rows: Sequence[KeyedRequest]) -> np.ndarray:
+        """For each of ``rows``, whether the router was trained on it (hashed the way the record was)."""
+        return np.isin(key_hashes(rows, normalised=self.normalised), self.hashes)
 
 
 def hash_key(key: str) -> int:
@@ -31,11 +59,21 @@ def hash_key(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
-def key_hashes(rows: Iterable[KeyedRequest]) -> np.ndarray:
-    """The 64-bit hash of each row's key (labelled rows or logged outcomes), in row order."""
+def normalise_text(text: str) -> str:
+    """The text two requests share when they differ only in Unicode form, capitals or spacing."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def key_hashes(rows: Iterable[KeyedRequest], *, normalised: bool = True) -> np.ndarray:
+    """The 64-bit hash of each row's key (labelled rows or logged outcomes), in row order; the text
+    normalised (:func:`normalise_text`) unless ``normalised`` is False (records from before)."""
     from evals.retrain import row_key
 
-    return np.array([hash_key(row_key(r)) for r in rows], dtype=np.uint64)
+    def key(r: KeyedRequest) -> str:
+        k = row_key(r)
+        return normalise_text(k) if normalised and r.has_text else k
+
+    return np.array([hash_key(key(r)) for r in rows], dtype=np.uint64)
 
 
 def write_trained_rows(directory: Path, rows: Iterable[KeyedRequest]) -> dict[str, Any]:
@@ -53,7 +91,9 @@ def write_bundled_trained_rows(directory: Path, data_dir: Path) -> dict[str, Any
     from evals.labelled import load_routellm_rows
 
     rows = [r for r in load_routellm_rows(data_dir) if split_of(_prompt(r), DEFAULT_SEED) != "test"]
-    return write_trained_rows(directory, rows)
+    info = write_trained_rows(directory, rows)
+    (directory / TRAINED_ROWS_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return info
 
 
 def _prompt(row: Any) -> str:
@@ -61,8 +101,8 @@ def _prompt(row: Any) -> str:
     return str(message["content"])
 
 
-def load_trained_rows(version_dir: Path, recorded: Any) -> np.ndarray | None:
-    """The sorted hashes a version recorded, or ``None`` when it recorded none (older versions).
+def load_trained_rows(version_dir: Path, recorded: Any) -> TrainedRows | None:
+    """The hashes a version recorded, or ``None`` when it recorded none (older versions).
 
     A recorded but unreadable file is an error (``OSError``/``ValueError``): the gate must not silently
     treat a version as trained on nothing.
@@ -72,17 +112,17 @@ def load_trained_rows(version_dir: Path, recorded: Any) -> np.ndarray | None:
     hashes = np.load(version_dir / str(recorded["file"]), allow_pickle=False)
     if hashes.dtype != np.uint64 or hashes.ndim != 1:
         raise ValueError(f"{version_dir / str(recorded['file'])}: not a 1-d uint64 array")
-    return hashes
+    return TrainedRows(hashes, normalised=recorded.get("hash") == HASH)
 
 
-def trained_mask(hashes: np.ndarray, trained: np.ndarray | None) -> np.ndarray:
-    """For each of ``hashes``, whether it is among the ``trained`` hashes (all False for ``None``)."""
+def trained_mask(rows: Sequence[KeyedRequest], trained: TrainedRows | None) -> np.ndarray:
+    """For each of ``rows``, whether it is among the ``trained`` rows (all False for ``None``)."""
     if trained is None:
-        return np.zeros(len(hashes), dtype=bool)
-    return np.isin(hashes, trained, assume_unique=False)
+        return np.zeros(len(rows), dtype=bool)
+    return trained.contains(rows)
 
 
-def router_training_rows(routers_dir: str | Path | None) -> tuple[str, np.ndarray] | None:
+def router_training_rows(routers_dir: str | Path | None) -> tuple[str, TrainedRows] | None:
     """The version id and training-row hashes of the router ``routers_dir`` serves (a registry's active
     version, a version directory, or the shipped heads' directory with its ``trained_rows.npy``), or None
     when it recorded none (older versions)."""
@@ -91,10 +131,8 @@ def router_training_rows(routers_dir: str | Path | None) -> tuple[str, np.ndarra
     return resolved_training_rows(resolve_routers_dir(routers_dir))
 
 
-def resolved_training_rows(resolved: ResolvedRouters) -> tuple[str, np.ndarray] | None:
+def resolved_training_rows(resolved: ResolvedRouters) -> tuple[str, TrainedRows] | None:
     """:func:`router_training_rows` of an already resolved router (the one a gate compared against)."""
-    import json
-
     from classifiers.registry import VERSION_FILE
 
     try:
@@ -103,7 +141,11 @@ def resolved_training_rows(resolved: ResolvedRouters) -> tuple[str, np.ndarray] 
         # No registry version: the shipped heads (or a directory rebuilt like them) keep the file alone.
         if not (resolved.directory / TRAINED_ROWS_FILE).is_file():
             return None
-        raw = {"version": resolved.version, "trained_rows": {"file": TRAINED_ROWS_FILE}}
+        recorded: dict[str, Any] = {"file": TRAINED_ROWS_FILE, "hash": HASH_EXACT}
+        info = resolved.directory / TRAINED_ROWS_INFO
+        if info.is_file():
+            recorded["hash"] = json.loads(info.read_text(encoding="utf-8")).get("hash", HASH_EXACT)
+        raw = {"version": resolved.version, "trained_rows": recorded}
     if not isinstance(raw, dict):
         return None
     hashes = load_trained_rows(resolved.directory, raw.get("trained_rows"))

@@ -468,9 +468,9 @@ def test_the_shipped_head_standing_in_for_a_missing_pair_is_not_graded_on_its_tr
 ) -> None:
     # The active version has no head for the candidate's pair, so the gate compares against the shipped
     # difficulty head; held-out prompts the shipped head was trained on must not grade it.
-    from classifiers.registry import SHIPPED_ROUTERS_DIR
+    from classifiers.registry import resolve_routers_dir
     from evals.data.prior import load_prior_rows
-    from evals.trained_rows import TRAINED_ROWS_FILE, key_hashes, load_trained_rows
+    from evals.trained_rows import resolved_training_rows
 
     registry = tmp_path / "routers"
     active = write_jsonl(tmp_path / "active.jsonl", rows(seed=2, n=120, models=(STRONG, WEAK)))
@@ -481,12 +481,14 @@ def test_the_shipped_head_standing_in_for_a_missing_pair_is_not_graded_on_its_tr
     v1, v2 = (v.version for v in RouterRegistry(registry).versions())
 
     prior = load_prior_rows()
-    shipped = load_trained_rows(SHIPPED_ROUTERS_DIR, {"file": TRAINED_ROWS_FILE})
+    shipped = resolved_training_rows(resolve_routers_dir(None))
     assert shipped is not None
-    seen = [r for r, h in zip(prior, key_hashes(prior), strict=True) if h in set(shipped.tolist())][:40]
+    seen = [r for r, inside in zip(prior, shipped[1].contains(prior), strict=True) if inside][:40]
     assert len(seen) == 40
+    # Asked again with other spacing or capitals, a prompt is still one the shipped head learnt from.
     heldout = rows(seed=3, n=120, models=(STRONG, TWIN)) + [
-        {"prompt": r.messages[0]["content"], "scores": {STRONG: 1.0, TWIN: 0.0}} for r in seen
+        {"prompt": r.messages[0]["content"].replace(" ", "  ").upper() + "\n", "scores": {STRONG: 1.0, TWIN: 0.0}}
+        for r in seen
     ]
     heldout_file = write_jsonl(tmp_path / "heldout.jsonl", heldout)
     code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout_file}",

@@ -15,7 +15,7 @@ import yaml
 from classifiers.registry import SHIPPED_ROUTERS_DIR
 from evals.data import DEFAULT_SEED, split_of
 from evals.labelled import load_routellm_rows
-from evals.trained_rows import TRAINED_ROWS_FILE, key_hashes, write_bundled_trained_rows
+from evals.trained_rows import HASH, TRAINED_ROWS_FILE, TRAINED_ROWS_INFO, key_hashes, write_bundled_trained_rows
 from gateway.cli import main
 from tests.conftest import routing_data_dir
 
@@ -32,6 +32,8 @@ def test_the_shipped_record_is_the_train_and_validation_prompts(data_dir: Path, 
     rebuilt = np.load(tmp_path / TRAINED_ROWS_FILE)
     shipped = np.load(SHIPPED_ROUTERS_DIR / TRAINED_ROWS_FILE)
     assert np.array_equal(rebuilt, shipped)
+    # The shipped heads have no version.json: the file beside the record says how keys were hashed.
+    assert json.loads((SHIPPED_ROUTERS_DIR / TRAINED_ROWS_INFO).read_text())["hash"] == HASH
     rows = load_routellm_rows(data_dir)
     split = np.array([split_of(r.messages[0]["content"], DEFAULT_SEED) for r in rows])
     hashes = key_hashes(rows)
