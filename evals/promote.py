@@ -337,6 +337,7 @@ def run_gate(
         if data.dropped:
             log(f"  {data.dropped} held-out requests have neither text nor a {encoder.id} embedding: left out")
         active_heads = load_router_heads(encoder_name, registry_dir)
+        without_shipped: tuple[Embedded, int] | None = None  # computed once, for the pairs that need it
         for pair in gated:
             if pair.get("encoder", "static") != encoder_name:
                 continue
@@ -349,7 +350,9 @@ def run_gate(
             if base_shipped and from_registry:
                 # The active version has no head for this pair, so the shipped one stands in for it: it
                 # must not be graded on the prompts it learnt from either.
-                pair_data, fallback_excluded = _without_shipped_training_rows(data)
+                if without_shipped is None:
+                    without_shipped = _without_shipped_training_rows(data)
+                pair_data, fallback_excluded = without_shipped
             comparison = compare_pair(
                 candidate, base, base_name, pair_data, strong, weak, encoder_name,
                 margin=margin, resamples=resamples, seed=seed,
