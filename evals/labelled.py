@@ -284,7 +284,10 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
         header = reader.fieldnames or []
         score_cols = [c for c in header if c.startswith("score:")]
         if not score_cols:
-            raise DataError(f"{path}: no score:<model> columns (header: {', '.join(header) or 'empty'})")
+            raise DataError(
+                f"{path}: no score:<model> columns (header: {', '.join(header) or 'empty'})"
+                + _score_column_hint(path, header)
+            )
         if "prompt" not in header and "messages" not in header:
             raise DataError(f"{path}: needs a prompt or a messages column")
         for lineno, cells in enumerate(reader, 2):
@@ -309,6 +312,42 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
                     obj[key] = _cell_number(cells[key], where, key) if key == "weight" else cells[key]
             out.append(_row(obj, where, _default_source(path)))
     return out
+
+
+#: Columns of a labelled CSV that are never a model's outcome.
+_KNOWN_COLUMNS = frozenset({"prompt", "messages", "weight", "source", "domain", "id"})
+
+
+def _score_column_hint(path: Path, header: Sequence[str], sample: int = 50) -> str:
+    """A hint naming the columns that look like per-model outcomes (every cell of the first rows a number,
+    a true/false or empty), as RouteLLM's and RouterBench's exports have them, with the rename they need."""
+    # A cost column (RouterBench's ``<model>|total_cost``) holds small numbers too: not a quality.
+    candidates = [c for c in header if c and c.lower() not in _KNOWN_COLUMNS and "cost" not in c.lower()]
+    looks_like_score = dict.fromkeys(candidates, False)
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        for i, cells in enumerate(csv.DictReader(fh)):
+            if i >= sample:
+                break
+            for c in list(looks_like_score):
+                cell = (cells.get(c) or "").strip()
+                if not cell:
+                    continue
+                try:
+                    number = _cell_score(cell, "", c)
+                except DataError:
+                    del looks_like_score[c]
+                    continue
+                if number is not None and not 0.0 <= float(number) <= 1.0:
+                    del looks_like_score[c]
+                else:
+                    looks_like_score[c] = True
+    models = [c for c, seen in looks_like_score.items() if seen]
+    if not models:
+        return "; name each model's quality column score:<model>"
+    renamed = ", ".join(f"{m!r} -> 'score:{m}'" for m in models[:4])
+    more = f" and {len(models) - 4} more" if len(models) > 4 else ""
+    count = len(models)
+    return f"; {count} columns look like per-model qualities: rename them ({renamed}{more}), costs to cost:<model>"
 
 
 def _cell_score(cell: str | None, where: str, column: str) -> float | bool | None:

@@ -239,8 +239,27 @@ def test_pandas_and_correct_incorrect_exports_load(tmp_path: Path) -> None:
 def test_csv_without_score_columns_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "labels.csv"
     path.write_text("prompt,quality\nhello,1\n")
-    with pytest.raises(DataError, match=r"no score:<model> columns"):
+    with pytest.raises(DataError, match=r"no score:<model> columns") as refused:
         load_source(f"file:{path}")
+    assert "score:quality" in str(refused.value)  # 0/1 cells: named as a column that wants renaming
+
+
+def test_csv_with_bare_model_columns_names_the_rename_it_needs(tmp_path: Path) -> None:
+    # RouteLLM's and RouterBench's exports: one column per model, True/False or 0/1, a cost column each.
+    path = tmp_path / "export.csv"
+    path.write_text(
+        ",sample_id,prompt,gpt-4,mixtral,gpt-4|total_cost,gpt-4|model_response\n"
+        "0,arc.1,hello,True,False,0.0031,Hi there\n"
+        "1,arc.2,bye,1,,0.0029,Bye\n"
+    )
+    with pytest.raises(DataError) as refused:
+        load_source(f"file:{path}")
+    message = str(refused.value)
+    assert "2 columns look like per-model qualities" in message
+    assert "'gpt-4' -> 'score:gpt-4'" in message and "'mixtral' -> 'score:mixtral'" in message
+    # Neither the row index (0, 1), the ids, the cost nor the answer text is taken for a model.
+    assert "score:sample_id" not in message and "score:gpt-4|total_cost" not in message
+    assert "score:gpt-4|model_response" not in message and "score:'" not in message
 
 
 def test_more_than_two_models_train_the_quality_head_and_every_pair(
