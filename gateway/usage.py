@@ -13,17 +13,31 @@ from gateway.config import ModelConfig
 _FINISH_LENGTH = re.compile(rb'"finish_reason"\s*:\s*"length"')
 
 
+#: More tokens than any one call reads or writes: a count beyond it is an upstream's bug, not usage.
+MAX_TOKENS_PER_CALL = 1 << 31
+
+
+def token_count(value: Any) -> int | None:
+    """``value`` if it is a token count an upstream could have meant (an int in [0, 2^31)), else None.
+
+    An upstream's ``usage`` is not trusted: a negative count once failed the request with a 500 after the
+    answer was in (Prometheus counters only go up) and lost its record; a count of 2^63 made every later
+    decision-log batch fail to insert.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_TOKENS_PER_CALL:
+        return value
+    return None
+
+
 def usage_from_body(body: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    """(prompt_tokens, completion_tokens) from an OpenAI response object's ``usage``, if present."""
+    """(prompt_tokens, completion_tokens) from an OpenAI response object's ``usage``, if present and sane
+    (see :func:`token_count`; a count that is not is unknown)."""
     usage = body.get("usage")
     if not isinstance(usage, Mapping):
         return None, None
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens")
-    return (
-        prompt if isinstance(prompt, int) else None,
-        completion if isinstance(completion, int) else (0 if isinstance(prompt, int) else None),
-    )
+    prompt = token_count(usage.get("prompt_tokens"))
+    completion = token_count(usage.get("completion_tokens"))
+    return prompt, completion if completion is not None else (0 if prompt is not None else None)
 
 
 def cost_usd(model: ModelConfig, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:

@@ -43,6 +43,25 @@ def describe_error(exc: BaseException) -> str:
     return f"{name}({detail})" if detail else name
 
 
+def is_row_error(exc: BaseException) -> bool:
+    """Whether a failed write was refused for the values in it (a number out of the column's range, a
+    value the driver cannot encode) rather than because the store is unavailable: retrying the same
+    rows can never succeed. Connection, timeout, locking and I/O failures are not row errors."""
+    import sqlite3
+
+    return isinstance(exc, OverflowError | ValueError | TypeError | sqlite3.DataError | sqlite3.IntegrityError) or (
+        getattr(exc, "sqlstate", None) or ""
+    ).startswith("22")  # PostgreSQL's class 22: data exception
+
+
+class _Unwritten(Exception):
+    """The records of a batch not yet written when the store failed part-way through one by one."""
+
+    def __init__(self, left: list[DecisionRecord | FeedbackRecord], cause: Exception) -> None:
+        super().__init__(describe_error(cause))
+        self.left, self.cause = left, cause
+
+
 class DecisionRecorder:
     """Queues decision records and writes them to ``store`` in batches from a background task.
 
@@ -91,6 +110,7 @@ class DecisionRecorder:
         self._feedback_written = 0
         self._purged = 0
         self._dropped = 0
+        self._rejected = 0  # records the store refused for their values (also counted in dropped)
         self._write_errors = 0
         self._last_drop_log = float("-inf")
 
@@ -257,29 +277,72 @@ class DecisionRecorder:
 
     async def _write_batch(self) -> None:
         """Write the oldest batch_size records; on failure put them back at the front. Caller holds
-        the write lock."""
+        the write lock.
+
+        A batch refused for what is in it (:func:`is_row_error`) is written again one record at a time,
+        and a record the store refuses on its own is dropped and counted: retrying it could never
+        succeed, and left at the front of the queue it would block every record behind it for good.
+        """
         n = min(self.batch_size, len(self._queue))
         batch = [self._queue.popleft() for _ in range(n)]
-        decisions = [r for r in batch if isinstance(r, DecisionRecord)]
-        feedback = [r for r in batch if isinstance(r, FeedbackRecord)] if len(decisions) < n else []
         self._inflight = n
         try:
-            # Both writes are idempotent, so a batch retried after the second failed is harmless.
-            if decisions:
-                await self.store.write_batch(decisions)
-            if feedback:
-                await self.store.write_feedback(feedback)
+            try:
+                await self._write(batch)
+                self._count_written(batch)
+            except Exception as exc:
+                if not is_row_error(exc):
+                    raise
+                self._write_errors += 1
+                await self._write_one_by_one(batch)
         except BaseException as exc:
             self._inflight = 0
-            self._queue.extendleft(reversed(batch))
+            unwritten = exc.left if isinstance(exc, _Unwritten) else batch
+            self._queue.extendleft(reversed(unwritten))
             # Records that arrived during the write may have pushed the total over the limit.
             self._trim()
+            if isinstance(exc, _Unwritten):
+                raise exc.cause from None
             if isinstance(exc, Exception):
                 self._write_errors += 1
             raise
         self._inflight = 0
-        self._written += len(decisions)
-        self._feedback_written += len(feedback)
+
+    async def _write(self, batch: list[DecisionRecord | FeedbackRecord]) -> None:
+        decisions = [r for r in batch if isinstance(r, DecisionRecord)]
+        feedback = [r for r in batch if isinstance(r, FeedbackRecord)] if len(decisions) < len(batch) else []
+        # Both writes are idempotent, so a batch retried after the second failed is harmless.
+        if decisions:
+            await self.store.write_batch(decisions)
+        if feedback:
+            await self.store.write_feedback(feedback)
+
+    async def _write_one_by_one(self, batch: list[DecisionRecord | FeedbackRecord]) -> None:
+        for i, record in enumerate(batch):
+            try:
+                await self._write([record])
+            except Exception as exc:
+                if not is_row_error(exc):  # the store went away meanwhile: the rest waits for it
+                    self._write_errors += 1
+                    raise _Unwritten(batch[i:], exc) from exc
+                self._reject(record, exc)
+            else:
+                self._count_written([record])
+
+    def _count_written(self, batch: list[DecisionRecord | FeedbackRecord]) -> None:
+        self._written += sum(isinstance(r, DecisionRecord) for r in batch)
+        self._feedback_written += sum(isinstance(r, FeedbackRecord) for r in batch)
+
+    def _reject(self, record: DecisionRecord | FeedbackRecord, exc: Exception) -> None:
+        self._dropped += 1
+        self._rejected += 1
+        logger.error(
+            "the decision store refused %s %s (%s); dropped it, %d refused so far",
+            "decision record" if isinstance(record, DecisionRecord) else "feedback for",
+            record.request_id,
+            describe_error(exc),
+            self._rejected,
+        )
 
     async def _purge_loop(self, interval: float) -> None:
         """Delete expired conversation text now and every ``interval`` seconds."""

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.forward import OpenedStream
-from gateway.usage import SSEUsageScanner, cost_usd
+from gateway.usage import SSEUsageScanner, cost_usd, token_count
 from gateway.workflows.bodies import ClientAsk
 from gateway.workflows.outcome import Final, Totals, describe, finish, run_outcome
 from gateway.workflows.runtime import Answer, Run
@@ -110,9 +110,9 @@ class WorkflowDone:
         def close(usage: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
             call = stream.call
             if isinstance(usage, Mapping):  # the stage's own usage, before the stream's end settles it
-                prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-                call.prompt_tokens = prompt if isinstance(prompt, int) else call.prompt_tokens
-                call.completion_tokens = completion if isinstance(completion, int) else call.completion_tokens
+                prompt, completion = token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens"))
+                call.prompt_tokens = prompt if prompt is not None else call.prompt_tokens
+                call.completion_tokens = completion if completion is not None else call.completion_tokens
                 call.cost_usd = cost_usd(stream.opened.target.model, call.prompt_tokens, call.completion_tokens)
             return Totals.of(run.calls).usage(), describe(run, self.final)
 

@@ -37,6 +37,8 @@ say:<text>         answers ``text`` (its words are the tokens; logprob -0.01 eac
 cycle:<a>|<b>|…    answers ``a``, then ``b``, … per key, round and round; honours ``n`` (n answers)
 cycle1:<a>|<b>|…   the same, but ignores ``n`` (a backend without it: one choice)
 hang:<tag>         like ``hang`` (never answers); its cancellation is counted under the full name
+usage:<p>,<c>      a normal answer (streamed or not) whose usage says ``p`` prompt and ``c`` completion
+                   tokens, however absurd (negative, past 64 bits): an upstream's usage is not trusted
 slow:<s>[#tag]     answers after ``s`` seconds (a cancellation while waiting is counted)
 rater              a scoring judge: reads the first ``quality=<x>`` in its prompt, answers
                    ``[[round(1 + 9x)]]``
@@ -139,8 +141,11 @@ def _chunk(body: dict[str, Any], delta: dict[str, Any], finish: str | None = Non
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-def stream_events(body: dict[str, Any], words: list[str], finish: str = "stop") -> list[bytes]:
-    """The SSE events the fake sends for a normal streamed answer (tests compare bytes against this)."""
+def stream_events(
+    body: dict[str, Any], words: list[str], finish: str = "stop", usage: dict[str, Any] | None = None
+) -> list[bytes]:
+    """The SSE events the fake sends for a normal streamed answer (tests compare bytes against this);
+    ``usage`` replaces the usage chunk's counts."""
     events = [_chunk(body, {"role": "assistant", "content": ""})]
     if body.get("tools"):
         name = body["tools"][0]["function"]["name"]
@@ -156,7 +161,7 @@ def stream_events(body: dict[str, Any], words: list[str], finish: str = "stop") 
         usage_chunk = {
             "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1700000000,
             "model": body.get("model", "ok"), "choices": [],
-            "usage": {"prompt_tokens": 11, "completion_tokens": len(words), "total_tokens": 11 + len(words)},
+            "usage": usage or {"prompt_tokens": 11, "completion_tokens": len(words), "total_tokens": 11 + len(words)},
         }
         events.append(b"data: " + orjson.dumps(usage_chunk) + b"\n\n")
     events.append(b"data: [DONE]\n\n")
@@ -281,6 +286,13 @@ def build_app(state: UpstreamState) -> Starlette:
             if stream:
                 return StreamingResponse(_scripted_stream(body, model, seen), media_type="text/event-stream")
             return JSONResponse(scripted_completion(model, body, seen))
+        if model.startswith("usage:"):  # a normal answer whose usage reports the given (broken) counts
+            prompt_tokens, completion_tokens = (int(n) for n in model[6:].split(","))
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": 0}
+            if stream:
+                events = stream_events(body, WORDS, usage=usage)
+                return Response(b"".join(events), media_type="text/event-stream")
+            return JSONResponse({**_completion(body, "an answer"), "usage": usage})
         if model == "bad-request":
             return JSONResponse({"error": {"message": "bad tool schema", "type": "invalid_request_error",
                                            "param": "tools", "code": None}}, status_code=400)

@@ -320,3 +320,37 @@ def test_a_v1_database_is_upgraded_and_its_requests_take_feedback(upstream: Fake
     )
     assert wrong.returncode == 2 and "no SQLite database at" in wrong.stderr and not wrong.stdout
     assert not typo.exists()
+
+
+@pytest.mark.parametrize("counts", ["-100,5", "9223372036854775813,1", "5,-1"])
+def test_an_upstream_usage_that_cannot_be_true_loses_neither_the_answer_nor_its_record(
+    upstream: FakeUpstream, tmp_path: Path, counts: str
+) -> None:
+    # A negative count failed the request with a 500 after the answer was in (and its record never
+    # existed: feedback on it was a 404); one past 64 bits stopped the decision log for good.
+    config = gateway_config(upstream, KEYS)
+    config["backends"][0]["models"].append({"name": "odd-usage", "upstream_name": f"usage:{counts}",
+                                            "input_cost_per_mtok": 10, "output_cost_per_mtok": 30})
+    proc = GatewayProcess(config, tmp_path).start()
+    try:
+        client = OpenAI(base_url=proc.base_url, api_key=KEYS["team-a"], max_retries=0, timeout=30)
+        raw = client.chat.completions.with_raw_response.create(model="odd-usage", messages=MESSAGES)
+        assert raw.parse().choices[0].message.content == "an answer"
+        ids = [str(raw.headers["x-pointsman-request-id"])]
+        with client.chat.completions.with_streaming_response.create(
+            model="odd-usage", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        ) as streamed:
+            assert "".join(streamed.iter_lines()).count("[DONE]") == 1
+            ids.append(streamed.headers["x-pointsman-request-id"])
+        ids.append(serve(proc))  # a normal request after them is logged too
+        for request_id in ids:
+            assert post(proc, {"request_id": request_id, "score": 1}).status_code == 200
+        for request_id in ids[:2]:
+            record = proc.decision(request_id)
+            assert record["status"] == 200
+            for count in (record["prompt_tokens"], record["completion_tokens"]):
+                assert count is None or 0 <= count < 2**31  # a count that cannot be true is unknown
+        assert proc.decision(ids[2])["prompt_tokens"] == 11
+    finally:
+        proc.terminate()
+    assert "Traceback" not in proc.log() and "write failed" not in proc.log()

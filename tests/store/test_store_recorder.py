@@ -260,3 +260,59 @@ async def test_concurrent_stops_both_wait_for_the_drain(sqlite_path: str, make_r
         recorder.record(make_record(i))
     await asyncio.gather(recorder.stop(), recorder.stop())
     assert recorder.written == 300 and len(stored_ids(sqlite_path)) == 300
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_record_the_store_refuses_is_dropped_not_retried_forever(
+    backend: str, sqlite_path: str, pg_dsn: str, make_record: MakeRecord, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A token count past the 64-bit column (from an upstream's broken usage) once put its batch back at the
+    # front of the queue on every retry: no later record was ever written.
+    store = SQLiteDecisionStore(sqlite_path) if backend == "sqlite" else PostgresDecisionStore(pg_dsn)
+    recorder = DecisionRecorder(store, batch_size=8, flush_interval=0.02, retry_initial=0.01, retry_max=0.05)
+    caplog.set_level(logging.DEBUG, logger="store")
+    await recorder.start()
+    try:
+        for i in range(20):
+            overrides = {"prompt_tokens": 2**63 + 5, "reason": SECRET} if i == 3 else {}
+            recorder.record(make_record(i, **overrides))
+        await eventually_async(lambda: recorder.written == 19)
+        assert recorder.dropped == 1 and recorder.pending == 0
+    finally:
+        await recorder.stop()
+    if backend == "sqlite":
+        ids = stored_ids(sqlite_path)
+    else:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            ids = [r[0] for r in await conn.fetch("SELECT request_id FROM decisions ORDER BY request_id")]
+        finally:
+            await conn.close()
+    assert ids == [f"req-{i:06d}" for i in range(20) if i != 3]
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refused) == 1 and "req-000003" in refused[0]
+    assert SECRET not in caplog.text
+
+
+async def test_an_outage_during_the_one_by_one_retry_keeps_the_rest(sqlite_path: str, make_record: MakeRecord) -> None:
+    class FailsAfterARowError(FlakySQLiteStore):
+        async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
+            if any(r.request_id == "req-000001" for r in records):
+                if len(records) == 1:  # refused on its own; right after, the store goes away
+                    self.down = True
+                raise OverflowError("Python int too large to convert to SQLite INTEGER")
+            await super().write_batch(records)
+
+    store = FailsAfterARowError(sqlite_path)
+    recorder = DecisionRecorder(store, batch_size=4, flush_interval=0.02, retry_initial=0.01, retry_max=0.05)
+    await recorder.start()
+    try:
+        for i in range(4):
+            recorder.record(make_record(i))
+        # req-000000 was written alone before the outage hit; req-000001 refused; the other two wait.
+        await eventually_async(lambda: recorder.dropped == 1 and recorder.written == 1 and recorder.pending == 2)
+        store.down = False
+        await eventually_async(lambda: recorder.written == 3)
+    finally:
+        await recorder.stop()
+    assert stored_ids(sqlite_path) == ["req-000000", "req-000002", "req-000003"]
