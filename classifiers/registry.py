@@ -375,8 +375,11 @@ def resolve_routers_dir(path: str | Path | None) -> ResolvedRouters:
 
     - a registry: its active version's directory and id; with no active version the shipped artifacts
       (``bundled-<sha>``), the fallback;
-    - a plain directory of heads (or a missing one, which holds no heads): itself, ``dir-<sha>``
-      (sha over its head manifests, so retraining into it changes the id);
+    - a plain directory of heads: itself, ``dir-<sha>`` (sha over its head manifests, so retraining into it
+      changes the id);
+    - a missing directory, or one with no heads (a registry ``pointsman train --out`` has yet to write):
+      the shipped artifacts, ``bundled-<sha>``, like no directory at all: the shipped heads are what serve,
+      and a ``dir-`` id would pass them off as the operator's own;
     - None: the shipped artifacts, ``bundled-<sha>``.
     """
     if path is not None and str(path) != "":
@@ -387,8 +390,14 @@ def resolve_routers_dir(path: str | Path | None) -> ResolvedRouters:
             if active is not None:
                 return ResolvedRouters(registry.version_dir(active), active, registry=root)
             return ResolvedRouters(SHIPPED_ROUTERS_DIR, _bundled_version(), registry=root)
-        return ResolvedRouters(root, f"dir-{manifests_digest(root)[:8]}")
+        if has_heads(root):
+            return ResolvedRouters(root, f"dir-{manifests_digest(root)[:8]}")
     return ResolvedRouters(SHIPPED_ROUTERS_DIR, _bundled_version())
+
+
+def has_heads(directory: Path) -> bool:
+    """Whether ``directory`` holds at least one trained head (``*/manifest.json``)."""
+    return directory.is_dir() and any(directory.glob("*/manifest.json"))
 
 
 _BUNDLED: str | None = None

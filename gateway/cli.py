@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 
 from gateway.app import create_app
 from gateway.auth import hash_key
-from gateway.config import Config, load_config
+from gateway.config import Config, load_config, local_model_conflicts
 from gateway.defaults import embedded_default, with_local_backend
 from gateway.errors import ConfigError
 from gateway.logs import configure as configure_logging
@@ -53,6 +53,8 @@ async def serve(config: Config) -> None:
     # encoder) fail here with a clean message, before any child process or socket exists.
     brain = RoutingBrain(config)
     workflow_preflight(config)  # a cascade's answer-confidence artifact is there
+    local_model_conflicts(config)
+    await store_preflight(config)  # an unreachable database or an unwritable file: one line, not a traceback
     if brain.shared_state is not None:  # Redis down or a wrong URL: say so now, not in a traceback
         await brain.shared_state.start()
         await brain.shared_state.close()
@@ -89,6 +91,21 @@ async def serve(config: Config) -> None:
     finally:
         if local is not None:
             await local.stop()
+
+
+async def store_preflight(config: Config) -> None:
+    """Open the decision store once before serving: :class:`ConfigError` naming it when it cannot be."""
+    from store import StoreError, open_store
+    from store.url import check_store
+
+    settings = config.store
+    name = settings.path
+    if settings.kind == "postgres" and settings.dsn:  # a URL is printed with its password masked; else not at all
+        name = settings.dsn if "://" in settings.dsn else "store.dsn"
+    try:
+        await check_store(open_store(settings.kind, settings.path, settings.dsn), name)
+    except StoreError as exc:
+        raise ConfigError(f"store: cannot open the decision store: {exc}") from None
 
 
 async def explain_route(
@@ -309,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # cannot score). Builds no encoder and starts nothing.
             RoutingBrain(config)
             workflow_preflight(config)
+            local_model_conflicts(config)
         except ConfigError as exc:
             print(f"pointsman: {exc}", file=sys.stderr)
             return 2

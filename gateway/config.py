@@ -11,9 +11,10 @@ import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gateway.balancing.select import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL
 from gateway.errors import ConfigError
@@ -29,16 +30,17 @@ from policies.brain.config import (  # the routing sections' schema, shared with
 )
 from policies.config import RouteConfig
 from policies.experiments.config import ExperimentConfig, experiment_problems
+from policies.strict_model import StrictModel
 from policies.textfile import NotUtf8, read_utf8
 from policies.workflows import WorkflowConfig, WorkflowLimits, workflow_models, workflow_problems
+from policies.yaml_file import load_yaml
 
 _log = logging.getLogger("pointsman.config")
+_YEAR = 365 * 24 * 3600.0  # the longest a replica-affinity entry may be remembered
 
 
-class _Strict(BaseModel):
+class _Strict(StrictModel):
     """Unknown keys are errors: a typo in a config must never be silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Timeouts(_Strict):
@@ -100,7 +102,9 @@ class BalancingConfig(_Strict):
     partition: Literal["tenant", "none"] = "tenant"
     block_bytes: int = Field(default=4096, ge=64, le=1 << 20)
     max_entries: int = Field(default=262_144, ge=1, description="prefix blocks (or sessions) remembered per backend")
-    ttl: float = Field(default=600.0, gt=0, description="seconds a prefix block or session is remembered unused")
+    ttl: float = Field(
+        default=600.0, gt=0, le=_YEAR, description="seconds a prefix block or session is remembered unused"
+    )
     share_hints: bool = True
     hint_interval: float = Field(default=0.2, gt=0, le=60)
     engine_metrics: EngineMetrics = EngineMetrics()
@@ -128,15 +132,13 @@ class BackendConfig(_Strict):
     @classmethod
     def _check_url(cls, value: str | None) -> str | None:
         if value is not None:
-            _require_http_url(value)
+            value = _require_http_url(value)
         return value.rstrip("/") if value else value
 
     @field_validator("replicas")
     @classmethod
     def _check_replicas(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for url in value:
-            _require_http_url(url)
-        return tuple(url.rstrip("/") for url in value)
+        return tuple(_require_http_url(url).rstrip("/") for url in value)
 
     @model_validator(mode="after")
     def _one_source_of_replicas(self) -> BackendConfig:
@@ -155,8 +157,8 @@ class RetryConfig(_Strict):
     """Retries of one model on connect errors, 429 and 5xx, only before the client got a byte."""
 
     attempts: int = Field(default=3, ge=1, description="tries per model, the first one included")
-    backoff_base: float = Field(default=0.1, ge=0)
-    backoff_max: float = Field(default=2.0, ge=0)
+    backoff_base: float = Field(default=0.1, ge=0, le=600)
+    backoff_max: float = Field(default=2.0, ge=0, le=600)
     respect_retry_after_max: float = Field(
         default=5.0, ge=0, description="honour an upstream Retry-After up to this many seconds"
     )
@@ -251,6 +253,26 @@ class AuthConfig(_Strict):
     api_keys: tuple[ApiKey, ...] = ()
     admin_keys: tuple[ApiKey, ...] = ()
 
+    @model_validator(mode="after")
+    def _one_tenant_per_key(self) -> AuthConfig:
+        for section, keys in (("api_keys", self.api_keys), ("admin_keys", self.admin_keys)):
+            owner: dict[str, str] = {}
+            quota: dict[str, ApiKey] = {}
+            for key in keys:
+                if key.sha256 in owner:  # one key would silently be billed to the later tenant
+                    raise ValueError(
+                        f"{section}: the same key (sha256 {key.sha256[:12]}...) is listed for {owner[key.sha256]!r} "
+                        f"and {key.name!r}"
+                    )
+                owner[key.sha256] = key.name
+                first = quota.setdefault(key.name, key)
+                if (first.limits, first.budgets) != (key.limits, key.budgets):  # keys of a tenant share one quota
+                    raise ValueError(
+                        f"{section}: the keys of {key.name!r} have different limits or budgets; a tenant's keys "
+                        "share one quota, so give them the same"
+                    )
+        return self
+
 
 class StoreConfig(_Strict):
     """Where decision records go. ``sqlite`` (embedded default) or ``postgres``."""
@@ -266,6 +288,12 @@ class StoreConfig(_Strict):
     def _dsn_for_postgres(self) -> StoreConfig:
         if self.kind == "postgres" and not self.dsn:
             raise ValueError("store.kind is postgres but store.dsn is not set")
+        if self.kind != "postgres" and self.dsn:  # records would silently go to a local file instead
+            raise ValueError(f"store.dsn is set but store.kind is {self.kind}; set kind: postgres to use it")
+        if self.kind == "sqlite" and "://" in self.path:  # a store URL (as --store takes) is not a file path
+            raise ValueError(
+                "store.path is a file path, not a store URL: write /abs/path.db rather than sqlite:///abs/path.db"
+            )
         return self
 
 
@@ -332,7 +360,7 @@ class SharedStateConfig(_Strict):
     kind: Literal["memory", "redis"] = "memory"
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "pointsman:"
-    timeout: float = Field(default=0.25, gt=0, description="seconds per Redis call before deciding without it")
+    timeout: float = Field(default=0.25, gt=0, le=60, description="seconds per Redis call before deciding without it")
     fail: SharedStateFailModes = SharedStateFailModes()
     knob_sync_interval: float = Field(
         default=1.0, gt=0, le=60, description="seconds between exchanges of the knob's score window with Redis"
@@ -386,7 +414,7 @@ class TracingConfig(_Strict):
     @classmethod
     def _check_endpoint(cls, value: str | None) -> str | None:
         if value is not None:
-            _require_http_url(value)
+            value = _require_http_url(value)
         return value
 
 
@@ -502,6 +530,27 @@ class Config(_Strict):
         return tags
 
 
+def local_model_conflicts(config: Config) -> None:
+    """:class:`ConfigError` when the embedded local model's backend (``local``) or one of its model names
+    is already taken by a configured backend: serving would add them and fail only after starting the
+    model. (Not a validator of :class:`Config`, which also validates the config with that backend added.)"""
+    if not config.local_model.enabled:
+        return
+    local_names = set(config.local_model.served_names())
+    for backend in config.backends:
+        if backend.name == "local":
+            raise ConfigError(
+                "backends: the name 'local' belongs to the embedded local model's backend (local_model.enabled); "
+                "rename the backend"
+            )
+        for model in backend.models:
+            if model.name in local_names:
+                raise ConfigError(
+                    f"backends.{backend.name}.models: {model.name!r} is also a name of the embedded local model "
+                    "(local_model.model_name / aliases); rename one of them"
+                )
+
+
 def substitute_env(value: Any, env: dict[str, str], path: str = "") -> Any:
     """Replace ``${VAR}`` / ``${VAR:-default}`` in every string inside ``value``."""
     try:
@@ -532,7 +581,7 @@ def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
     except NotUtf8 as exc:
         raise ConfigError(str(exc)) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     return parse_config(data, env)
@@ -542,6 +591,33 @@ def _describe(exc: ValidationError) -> str:
     return _routing.describe_validation_error(exc, Config)
 
 
-def _require_http_url(url: str) -> None:
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"{url!r} is not an http(s) URL")
+def _require_http_url(url: str) -> str:
+    """``url`` if it is an http(s) URL a backend can be called at (scheme lower-cased); ``ValueError`` saying
+    what is wrong otherwise, the URL shown without credentials or query (it may come from a secret)."""
+    shown = _shown_url(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port raises for one out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"{shown!r} is not a valid URL ({exc})") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"{shown!r} is not an http(s) URL")
+    if not parts.hostname:
+        raise ValueError(f"{shown!r} names no host")
+    if any(c.isspace() for c in url):
+        raise ValueError(f"{shown!r} contains white space")
+    if parts.query or parts.fragment:  # paths are appended to the base URL: a query would end up in the middle
+        raise ValueError(f"{shown!r}: a base URL cannot carry a query or fragment (?... / #...)")
+    return urlunsplit(parts._replace(scheme=parts.scheme.lower()))
+
+
+def _shown_url(url: str) -> str:
+    """``url`` as an error message may show it: no user or password, no query."""
+    head, sep, rest = url.partition("://")
+    if not sep:
+        return url[:60]
+    authority, slash, path = rest.partition("/")
+    host = authority.rsplit("@", 1)[-1]
+    if "@" in authority:
+        host = "***@" + host
+    return f"{head}://{host}{slash}{path.split('?', 1)[0].split('#', 1)[0]}"

@@ -19,6 +19,7 @@ from gateway.config import Config, parse_config
 from gateway.routing import RoutingBrain
 from policies.brain import explain_request
 from policies.textfile import read_utf8
+from policies.yaml_file import load_yaml
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,7 +44,7 @@ class ProbeResult:
 def _read_yaml(path: str | Path) -> Any:
     """A probes file's YAML; ``ValueError`` naming the file when it cannot be read or parsed."""
     try:
-        return yaml.safe_load(read_utf8(path))
+        return load_yaml(read_utf8(path))
     except OSError as exc:
         raise ValueError(f"cannot read probes file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from classifiers.registry import resolve_routers_dir
+from classifiers.registry import SHIPPED_ROUTERS_DIR, resolve_routers_dir
 from gateway.balancing.hints import share_hints
 from gateway.config import Config
 from gateway.feedback import FeedbackService
@@ -127,7 +127,16 @@ async def _start(rt: GatewayRuntime) -> None:
     })
     windows = RoutingBrain.knob_windows_of(config)
     history = await recorder.store.recent(limit=max(windows.values())) if windows else []
-    version = resolve_routers_dir(config.classifiers.routers_dir).version  # the one about to serve
+    routers_dir = config.classifiers.routers_dir
+    resolved = resolve_routers_dir(routers_dir)
+    version = resolved.version  # the one about to serve
+    if routers_dir and resolved.registry is None and resolved.directory == SHIPPED_ROUTERS_DIR:
+        log.warning(
+            "classifiers.routers_dir %s is missing or holds no trained heads: serving the shipped routers "
+            "(%s) until heads or a registry appear there",
+            routers_dir,
+            version,
+        )
     rt.brain = brain = RoutingBrain(config, historic_knob_scores(reversed(history), windows, version), watch=True)
     await brain.start()
     if brain.scan_pool is not None:

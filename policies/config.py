@@ -46,19 +46,23 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from policies.strict_model import StrictModel
 
 Op = Literal["gt", "ge", "lt", "le", "eq", "ne", "in", "not_in", "contains", "truthy"]
 _NUMERIC_OPS = frozenset({"gt", "ge", "lt", "le"})
 _SET_OPS = frozenset({"in", "not_in"})
 _PATH = r"^[A-Za-z_][\w-]*(\.[\w-]+)*$"
 _NAME = r"^[A-Za-z0-9_][\w.:-]*$"
+#: The longest TTL a cache entry or a sticky session may have (Redis refuses expiries far beyond it).
+YEAR_SECONDS = 365 * 24 * 3600.0
 
 
-class _Strict(BaseModel):
+class _Strict(StrictModel):
     """Unknown keys are errors: a typo in a policy must never be silently ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
 
 class Condition(_Strict):
@@ -226,6 +230,11 @@ class CostQuality(_Strict):
             raise ValueError(f"strong and weak are the same model {self.strong!r}")
         if self.target_strong_share is None and {"window", "min_samples"} & self.model_fields_set:
             raise ValueError("window and min_samples only apply with target_strong_share")
+        if self.min_samples > self.window:  # the window never holds that many scores: never calibrated
+            raise ValueError(
+                f"min_samples ({self.min_samples}) is larger than window ({self.window}): the knob would never "
+                "calibrate; lower min_samples or widen the window"
+            )
         for model, trained in self.difficulty_models.items():
             if model not in (self.strong, self.weak):
                 raise ValueError(
@@ -295,7 +304,7 @@ class Sticky(_Strict):
     """
 
     enabled: bool = True
-    ttl: float = Field(default=1800.0, gt=0)
+    ttl: float = Field(default=1800.0, gt=0, le=YEAR_SECONDS)
     escalate: bool = True
     max_sessions: int = Field(default=100_000, ge=1)
     order: tuple[str, ...] = ()
@@ -329,16 +338,29 @@ class KeywordList(_Strict):
         return frozenset((*self.keywords, *self.patterns))
 
 
-class SignalSettings(BaseModel):
-    """Per-signal settings of a route.
+class SignalSettings(_Strict):
+    """Signals a route defines: ``keywords`` defines keyword signals by name.
 
-    ``keywords`` defines keyword signals by name; any other key is the name of a signal and holds
-    settings passed to the signal provider as they are (for example ``pii: {kinds: [email]}``).
+    Built-in signals (``pii``, ``domain``, ...) take no settings: a rule says which of their values
+    matter (``when: {signal: pii, op: contains, value: email}``).
     """
 
-    model_config = ConfigDict(extra="allow", frozen=True)
-
     keywords: dict[str, KeywordList] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_keywords(cls, data: Any) -> Any:
+        # These keys were once accepted "for the signal provider", which never read them: a route
+        # with signals: {pii: {kinds: [email]}} still routed on phone numbers.
+        if isinstance(data, Mapping):
+            for name in data:
+                if name != "keywords":
+                    raise ValueError(
+                        f"{name}: built-in signals take no settings here (only signals.keywords defines signals); "
+                        f"to act on some of a signal's values write a rule, e.g. when: {{signal: {name}, op: contains, "
+                        "value: ...}"
+                    )
+        return data
 
     @field_validator("keywords")
     @classmethod
@@ -347,18 +369,6 @@ class SignalSettings(BaseModel):
             if not re.match(r"^[A-Za-z_][\w-]*$", name):
                 raise ValueError(f"{name!r} is not a valid signal name (letters, digits, _ and -)")
         return value
-
-    @model_validator(mode="after")
-    def _settings_are_mappings(self) -> SignalSettings:
-        for name, settings in (self.model_extra or {}).items():
-            if not isinstance(settings, Mapping):
-                raise ValueError(f"{name}: signal settings must be a mapping")
-        return self
-
-    @property
-    def settings(self) -> dict[str, Mapping[str, Any]]:
-        """Settings of the other signals, by signal name."""
-        return dict(self.model_extra or {})
 
 
 #: Placeholders a custom judge prompt must contain (see :class:`Compare`).
@@ -422,7 +432,7 @@ class RecordSettings(_Strict):
 
     embedding: bool = True
     text: bool = False
-    text_retention_days: float = Field(default=30.0, gt=0.0)
+    text_retention_days: float = Field(default=30.0, gt=0.0, le=36_500)
 
 
 class ImplicitSettings(_Strict):
@@ -457,7 +467,7 @@ class CacheSettings(_Strict):
 
     mode: Literal["exact", "semantic"] = "exact"
     similarity: float = Field(default=0.95, gt=0.0, le=1.0)
-    ttl: float = Field(default=3600.0, gt=0.0)
+    ttl: float = Field(default=3600.0, gt=0.0, le=YEAR_SECONDS)
     max_entries: int = Field(default=10_000, ge=1)
     bucket_size: int = Field(default=32, ge=1, le=1024)
     max_chars: int = Field(default=2000, ge=1)

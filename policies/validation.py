@@ -153,8 +153,6 @@ class _Checker:
                 continue
             self.signals.add(name)
             self.specs[name] = SignalSpec(SignalKind.LABELS, labels=keywords.labels)
-        for name in cfg.signals.settings:
-            self.signal(f"signals.{name}", name)
         self.rules(cfg)
         if cfg.cost_quality is not None:
             cq = cfg.cost_quality

@@ -42,7 +42,9 @@ import string
 from collections.abc import Collection, Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from policies.strict_model import StrictModel
 
 WORKFLOW_KINDS: tuple[str, ...] = ("cascade", "fusion", "ratings", "graph")
 _NAME = r"^[A-Za-z0-9_][\w.-]*$"
@@ -59,10 +61,8 @@ PAIRWISE_FIELDS: tuple[tuple[str, ...], tuple[str, ...]] = (
 FUSER_FIELDS: tuple[tuple[str, ...], tuple[str, ...]] = (("references",), ("references",))
 
 
-class _Strict(BaseModel):
+class _Strict(StrictModel):
     """Unknown keys are errors: a typo in a workflow must never be silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def template_fields(text: str) -> list[str]:

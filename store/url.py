@@ -76,6 +76,18 @@ async def opened_store(url: str) -> AsyncIterator[DecisionStore]:
         await store.close()
 
 
+async def check_store(store: DecisionStore, name: str) -> None:
+    """Open ``store`` (connect and migrate) and close it again; :class:`StoreUnavailable` naming ``name``
+    (a password in it masked) when the driver fails: a gateway's start-up check, so an unreachable
+    database or an unwritable file is one line before serving rather than a traceback from inside it."""
+    try:
+        await store.open()
+    except _DRIVER_ERRORS as exc:
+        raise _unavailable(name, exc) from exc
+    finally:
+        await store.close()
+
+
 # What the drivers raise when a database cannot be reached or read (the store's methods raise these).
 _DRIVER_ERRORS = (OSError, TimeoutError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError)
 

@@ -23,6 +23,10 @@ from classifiers.signals.tools import ToolsSignal
 
 SignalFactory = Callable[..., SignalExtractor]
 
+#: The labels the ``domain`` signal can take: the classes every domain head is trained on
+#: (``evals/data/domains.py`` derives them from the data sets' metadata).
+DOMAIN_LABELS: tuple[str, ...] = ("math", "code", "reasoning", "knowledge", "writing", "chat", "extraction")
+
 #: Signal type name (as written in policy configs) -> factory(**params) -> extractor.
 BUILTIN_SIGNALS: dict[str, SignalFactory] = {
     "keywords": KeywordSignal,
@@ -47,6 +51,7 @@ def build_signal(kind: str, **params: Any) -> SignalExtractor:
 
 __all__ = [
     "BUILTIN_SIGNALS",
+    "DOMAIN_LABELS",
     "JAILBREAK_THRESHOLD",
     "PII_CATEGORIES",
     "PII_KINDS",

@@ -5,7 +5,9 @@ The label set is deliberately small so a head trained on a few thousand prompts 
 
 from __future__ import annotations
 
-DOMAINS: tuple[str, ...] = ("math", "code", "reasoning", "knowledge", "writing", "chat", "extraction")
+from classifiers.signals import DOMAIN_LABELS
+
+DOMAINS: tuple[str, ...] = DOMAIN_LABELS
 
 _MMLU_MATH = {
     "abstract_algebra",

@@ -23,18 +23,22 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from classifiers.provider import PROVIDED_SIGNALS
-from classifiers.signals import PII_KINDS
+from classifiers.signals import DOMAIN_LABELS, PII_KINDS
 from policies.config import RouteConfig
 from policies.experiments.config import ExperimentConfig, experiment_problems
 from policies.signals import DEFAULT_SIGNAL_SPECS, SignalKind, SignalSpec
+from policies.strict_model import StrictModel
 from policies.utility import ModelInfo
 from policies.validation import policy_problems
 from policies.workflows import AnyWorkflow, WorkflowConfig, describe_location, workflow_models, workflow_problems
+from policies.yaml_file import load_yaml
 
-#: The signal types the classifiers provide, with the closed label set of the PII signal, so a
-#: policy naming an unknown PII kind fails at start-up.
+#: The signal types the classifiers provide, with the closed label sets of the PII and domain signals,
+#: so a policy naming an unknown PII kind or domain (a rule that could never match) fails at start-up.
 SIGNAL_SPECS: dict[str, SignalSpec] = {
-    **DEFAULT_SIGNAL_SPECS, "pii": SignalSpec(SignalKind.LABELS, labels=frozenset(PII_KINDS)),
+    **DEFAULT_SIGNAL_SPECS,
+    "pii": SignalSpec(SignalKind.LABELS, labels=frozenset(PII_KINDS)),
+    "domain": SignalSpec(SignalKind.LABEL, labels=frozenset(DOMAIN_LABELS)),
 }
 
 _NESTED_KEY = re.compile(r"^([A-Za-z_][\w-]*(?:\.[\w-]+)*): ")
@@ -45,10 +49,8 @@ class RoutingConfigError(ValueError):
     """The routing part of a config is invalid. The message names the offending key."""
 
 
-class _Strict(BaseModel):
+class _Strict(StrictModel):
     """Unknown keys are errors: a typo in a config must never be silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelConfig(_Strict):
@@ -311,10 +313,17 @@ def load_routing_config(path: str | Path, env: Mapping[str, str] | None = None) 
     except OSError as exc:
         raise RoutingConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise RoutingConfigError(f"{path}: not valid YAML: {exc}") from exc
     return parse_routing_config(data, env)
+
+
+class EnvText(str):
+    """A config string that took (part of) its text from the environment: error messages never show it,
+    since it is as likely an API key or a DSN with a password as a misplaced number."""
+
+    __slots__ = ()
 
 
 def substitute_env(value: Any, env: Mapping[str, str], path: str = "") -> Any:
@@ -332,7 +341,8 @@ def substitute_env(value: Any, env: Mapping[str, str], path: str = "") -> Any:
                 return default
             raise RoutingConfigError(f"{path or '<root>'}: environment variable {name} is not set and has no default")
 
-        return _ENV_PATTERN.sub(replace, value)
+        substituted = _ENV_PATTERN.sub(replace, value)
+        return EnvText(substituted) if substituted is not value and _ENV_PATTERN.search(value) else substituted
     if isinstance(value, dict):
         return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -362,6 +372,8 @@ def _yaml_kind(value: Any) -> str:
     if isinstance(value, int | float):
         return f"a number ({value})"
     text = str(value)
+    if isinstance(value, EnvText):
+        return f"a text of {len(text)} characters from an environment variable"
     return f"the text {text[:40]!r}" + ("..." if len(text) > 40 else "")
 
 

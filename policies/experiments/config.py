@@ -40,9 +40,10 @@ import datetime as dt
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies.config import RouteConfig
+from policies.strict_model import StrictModel
 
 _NAME = r"^[A-Za-z0-9_][\w.-]*$"  # no "/": the header says <experiment>/<arm>
 _VERSION = r"^v\d{4,}-[0-9a-f]{8}$"
@@ -53,10 +54,10 @@ KeyKind = Literal["api_key", "user", "session", "conversation"]
 MissingKey = Literal["exclude", "conversation", "request"]
 
 
-class _Strict(BaseModel):
+class _Strict(StrictModel):
     """Unknown keys are errors: a typo in an experiment must never be silently ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
 
 _SHADOW_ONLY = ("call_backend", "budget_usd_per_hour", "max_concurrency", "share")
@@ -73,7 +74,7 @@ class ArmConfig(_Strict):
     """
 
     name: str = Field(pattern=_NAME)
-    weight: float | None = Field(default=None, gt=0)
+    weight: float | None = Field(default=None, gt=0, le=1e9)
     control: bool = False
     shadow: bool = False
     policy: dict[str, Any] | None = None

@@ -170,6 +170,11 @@ def test_resolve_routers_dir_registry_plain_directory_and_shipped_fallback(tmp_p
     assert before.directory == plain and before.version.startswith("dir-")
     _pair_head_dir(plain, "a", "b", seed=5)
     assert resolve_routers_dir(plain).version != before.version
+    # A missing or head-less directory serves the shipped heads and says so (a dir- id of nothing would
+    # pass them off as the operator's own router).
+    (tmp_path / "empty").mkdir()
+    for nothing in (tmp_path / "missing", tmp_path / "empty"):
+        assert resolve_routers_dir(nothing) == resolve_routers_dir(None)
 
 
 def test_active_marker_changes_with_promotion_only(tmp_path: Path) -> None:

@@ -303,3 +303,163 @@ def test_server_log_prompts_is_carried_over_to_the_switch_the_log_reads(caplog: 
     assert "contradicts logging.include_prompts" in _error(
         {"server": {"log_prompts": True}, "logging": {"include_prompts": False}, "backends": [_backend()]}
     )
+
+
+# --- careless configs (a hostile review, 2026-12-06) --------------------------------------------------
+
+
+def test_non_finite_numbers_and_booleans_for_numbers_are_named() -> None:
+    # .inf once crashed start-up (drain_timeout) or hung every retried request (backoff); true read as 1.0.
+    assert "server.drain_timeout: Input should be a finite number" in _error(
+        {"backends": [_backend()], "server": {"drain_timeout": float("inf")}}
+    )
+    assert "retry.backoff_max: Input should be a finite number" in _error(
+        {"backends": [_backend()], "retry": {"backoff_max": float("inf")}}
+    )
+    route = {"name": "auto", "cost_quality": {"strong": "m1", "weak": "m2", "threshold": True}}
+    two = [_backend(models=[{"name": "m1"}, {"name": "m2"}])]
+    message = _error({"backends": two, "routes": [route]})
+    assert "routes.0.cost_quality: threshold: expected a number, got true" in message
+    route["cost_quality"]["threshold"] = float("nan")
+    assert "routes.0.cost_quality.threshold: Input should be a finite number" in _error(
+        {"backends": two, "routes": [route]}
+    )
+    # A bool is still a bool where a bool belongs, and an int still a number.
+    assert parse_config({"backends": [_backend(health={"enabled": False})], "server": {"drain_timeout": 3}}, env={})
+
+
+def test_ttls_and_waits_beyond_any_use_are_refused() -> None:
+    # A 1e300 s TTL made every Redis write fail (stickiness and the cache silently off).
+    two = [_backend(models=[{"name": "m1"}, {"name": "m2"}])]
+    route = {"name": "auto", "model": "m1", "cache": {"ttl": 1e300}}
+    message = _error({"backends": two, "routes": [route]})
+    assert "routes.0.cache.ttl: Input should be less than or equal to 31536000" in message
+    assert "shared_state.timeout" in _error({"backends": two, "shared_state": {"kind": "redis", "timeout": 1e9}})
+
+
+def test_knob_that_could_never_calibrate_is_named() -> None:
+    two = [_backend(models=[{"name": "m1"}, {"name": "m2"}])]
+    route = {"name": "auto", "cost_quality": {"strong": "m1", "weak": "m2", "target_strong_share": 0.3, "window": 10}}
+    message = _error({"backends": two, "routes": [route]})
+    assert "min_samples (50) is larger than window (10)" in message
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://", "names no host"),
+        ("http://127.0.0.1:99999/v1", "is not a valid URL"),
+        ("http://exa mple.com/v1", "contains white space"),
+        ("http://[::1/v1", "is not a valid URL"),
+        ("http://127.0.0.1:8000/v1?x=1", "cannot carry a query"),
+    ],
+)
+def test_a_base_url_no_request_could_reach_is_refused(url: str, problem: str) -> None:
+    message = _error({"backends": [_backend(base_url=url)]})
+    assert "backends.0.base_url" in message and problem in message
+
+
+def test_an_upper_case_scheme_is_a_url() -> None:
+    config = parse_config({"backends": [_backend(base_url="HTTP://127.0.0.1:8000/v1/")]}, env={})
+    assert config.backends[0].base_url == "http://127.0.0.1:8000/v1"
+
+
+def test_config_errors_never_show_a_secret() -> None:
+    env = {
+        "UPSTREAM_URL": "htps://admin:Sup3rSecretPW@api.example.com/v1",
+        "UPSTREAM_URLS": "http://admin:Sup3rSecretPW@h1/v1",
+        "OPENAI_API_KEY": "sk-live-ABCDEF1234567890SECRET",
+    }
+    data = {
+        "backends": [
+            _backend(base_url="${UPSTREAM_URL}", timeouts="${OPENAI_API_KEY}"),
+            {"name": "b", "replicas": "${UPSTREAM_URLS}", "models": ["x"]},
+        ]
+    }
+    message = _error(data, env=env)
+    assert "backends.0.base_url: 'htps://***@api.example.com/v1' is not an http(s) URL" in message
+    assert "backends.0.timeouts: expected a mapping (key: value), got a text of 30 characters from an env" in message
+    assert "backends.1.replicas: expected a list, got a text of" in message
+    assert "Sup3rSecretPW" not in message and "ABCDEF1234567890" not in message
+    # Written in the file, a wrong text is still quoted back (it is the operator's own typo).
+    assert "got the text 'fast'" in _error({"backends": [_backend(timeouts="fast")]})
+
+
+def test_store_settings_that_would_write_somewhere_else_are_named() -> None:
+    message = _error({"backends": [_backend()], "store": {"kind": "sqlite", "dsn": "postgresql://db/x"}})
+    assert "store.dsn is set but store.kind is sqlite" in message
+    message = _error({"backends": [_backend()], "store": {"path": "sqlite:///var/lib/pointsman.db"}})
+    assert "store.path is a file path, not a store URL" in message
+
+
+def test_one_key_for_two_tenants_is_named() -> None:
+    digest = hashlib.sha256(b"sk-shared").hexdigest()
+    keys = [{"name": "team-a", "sha256": digest}, {"name": "team-b", "sha256": digest}]
+    assert "is listed for 'team-a' and 'team-b'" in _error({"backends": [_backend()], "auth": {"api_keys": keys}})
+    other = hashlib.sha256(b"sk-rotated").hexdigest()
+    rotated = [
+        {"name": "team-a", "sha256": digest, "limits": {"requests_per_minute": 60}},
+        {"name": "team-a", "sha256": other, "limits": {"requests_per_minute": 600}},
+    ]
+    assert "the keys of 'team-a' have different limits" in _error(
+        {"backends": [_backend()], "auth": {"api_keys": rotated}}
+    )
+    rotated[1]["limits"] = {"requests_per_minute": 60}  # a rotation: two keys, one tenant, one quota
+    assert len(parse_config({"backends": [_backend()], "auth": {"api_keys": rotated}}, env={}).auth.api_keys) == 2
+
+
+def test_a_key_written_twice_and_an_alias_bomb_are_refused(tmp_path: Path) -> None:
+    twice = tmp_path / "twice.yaml"
+    backends = "backends:\n  - {name: main, base_url: 'http://127.0.0.1:9/v1', models: [m1]}\n"
+    twice.write_text(backends + "routes: []\nroutes: []\n")
+    with pytest.raises(ConfigError, match=r"found the key 'routes' twice \(first on line 3\)"):
+        load_config(twice, env={})
+    bomb = tmp_path / "bomb.yaml"
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="expands to more than 2,000,000 values"):
+        load_config(bomb, env={})
+    assert time.monotonic() - started < 30  # the unguarded walk ran for minutes at full CPU
+    merged = tmp_path / "merged.yaml"  # "<<: *defaults" is not a repeated key
+    merged.write_text(
+        "x-defaults: &d {health: {enabled: false}}\n"
+        "backends:\n  - <<: *d\n    name: main\n    base_url: http://127.0.0.1:9/v1\n    models: [m1]\n"
+    )
+    with pytest.raises(ConfigError, match="x-defaults: unknown key"):
+        load_config(merged, env={})
+
+
+def test_a_builtin_signal_setting_that_nothing_reads_is_refused() -> None:
+    two = [_backend(models=[{"name": "m1"}, {"name": "m2"}])]
+    route = {"name": "auto", "policy": "rules", "cost_quality": {"strong": "m1", "weak": "m2"},
+             "signals": {"pii": {"kinds": ["email"]}}}
+    assert "built-in signals take no settings here" in _error({"backends": two, "routes": [route]})
+
+
+def test_a_rule_on_a_domain_no_classifier_reports_is_named() -> None:
+    two = [_backend(models=[{"name": "m1"}, {"name": "m2"}])]
+    rule = {"name": "c", "when": {"signal": "domain", "op": "eq", "value": "coding"}, "action": {"route": "m1"}}
+    route = {"name": "auto", "policy": "rules", "cost_quality": {"strong": "m1", "weak": "m2"}, "rules": [rule]}
+    assert "'coding' is not a value of 'domain' (did you mean 'code'?)" in _error({"backends": two, "routes": [route]})
+
+
+def test_cli_store_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
+    for store in ({"kind": "sqlite", "path": str(tmp_path)},
+                  {"kind": "postgres", "dsn": "postgresql://bob:Secr3t@127.0.0.1:9/nodb"}):
+        bad = _write(tmp_path / "store.yaml", {"backends": [_backend(health={"enabled": False})], "store": store,
+                                               "server": {"port": 9}})
+        result = _cli("serve", "--config", str(bad))
+        assert result.returncode == 2, result.stderr
+        assert "store: cannot open the decision store" in result.stderr and "Traceback" not in result.stderr
+        assert "Secr3t" not in result.stderr
+
+
+def test_cli_local_model_name_taken_fails_in_check_config_too(tmp_path: Path) -> None:
+    data = {"backends": [_backend(name="local")], "local_model": {"enabled": True}}
+    bad = _write(tmp_path / "local.yaml", data)
+    for command in (("check-config", str(bad)), ("serve", "--config", str(bad))):
+        result = _cli(*command)
+        assert result.returncode == 2, result.stderr
+        assert "the name 'local' belongs to the embedded local model's backend" in result.stderr
