@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from classifiers.signals.keywords import compile_pattern
 from policies.strict_model import StrictModel
 
 Op = Literal["gt", "ge", "lt", "le", "eq", "ne", "in", "not_in", "contains", "truthy"]
@@ -327,8 +328,8 @@ class KeywordList(_Strict):
             raise ValueError("a keyword list needs at least one keyword or pattern")
         for index, pattern in enumerate(self.patterns):
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                compile_pattern(pattern)  # the engine keyword signals run patterns with
+            except ValueError as exc:
                 raise ValueError(f"patterns.{index}: {pattern!r} is not a valid regex: {exc}") from exc
         return self
 

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import regex
+
 from classifiers.signals._text import SCOPES, iter_texts
 from classifiers.signals.base import Signal
+
+log = logging.getLogger("pointsman.signals")
+
+#: Seconds all of a signal's patterns may spend on one request. Patterns run on the event loop, and a
+#: backtracking one (``(a|aa)+$``) on a 40-character prompt once froze the whole gateway; ``regex``
+#: can stop a search, ``re`` cannot.
+PATTERN_BUDGET = 0.05
+
+
+def compile_pattern(pattern: str, flags: int = 0) -> Any:
+    """``pattern`` compiled as keyword signals run it (the ``regex`` module, ``re``-compatible syntax);
+    ``ValueError`` saying why when it is not a valid pattern."""
+    try:
+        return regex.compile(pattern, flags | regex.VERSION0)
+    except regex.error as exc:
+        raise ValueError(str(exc)) from None
 
 
 class KeywordSignal:
@@ -39,7 +59,6 @@ class KeywordSignal:
         self.name = name
         self.scope = scope
         self.case_sensitive = case_sensitive
-        flags = 0 if case_sensitive else re.IGNORECASE
         self._keywords = kws
         # One alternation for all keywords (longest first, so "machine learning" beats "machine"):
         # a single scan of the text instead of one per keyword. Case-insensitive matching scans the
@@ -51,11 +70,12 @@ class KeywordSignal:
         if kws:
             alts = "|".join(re.escape(self._fold(k)) for k in sorted(kws, key=len, reverse=True))
             self._kw_re = re.compile(rf"(?:{alts})(?!\w)")
-        self._patterns: list[tuple[str, re.Pattern[str]]] = []
+        self._patterns: list[tuple[str, Any]] = []
+        pattern_flags = 0 if case_sensitive else regex.IGNORECASE
         for pat in pats:
             try:
-                self._patterns.append((pat, re.compile(pat, flags)))
-            except re.error as exc:
+                self._patterns.append((pat, compile_pattern(pat, pattern_flags)))
+            except ValueError as exc:
                 raise ValueError(f"keyword signal {name!r}: bad pattern {pat!r}: {exc}") from exc
 
     def _fold(self, text: str) -> str:
@@ -64,6 +84,8 @@ class KeywordSignal:
     def extract(self, body: Mapping[str, Any]) -> Signal:
         """Scan the scoped text and list what matched."""
         where: dict[str, list[int]] = {}
+        timed_out: list[str] = []
+        deadline = time.monotonic() + PATTERN_BUDGET
         for piece in iter_texts(body, self.scope):
             if self._kw_re is not None:
                 text = self._fold(piece.text)
@@ -73,11 +95,27 @@ class KeywordSignal:
                         continue  # inside a longer word
                     _note(where, self._kw_lookup[m.group(0)], piece.message)
             for pat, rx in self._patterns:
-                if rx.search(piece.text):
+                if pat in timed_out:
+                    continue
+                try:
+                    found = rx.search(piece.text, timeout=max(deadline - time.monotonic(), 0.001))
+                except TimeoutError:
+                    timed_out.append(pat)  # counted as not matched; said in the detail and the log
+                    continue
+                if found:
                     _note(where, pat, piece.message)
         order = [*self._keywords, *(p for p, _ in self._patterns)]
         matched = [k for k in order if k in where]
-        return Signal(self.name, matched, 1.0, {"scope": self.scope, "messages": {k: where[k] for k in matched}})
+        detail: dict[str, Any] = {"scope": self.scope, "messages": {k: where[k] for k in matched}}
+        if timed_out:
+            detail["timed_out"] = timed_out
+            log.warning(
+                "keyword signal %s: patterns %s ran past %.0f ms on a request and count as not matched",
+                self.name,
+                timed_out,
+                PATTERN_BUDGET * 1000,
+            )
+        return Signal(self.name, matched, 1.0, detail)
 
 
 def _note(where: dict[str, list[int]], key: str, message: int) -> None:

@@ -169,6 +169,16 @@ def test_keywords_match_whole_words_across_the_whole_conversation() -> None:
     assert not sig.extract(user("refunds and recharge")).value
 
 
+def test_a_backtracking_pattern_is_stopped_and_said_so(caplog: pytest.LogCaptureFixture) -> None:
+    # "(a|aa)+$" on 40 a's and a "!" backtracks for minutes: on the event loop it froze the gateway.
+    sig = KeywordSignal("k", keywords=["urgent"], patterns=["(a|aa)+$", r"order \d+"])
+    out = sig.extract(user("urgent: order 42 " + "a" * 40 + "!"))
+    assert out.value == ["urgent", r"order \d+"]  # the other keyword and pattern still match
+    assert out.detail["timed_out"] == ["(a|aa)+$"]
+    assert "count as not matched" in caplog.text and "order 42" not in caplog.text  # no prompt text logged
+    assert "timed_out" not in sig.extract(user("aaaa")).detail and sig.extract(user("aaaa")).value == ["(a|aa)+$"]
+
+
 def test_keyword_scopes() -> None:
     body = agent_conversation()
     everywhere = KeywordSignal("k", keywords=["billing", "refund", "card"], scope="all")
