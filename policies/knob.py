@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import re
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from policies.echo import client_echo
 
 REQUEST_FIELD = "pointsman"  # the gateway's namespace in a request body
 THRESHOLD_HEADER = "x-pointsman-threshold"
+_DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")  # 0.3, .3, 1, 1., 3e-1
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +188,9 @@ def threshold_override(headers: Mapping[str, str], body: Mapping[str, Any] | Non
     if raw is None:
         return None
     try:
+        # float() also takes "0_0.5" and " 1e-1 "; a header holds a plain decimal number or is wrong.
+        if isinstance(raw, str) and not _DECIMAL.fullmatch(raw):
+            raise ValueError(raw)
         value = float(raw) if not isinstance(raw, bool) else math.nan
     except (TypeError, ValueError):
         value = math.nan

@@ -148,7 +148,7 @@ async def test_threshold_override_request_field_and_header_precedence() -> None:
         assert caught.value.status == 400 and "field pointsman" in caught.value.message
 
 
-@pytest.mark.parametrize("bad", ["1.5", "-0.1", "high", "nan", ""])
+@pytest.mark.parametrize("bad", ["1.5", "-0.1", "high", "nan", "", "0_0.5", "٠.٥", "inf"])
 async def test_bad_threshold_override_is_a_400_naming_the_header(bad: str) -> None:
     policy, _ = build(GUARDED)
     with pytest.raises(PolicyError) as caught:
