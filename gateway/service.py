@@ -169,7 +169,11 @@ class ProxyService:
             if self.draining:
                 raise ServiceUnavailableError("the gateway is shutting down", headers={"Retry-After": "1"})
             trace.tenant = self.authenticate(request)
-            raw = await self._read_body(request)
+            upload_started = time.perf_counter()
+            try:
+                raw = await self._read_body(request)
+            finally:  # a slow client's upload is its time, not the gateway's overhead
+                trace.client_seconds += time.perf_counter() - upload_started
             body = parse_request(raw, endpoint)
             served.decided, served.size = body, len(raw)
             trace.stream = bool(body.get("stream"))

@@ -23,8 +23,9 @@ class RequestTrace:
 
     The fields named as :class:`~store.records.DecisionRecord`'s mean what they mean there; they are
     filled in as the request goes (who asked, what was decided, which upstream answered and how).
-    ``upstream_seconds`` accumulates time spent waiting on upstreams (and retry back-off), so the
-    gateway's own overhead is ``elapsed - upstream_seconds``.
+    ``upstream_seconds`` accumulates time spent waiting on upstreams (and retry back-off) and
+    ``client_seconds`` time spent receiving the client's body, so the gateway's own overhead is
+    ``elapsed - upstream_seconds - client_seconds``.
     """
 
     request_id: str
@@ -65,6 +66,7 @@ class RequestTrace:
     # Timing and what is settled or ended when the request is finished.
     started: float = field(default_factory=time.perf_counter)
     upstream_seconds: float = 0.0
+    client_seconds: float = 0.0
     headers_sent_at: float | None = None
     quota: Any = None  # the rate-limit / budget reservation (gateway.quota.Hold) to settle when finished
     span: Any = None  # the request's OpenTelemetry span (gateway.tracing), ended when finished; None untraced
@@ -75,7 +77,7 @@ class RequestTrace:
 
     def overhead_ms(self) -> float:
         end = self.headers_sent_at if self.headers_sent_at is not None else time.perf_counter()
-        return max((end - self.started - self.upstream_seconds) * 1000.0, 0.0)
+        return max((end - self.started - self.upstream_seconds - self.client_seconds) * 1000.0, 0.0)
 
     def record(self) -> DecisionRecord:
         """The decision record of the request as it stands, its latency and overhead measured now."""

@@ -110,7 +110,8 @@ class WorkflowDone:
         def close(usage: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
             call = stream.call
             if isinstance(usage, Mapping):  # the stage's own usage, before the stream's end settles it
-                prompt, completion = token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens"))
+                prompt = token_count(usage.get("prompt_tokens"))
+                completion = token_count(usage.get("completion_tokens"))
                 call.prompt_tokens = prompt if prompt is not None else call.prompt_tokens
                 call.completion_tokens = completion if completion is not None else call.completion_tokens
                 call.cost_usd = cost_usd(stream.opened.target.model, call.prompt_tokens, call.completion_tokens)

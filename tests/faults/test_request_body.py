@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -136,3 +137,26 @@ def test_a_body_that_stops_arriving_is_a_408_not_a_held_connection(gateway: Gate
     assert payload["error"]["code"] == "request_timeout" and str(BODY_TIMEOUT) in payload["error"]["message"]
     request_id = response.getheader("x-pointsman-request-id")
     assert request_id and gateway.decision(request_id)["status"] == 408
+
+
+def test_a_slow_upload_is_not_counted_as_gateway_overhead(gateway: GatewayProcess) -> None:
+    # x-pointsman-overhead-ms is the gateway's own time: a client that takes a second to send its body
+    # once showed up as a second of gateway overhead (and in the overhead histogram).
+    body = _body("slow-upload-" + uuid.uuid4().hex, 600)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{gateway.port}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        sock.sendall(head + body[:100])
+        time.sleep(1.0)  # inside body_timeout (1.5 s): the request is served
+        sock.sendall(body[100:])
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        response.read()
+        assert response.status == 200
+        overhead_ms = float(response.getheader("x-pointsman-overhead-ms") or "nan")
+    assert 0 <= overhead_ms < 900, overhead_ms
