@@ -155,7 +155,7 @@ class Brain:
         try:
             variant = arm_route(route, arm)
         except ValueError as exc:  # checked with the config; here for a RoutingConfig built by hand
-            raise RoutingConfigError(f"{where}.policy: {exc}") from exc
+            raise RoutingConfigError(f"{where}.policy: {str(exc).removeprefix(': ')}") from exc
         key = heads_key(route.name, name, arm.name)
         if variant.policy == "static":
             assert variant.model is not None

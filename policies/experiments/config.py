@@ -319,7 +319,8 @@ def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
 def arm_route(route: RouteConfig, arm: ArmConfig) -> RouteConfig:
     """The route's config as a ``policy`` arm runs it (its overrides applied, validated again).
 
-    Raises ``ValueError`` whose lines are ``key.path: message`` relative to the arm's ``policy``.
+    Raises ``ValueError`` whose lines are ``key.path: message`` relative to the arm's ``policy`` (``: message``
+    when it is about the policy as a whole).
     """
     if arm.policy is None:
         return route
@@ -333,7 +334,7 @@ def arm_route(route: RouteConfig, arm: ArmConfig) -> RouteConfig:
             message = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
                 message = "unknown key"
-            lines.append(f"{key}: {message}" if key else message)
+            lines.append(f"{key}: {message}" if key else f": {message}")  # ": ..." = about the policy itself
         raise ValueError("\n".join(lines)) from None
 
 
@@ -384,7 +385,10 @@ def experiment_problems(
             try:
                 variant = arm_route(route, arm)
             except ValueError as exc:
-                problems += [f"{where}.policy.{line}" for line in str(exc).splitlines()]
+                problems += [
+                    f"{where}.policy{line}" if line.startswith(": ") else f"{where}.policy.{line}"
+                    for line in str(exc).splitlines()
+                ]
                 continue
             prefix = f"routes.{route.name}"
             for problem in check_route(variant):

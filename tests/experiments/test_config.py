@@ -76,6 +76,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
      "experiments.e.arms.a.policy.cost_quality.stong: unknown key"),
     ({"name": "e", "route": "auto", "arms": [CONTROL, {"name": "a", "policy": {"cost_quality": {"weak": "tiny"}}}]},
      "experiments.e.arms.a.policy.cost_quality.weak: unknown model 'tiny'"),
+    ({"name": "e", "route": "auto", "arms": [CONTROL, {"name": "a", "policy": {"model": "big"}}]},
+     "experiments.e.arms.a.policy: set only one default decision, not model and cost_quality"),
     ({"name": "e", "route": "auto",
       "arms": [CONTROL, {"name": "a", "policy": {"rules": [{"name": "r", "when": {"signal": "domian", "op": "truthy"},
                                                             "action": {"route": "big"}}]}}]},
