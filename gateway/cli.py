@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -27,22 +28,52 @@ log = logging.getLogger("pointsman")
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn, plus: flip readiness to 503 the moment SIGTERM/SIGINT arrives, before draining."""
+    """uvicorn, plus a drain a load balancer can see.
+
+    On SIGTERM/SIGINT uvicorn closes its listener and every idle keep-alive connection at once: a
+    readiness probe or a request sent at that moment meets a refused or reset connection, which a
+    client cannot tell from a crash (was its POST processed?). So the first signal only marks the
+    gateway draining, with the listener still open: ``/ready`` answers 503 and new proxied requests
+    503 "shutting down" (``Retry-After``), on open and new connections alike, while the requests in
+    flight at the signal finish, for at most ``timeout_graceful_shutdown`` (``server.drain_timeout``).
+    Then uvicorn's own shutdown runs (listener and idle connections closed, what still runs waited
+    for until the same deadline) and the lifespan flushes the decision log. A second signal starts
+    that shutdown at once; a further SIGINT force-quits, as in uvicorn.
+    """
 
     def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
         self._app = app
+        self._drain_deadline: float | None = None  # monotonic; set by the first signal
+        self._draining: set[asyncio.Task[None]] = set()  # uvicorn's request tasks running at the signal
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         service = getattr(self._app.state, "service", None)
         if service is not None:
             service.draining = True
+        if self._drain_deadline is None:
+            # Only the requests running now are waited for: the ones that arrive later are refused at
+            # once (503), so they never hold the drain open. on_tick ends it.
+            self._drain_deadline = time.monotonic() + (self.config.timeout_graceful_shutdown or 0)
+            self._draining = set(self.server_state.tasks)
+            return
         super().handle_exit(sig, frame)
         # uvicorn re-raises captured signals after serve() returns, which would kill the process
         # with SIGTERM's default action (exit -15) and skip our cleanup (the local model child).
         # A drained shutdown is a clean exit.
         if hasattr(self, "_captured_signals"):
             self._captured_signals.clear()
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's 0.1 s tick; while draining, it ends the drain once its requests are done or time is up."""
+        if self._drain_deadline is not None and not self.should_exit:
+            self._draining = {task for task in self._draining if not task.done()}
+            left = self._drain_deadline - time.monotonic()
+            if not self._draining or left <= 0:
+                # uvicorn's graceful wait gets what is left of the drain, not a second drain_timeout.
+                self.config.timeout_graceful_shutdown = max(0, int(left + 0.999))
+                self.should_exit = True
+        return await super().on_tick(counter)
 
 
 async def serve(config: Config) -> None:

@@ -3,15 +3,22 @@
 Body: ``request_id``; exactly one of ``score`` (a number in [0, 1]), ``thumbs`` ("up"/"down" or
 true/false) or ``label`` (mapped to a score by ``feedback.labels``); optional ``metric`` (default
 ``quality``), ``comment``, ``source`` (user, judge, rule, import; default user) and ``model`` (for
-comparisons: the model the feedback is about). One row per (request id, metric, source, model): a
-repeat replaces it and answers the same ``id``.
+comparisons: the model the feedback is about; default the model that answered, stored by name; a
+configured model or the one that answered, else 400). One row per (request id, metric, source,
+model): a repeat replaces it and answers the same ``id``.
 
 Tenant scoping: the caller's API key must belong to the tenant the request was served for. A
-request id of another tenant is a 404 exactly like one that was never issued, so ids cannot be
-probed across tenants. An id is known when this process issued it recently (:class:`IssuedIds`,
-filled where the decision record is handed to the recorder: the record may not be flushed yet) or
-when its decision is in the store; otherwise the store is asked once more after the flush interval
-(another replica may not have flushed it yet) before the answer is 404.
+request id of another tenant is a 404 exactly like one that was never issued, in its body and in its
+timing, so ids cannot be probed across tenants. An id is known when this process issued it recently
+(:class:`IssuedIds`, filled as the decision record is handed to the recorder: the record may not be
+flushed yet) or when its decision is in the store; otherwise the store is asked once more after the
+flush interval (another replica may not have flushed it yet) before the answer is 404. Every 404
+takes that wait, whoever owns the id.
+
+The gateway's own judges (route comparisons, ratings workflows) write ``source: judge`` rows under
+``quality`` on the requests they judge. A client's judge feedback is kept apart from them: on such a
+request a client's ``judge`` row under ``quality`` is a 400 (it would replace the gateway's verdict);
+everywhere else clients post ``judge`` freely.
 
 The 200 is sent only after the row committed (:class:`store.FeedbackWriter`); when the store cannot
 write, the answer is 503 with ``Retry-After``, never a 200 for feedback that was not stored.
@@ -38,7 +45,7 @@ from gateway.metrics import Metrics
 from gateway.protocol import ClientDisconnected, decode_body, read_body
 from gateway.responses import error_response, json_response
 from policies.echo import client_echo
-from store import DecisionStore, FeedbackRecord, FeedbackWriter, StoreUnavailable
+from store import DecisionRecord, DecisionStore, FeedbackRecord, FeedbackWriter, StoreUnavailable
 
 if TYPE_CHECKING:
     from gateway.service import ProxyService
@@ -50,30 +57,56 @@ MAX_REQUEST_ID_CHARS = 128
 MAX_MODEL_CHARS = 256
 _METRIC = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 _THUMBS = {"up": 1.0, "down": 0.0, True: 1.0, False: 0.0}
-_UNKNOWN = object()
+#: The metric the gateway's own judge rows are written under (comparisons, ratings workflows).
+GATEWAY_JUDGE_METRIC = "quality"
+#: At most this many model names are listed in a 400 for an unknown ``model``.
+MAX_MODELS_LISTED = 20
 #: Seconds a client is told to wait before retrying when the store cannot write.
 RETRY_AFTER = "1"
 
 
+@dataclass(slots=True, frozen=True)
+class Issued:
+    """What the gateway knows of a request id it issued: whose it is and, when known, its answer."""
+
+    tenant: str | None
+    model: str = ""  # the model that answered ("" when none did)
+    judged: bool = False  # the gateway writes its own judge rows on it (a comparison, a ratings workflow)
+
+    @classmethod
+    def of(cls, record: DecisionRecord) -> Issued:
+        """The entry for a decision record (from this process or from the store)."""
+        return cls(record.tenant, record.model or "", gateway_judges(record))
+
+
+def gateway_judges(record: DecisionRecord) -> bool:
+    """Whether the gateway itself writes ``judge`` feedback on this request: it was sampled for a
+    route comparison, or a ratings workflow answered it (its judge's scores are stored)."""
+    return record.compared or (record.workflow or {}).get("kind") == "ratings"
+
+
 class IssuedIds:
-    """The last ``capacity`` request ids this process answered, with their tenant (FIFO-bounded:
-    the oldest are long flushed to the store by the time they are evicted)."""
+    """The last ``capacity`` request ids this process answered, with their tenant and answer
+    (FIFO-bounded: the oldest are long flushed to the store by the time they are evicted)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._ids: OrderedDict[str, str | None] = OrderedDict()
+        self._ids: OrderedDict[str, Issued] = OrderedDict()
 
-    def add(self, request_id: str, tenant: str | None) -> None:
-        """Remember ``request_id`` as served for ``tenant``; O(1), for the request path."""
+    def remember(self, record: DecisionRecord) -> None:
+        """Remember a finished request with its tenant and answer; O(1), for the request path."""
+        self._put(record.request_id, Issued.of(record))
+
+    def _put(self, request_id: str, entry: Issued) -> None:
         if self.capacity <= 0:
             return
-        self._ids[request_id] = tenant
+        self._ids[request_id] = entry
         if len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
 
-    def lookup(self, request_id: str) -> object:
-        """The tenant (None when auth is off) if the id is remembered, else :data:`_UNKNOWN`."""
-        return self._ids.get(request_id, _UNKNOWN)
+    def lookup(self, request_id: str) -> Issued | None:
+        """The entry if the id is remembered, else None."""
+        return self._ids.get(request_id)
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -87,7 +120,7 @@ class FeedbackInput:
     score: float
     metric: str
     source: str
-    model: str
+    model: str | None  # None: not given (the model that answered)
     label: str | None
     comment: str | None
     kind: str  # "score", "thumbs" or "label": what the client sent
@@ -146,8 +179,8 @@ def parse_feedback(body: dict[str, Any], config: FeedbackConfig) -> FeedbackInpu
         raise InvalidRequestError(
             f"'source' must be one of {', '.join(CLIENT_SOURCES)}, not {client_echo(source)}", param="source"
         )
-    model = _given(body, "model", "")
-    if not isinstance(model, str) or len(model) > MAX_MODEL_CHARS:
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
         raise InvalidRequestError(f"'model' must be a model name of at most {MAX_MODEL_CHARS} characters",
                                   param="model")
     comment = body.get("comment")
@@ -155,7 +188,8 @@ def parse_feedback(body: dict[str, Any], config: FeedbackConfig) -> FeedbackInpu
         raise InvalidRequestError(
             f"'comment' must be a string of at most {config.max_comment_chars} characters", param="comment"
         )
-    return FeedbackInput(request_id, score, metric, source, model, label, comment or None, kind)
+    # "" is how rows about the served answer were keyed before the default was its name: the same default.
+    return FeedbackInput(request_id, score, metric, source, model or None, label, comment or None, kind)
 
 
 def _given(body: dict[str, Any], key: str, default: str) -> Any:
@@ -202,6 +236,7 @@ class FeedbackService:
         self.service = service
         self.store = store
         self.writer = writer
+        self.models = frozenset(service.pool.models)
         feedback = config.feedback
         self.recheck_after = (
             feedback.recheck_after if feedback.recheck_after is not None else config.store.flush_interval + 0.2
@@ -228,10 +263,11 @@ class FeedbackService:
                 request.receive, request.headers.get("content-length"), server.max_body_bytes, server.body_timeout
             )
             given = parse_feedback(decode_body(raw), self.config.feedback)
-            await self._check_owner(given.request_id, tenant)
+            issued = await self._issued_to(given.request_id, tenant)
+            model = self._model(given, issued)
             item = FeedbackRecord(
                 request_id=given.request_id, score=given.score, metric=given.metric, source=given.source,
-                model=given.model, label=given.label, comment=given.comment, tenant=tenant,
+                model=model, label=given.label, comment=given.comment, tenant=tenant,
                 created_at=time.time(), metadata={"input": given.kind},
             )
             try:
@@ -257,26 +293,57 @@ class FeedbackService:
             "created_at": int(item.created_at),
         })
 
-    async def _check_owner(self, request_id: str, tenant: str | None) -> None:
-        """Return when ``request_id`` was served for ``tenant``; 404 otherwise (never revealing
-        whether another tenant owns it), 503 when the store cannot be read."""
-        owner = await self._owner(request_id)
-        if owner is _UNKNOWN:
-            # Another replica may have served it and not flushed its decision yet.
-            await asyncio.sleep(self.recheck_after)
-            owner = await self._owner(request_id)
-        if owner is _UNKNOWN or owner != tenant:
-            raise _not_found(request_id)
+    def _model(self, given: FeedbackInput, issued: Issued) -> str:
+        """The ``model`` the row is keyed by: the one given (a configured model, or the one that
+        answered), else the one that answered. 400 for any other, and for a ``judge`` row that would
+        replace the gateway's own verdict."""
+        served = issued.model  # "" when no model answered
+        model = given.model or served
+        if given.model is not None and model not in self.models and model != served:
+            known = sorted(self.models)
+            listed = ", ".join(known[:MAX_MODELS_LISTED]) + (", ..." if len(known) > MAX_MODELS_LISTED else "")
+            raise InvalidRequestError(
+                f"unknown model {client_echo(given.model)}: 'model' names the model the feedback is about, one of "
+                f"the configured models ({listed}); leave it out for the model that answered",
+                param="model",
+            )
+        if given.source == "judge" and given.metric == GATEWAY_JUDGE_METRIC and issued.judged:
+            raise InvalidRequestError(
+                f"the gateway judges this request itself (a comparison or a ratings workflow): its 'judge' "
+                f"feedback under '{GATEWAY_JUDGE_METRIC}' is the gateway's verdict and cannot be replaced; "
+                f"send a judge's score under another metric, or as source 'rule' or 'import'",
+                param="source",
+            )
+        return model
 
-    async def _owner(self, request_id: str) -> object:
-        owner = self.service.issued.lookup(request_id)
-        if owner is not _UNKNOWN:
-            return owner
+    async def _issued_to(self, request_id: str, tenant: str | None) -> Issued:
+        """What is known of ``request_id`` when it was served for ``tenant``; 404 otherwise (never
+        revealing whether another tenant owns it), 503 when the store cannot be read.
+
+        A 404 costs the same whatever the reason: the same store reads and the same wait, for an id
+        of another tenant (here or in the store), of a request refused before its tenant was known
+        (a 401) and for one never issued. Only the caller's own ids can answer sooner.
+        """
+        remembered = self.service.issued.lookup(request_id)
+        if remembered is not None and remembered.tenant == tenant:
+            return remembered  # the hot path: answered a moment ago, no store read
+        # Asked even when this process knows the id as another tenant's: a 404 must not be quicker.
+        stored = await self._stored(request_id)
+        if stored is not None and stored.tenant == tenant:
+            return stored
+        # Another replica may have served it and not flushed its decision yet.
+        await asyncio.sleep(self.recheck_after)
+        stored = await self._stored(request_id)
+        if stored is not None and stored.tenant == tenant:
+            return stored
+        raise _not_found(request_id)
+
+    async def _stored(self, request_id: str) -> Issued | None:
         try:
             record = await self.store.fetch(request_id)
         except Exception as exc:  # a driver error: the store cannot answer, which is not a 404
             raise _unavailable(type(exc).__name__) from exc
-        return _UNKNOWN if record is None else record.tenant
+        return None if record is None else Issued.of(record)
 
 
 def _outcome(error: PointsmanError) -> str:

@@ -555,9 +555,12 @@ class ProxyService:
             self.experiments.served(joined, record, served.forwarded)  # shadow arms decide now
 
     def _finish(self, trace: RequestTrace, scanner: SSEUsageScanner | None = None) -> DecisionRecord:
-        """Build the request's decision record (once: the request is over), update metrics, settle
-        the quota reservation, hand the record to the batch writer and return it."""
+        """Build the request's decision record (once: the request is over), hand it to the batch writer,
+        settle the quota reservation, update metrics and return it."""
         record = trace.record()
+        # Queued first: nothing below (quota settling, metrics, tracing) may cost the request its record.
+        self.issued.remember(record)  # its tenant and answer, for feedback before the record is flushed
+        self.recorder.record(record)
         if trace.quota is not None and self.quotas is not None:
             # A stream without a usage chunk is settled from its chunks of text (one token each).
             chunks = None if scanner is None else max(scanner.events - int(scanner.saw_done) - 2, 0)
@@ -588,8 +591,6 @@ class ProxyService:
             )
         if trace.span is not None:
             self._end_span(trace, record, route)
-        self.issued.add(record.request_id, record.tenant)
-        self.recorder.record(record)
         return record
 
     def _end_span(self, trace: RequestTrace, record: DecisionRecord, route: str) -> None:

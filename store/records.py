@@ -125,8 +125,9 @@ class FeedbackRecord:
     """An outcome attached to a request: ``score`` in [0, 1] under ``metric``.
 
     One row per (request_id, metric, source, model): writing the same key again replaces the row.
-    ``model`` is "" when the feedback is about the answer that was served, else the model it is
-    about (comparisons). ``label`` is what the client sent when it sent a label or thumbs.
+    ``model`` is the model the feedback is about: the served one's name by default (rows written before
+    that default, and feedback on a request no model answered, have "" for the served answer), or the
+    other model of a comparison. ``label`` is what the client sent when it sent a label or thumbs.
     """
 
     request_id: str

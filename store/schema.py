@@ -432,17 +432,28 @@ def forget_sql(dialect: Dialect, *, by_tenant: bool) -> list[tuple[str, str]]:
 
     Feedback, conversations and sub-calls are found by their own tenant column and through the
     decision they belong to (rows written before they carried a tenant, or judge feedback recorded
-    without one).
+    without one). A request's data includes its experiment shadows: their decisions
+    (``<id>:shadow:<arm>``, ``shadow_of`` = the id) and whatever hangs off them. A tenant's shadows
+    carry the tenant, so the tenant's statements find them already.
     """
-    mark = "?1" if dialect == "sqlite" else "$1"  # numbered: the tenant's statements use it twice
-    column = "tenant" if by_tenant else "request_id"
-    via_decision = f"request_id IN (SELECT request_id FROM {DECISIONS_TABLE} WHERE {column} = {mark})"
-    child_where = f"tenant = {mark} OR {via_decision}" if by_tenant else f"request_id = {mark}"
+    mark = "?1" if dialect == "sqlite" else "$1"  # numbered: the statements use it more than once
+    if by_tenant:
+        decision_where = f"tenant = {mark}"
+        child_where = (
+            f"tenant = {mark} OR request_id IN (SELECT request_id FROM {DECISIONS_TABLE} WHERE tenant = {mark})"
+        )
+    else:
+        # shadow_of has no index: forgetting one request scans decisions once per statement, which an
+        # operator's rare command can afford (an index would cost every write).
+        decision_where = f"request_id = {mark} OR shadow_of = {mark}"
+        child_where = (
+            f"request_id = {mark} OR request_id IN (SELECT request_id FROM {DECISIONS_TABLE} WHERE shadow_of = {mark})"
+        )
     return [
         (FEEDBACK_TABLE, f"DELETE FROM {FEEDBACK_TABLE} WHERE {child_where}"),
         (CONVERSATIONS_TABLE, f"DELETE FROM {CONVERSATIONS_TABLE} WHERE {child_where}"),
         (SUBCALLS_TABLE, f"DELETE FROM {SUBCALLS_TABLE} WHERE {child_where}"),
-        (DECISIONS_TABLE, f"DELETE FROM {DECISIONS_TABLE} WHERE {column} = {mark}"),
+        (DECISIONS_TABLE, f"DELETE FROM {DECISIONS_TABLE} WHERE {decision_where}"),
     ]
 
 

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.errors import UpstreamError
 from gateway.workflows import bodies
 from gateway.workflows.caps import CapReached
 from gateway.workflows.judging import judge_answers, judged_final
 from gateway.workflows.outcome import Final
-from gateway.workflows.runtime import Answer, Run
+from gateway.workflows.runtime import Answer, Run, SubCallFailed, no_answer_error
 from policies.workflows import FusionWorkflow, RatingsWorkflow
 
 DEFAULT_FUSER_PROMPT = """\
@@ -42,7 +41,8 @@ Responses from models:
 
 async def fan_out(run: Run, workflow: FusionWorkflow | RatingsWorkflow) -> list[Answer]:
     """Every candidate's answer (in configured order; failed and timed-out ones left out), at least
-    ``min_answers`` of them; raises 502 naming the failures otherwise."""
+    ``min_answers`` of them; raises 502 naming the failures otherwise (503 / 429 when every failed
+    candidate found no healthy replica / saturated replicas: :func:`no_answer_error`)."""
 
     async def ask(position: int, model: str) -> Answer:
         answer = await run.call("candidate", model, bodies.buffered(run.body), position=position, label=model,
@@ -62,9 +62,10 @@ async def fan_out(run: Run, workflow: FusionWorkflow | RatingsWorkflow) -> list[
         f"{model}: {result}" for model, result in zip(workflow.candidates, results, strict=True)
         if not isinstance(result, Answer)
     )
-    raise UpstreamError(
+    raise no_answer_error(
         f"workflow {workflow.model_name}: {len(answers)} of {len(workflow.candidates)} candidates answered, "
-        f"{workflow.min_answers} needed ({failed})"
+        f"{workflow.min_answers} needed ({failed})",
+        [result.call for result in results if isinstance(result, SubCallFailed)],
     )
 
 

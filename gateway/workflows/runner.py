@@ -10,7 +10,8 @@ opened for the service to relay. How a run ends:
 - a sub-call fails where the kind cannot go on: the best answer so far, marked ``degraded``;
 - nothing answered: an OpenAI-shaped error — a 4xx every path ended in is passed on as-is (the
   request is at fault), a cap is 429 ``workflow_cap_reached`` (504 ``workflow_timeout`` for
-  ``max_seconds``), a failure 502 naming the failed sub-calls.
+  ``max_seconds``), a failure 502 naming the failed sub-calls — or 503 (no healthy replica) / 429
+  (replicas saturated, rate-limited) when every failed sub-call ended so, as for a single call.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from typing import Any
 
 from gateway.config import Config
-from gateway.errors import ConfigError, InvalidRequestError, UpstreamError, WorkflowCapError
+from gateway.errors import ConfigError, InvalidRequestError, WorkflowCapError
 from gateway.forward import Forwarder
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
@@ -37,7 +38,7 @@ from gateway.workflows.graph import run_graph
 from gateway.workflows.outcome import Final, finish
 from gateway.workflows.ratings import run_ratings
 from gateway.workflows.respond import WorkflowDone
-from gateway.workflows.runtime import Run, SubCallFailed
+from gateway.workflows.runtime import Run, SubCallFailed, no_answer_error
 from policies.workflows import AnyWorkflow, CascadeWorkflow, RatingsWorkflow
 from store.recorder import DecisionRecorder
 
@@ -169,6 +170,7 @@ class WorkflowRunner:
             raise WorkflowCapError(f"workflow {name} reached {cap.cap} before any answer: {cap.detail}")
         if failure is not None and failure.completed is not None:
             return Final(passthrough=failure.completed, escalated=escalated, degraded=failure.message)
-        failures = "; ".join(f"{c.step} ({c.model}): {c.error}" for c in run.calls if c.outcome != "ok") or (
+        failed = [c for c in run.calls if c.outcome != "ok"]
+        failures = "; ".join(f"{c.step} ({c.model}): {c.error}" for c in failed) or (
             failure.message if failure is not None else "no sub-call answered")
-        raise UpstreamError(f"workflow {name} produced no answer: {failures}")
+        raise no_answer_error(f"workflow {name} produced no answer: {failures}", failed)

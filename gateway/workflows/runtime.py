@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from classifiers.offload import with_model_first
-from gateway.errors import PointsmanError
+from gateway.errors import PointsmanError, RateLimitError, ServiceUnavailableError, UpstreamError
 from gateway.forward import Completed, OpenedStream
 from gateway.pool import ModelTarget
 from gateway.protocol import CHAT
@@ -107,6 +107,19 @@ class SubCallFailed(Exception):
         self.call = call
         self.message = message
         self.completed = completed
+
+
+def no_answer_error(message: str, failed: Iterable[SubCall]) -> PointsmanError:
+    """The error of a run that has no answer because the sub-calls ``failed``: 502, unless every one
+    of them ended where a single call answers 503 (no healthy replica) or 429 (replicas at their
+    concurrency limit, an upstream's rate limit). Then the client gets that status, as for a single
+    call: it says "come back later", not "an upstream failed"."""
+    statuses = {call.status for call in failed}
+    if statuses and statuses <= {503, 429}:
+        if 503 in statuses:
+            return ServiceUnavailableError(message)
+        return RateLimitError(message, headers={"Retry-After": "1"})
+    return UpstreamError(message)
 
 
 class Run:

@@ -7,6 +7,7 @@ import asyncio
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,12 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.auth import hash_key
+from policies.echo import client_echo
+from store import FeedbackRecord
+from store.outcomes import served_feedback
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import REPO, GatewayProcess
+from tests.polling import eventually
 from tests.store.test_migrations import build_v1_sqlite
 
 KEYS = {"team-a": "sk-team-a-0123456789", "team-b": "sk-team-b-9876543210"}
@@ -98,10 +103,10 @@ def test_score_thumbs_and_label_are_stored_before_the_answer(gateway: GatewayPro
     body = response.json()
     assert body["object"] == "feedback" and body["id"].startswith("fb-")
     assert (body["request_id"], body["metric"], body["score"], body["source"]) == (request_id, "quality", 0.75, "user")
-    assert body["model"] is None and body["comment"] == "close enough"
+    assert body["model"] == "fake-ok" and body["comment"] == "close enough"  # default: the model that answered
     # The 200 came after the commit: the row is there now, no waiting.
     [row] = feedback_rows(gateway.db_path, request_id)
-    assert (row["score"], row["tenant"], row["comment"], row["model"]) == (0.75, "team-a", "close enough", "")
+    assert (row["score"], row["tenant"], row["comment"], row["model"]) == (0.75, "team-a", "close enough", "fake-ok")
 
     assert post(gateway, {"request_id": request_id, "thumbs": "down", "metric": "tone"}).status_code == 200
     assert post(gateway, {"request_id": request_id, "thumbs": True, "metric": "style"}).status_code == 200
@@ -111,11 +116,11 @@ def test_score_thumbs_and_label_are_stored_before_the_answer(gateway: GatewayPro
     rows = {(r["metric"], r["source"], r["model"]): (r["score"], r["label"]) for r in feedback_rows(
         gateway.db_path, request_id)}
     assert rows == {
-        ("facts", "user", ""): (0.5, "meh"),
+        ("facts", "user", "fake-ok"): (0.5, "meh"),
         ("quality", "judge", "fake-ok"): (1.0, None),
-        ("quality", "user", ""): (0.75, None),
-        ("style", "user", ""): (1.0, "up"),
-        ("tone", "user", ""): (0.0, "down"),
+        ("quality", "user", "fake-ok"): (0.75, None),
+        ("style", "user", "fake-ok"): (1.0, "up"),
+        ("tone", "user", "fake-ok"): (0.0, "down"),
     }
 
 
@@ -259,6 +264,8 @@ def test_an_id_not_yet_flushed_is_known(upstream: FakeUpstream, tmp_path: Path) 
     config = gateway_config(upstream, KEYS)
     proc = GatewayProcess(config, tmp_path)
     config["store"] = {"kind": "sqlite", "path": str(proc.db_path), "flush_interval": 60, "batch_size": 10_000}
+    # Every 404 waits recheck_after (default flush_interval + 0.2: a minute here) before answering.
+    config["feedback"] = {**config["feedback"], "recheck_after": 0.3}
     proc = GatewayProcess(config, tmp_path).start()
     try:
         request_id = serve(proc)
@@ -354,3 +361,147 @@ def test_an_upstream_usage_that_cannot_be_true_loses_neither_the_answer_nor_its_
     finally:
         proc.terminate()
     assert "Traceback" not in proc.log() and "write failed" not in proc.log()
+
+
+# --- 404s that tell nothing, the default model, judge rows kept apart -------------------------------
+
+RECHECK = 0.6  # feedback.recheck_after of the gateways below: every 404 waits this long
+
+
+def _not_found_shape(response: httpx.Response, request_id: str) -> dict[str, Any]:
+    """A 404's status and body with the (masked) echo of its own id taken out: what must not differ."""
+    assert_error(response, 404, "request_not_found", "request_id")
+    error = dict(response.json()["error"])
+    assert client_echo(request_id, 48) in error["message"], error
+    error["message"] = error["message"].replace(client_echo(request_id, 48), "<id>")
+    return {"status": response.status_code, "content-type": response.headers["content-type"], "error": error}
+
+
+def _timed_post(gateway: GatewayProcess, body: dict[str, Any], tenant: str = "team-a") -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = post(gateway, body, tenant=tenant)
+    return response, time.monotonic() - started
+
+
+def _refused_request_id(gateway: GatewayProcess) -> str:
+    """The id of a chat request answered 401 (a bad key): its record has no tenant."""
+    response = httpx.post(f"{gateway.base_url}/chat/completions", headers={"Authorization": "Bearer sk-nope"},
+                          json={"model": "auto", "messages": MESSAGES}, timeout=30)
+    assert response.status_code == 401
+    return str(response.headers["x-pointsman-request-id"])
+
+
+@pytest.mark.parametrize("flushed", [False, True])
+def test_another_tenants_id_is_a_404_that_reads_and_times_like_a_never_issued_one(
+    upstream: FakeUpstream, tmp_path: Path, flushed: bool
+) -> None:
+    """Another tenant's id, and the id of a request refused with 401, answer the same 404 as an id never
+    issued, and not before recheck_after: whether the id is only in this process's memory (not flushed)
+    or in the store too. Lower bounds only: an upper bound would fail on a loaded machine."""
+    config = gateway_config(upstream, KEYS)
+    proc = GatewayProcess(config, tmp_path)
+    flush = {"flush_interval": 0.05} if flushed else {"flush_interval": 60, "batch_size": 10_000}
+    config["store"] = {"kind": "sqlite", "path": str(proc.db_path), **flush}
+    config["feedback"] = {**config["feedback"], "recheck_after": RECHECK}
+    proc = GatewayProcess(config, tmp_path).start()
+    try:
+        theirs, refused = serve(proc, "team-b"), _refused_request_id(proc)
+        never = "psm-" + "7" * len(theirs.removeprefix("psm-"))  # the same length: the same echo
+        if flushed:
+            proc.decision(theirs)
+            proc.decision(refused)
+        else:
+            assert proc.decisions() == [], "the records must still be only in the gateway's memory"
+        shapes, times = {}, {}
+        for name, request_id in (("never", never), ("foreign", theirs), ("refused", refused)):
+            response, times[name] = _timed_post(proc, {"request_id": request_id, "score": 1.0})
+            shapes[name] = _not_found_shape(response, request_id)
+        assert shapes["foreign"] == shapes["never"] == shapes["refused"]
+        for name, took in times.items():
+            assert took >= 0.8 * RECHECK, f"the {name} id's 404 came after {took:.3f}s, before recheck_after"
+        # The owner's own id is known at once, flushed or not, and its row says which model answered.
+        ok = post(proc, {"request_id": theirs, "score": 1.0}, tenant="team-b")
+        assert ok.status_code == 200 and ok.json()["model"] == "fake-ok", ok.text
+    finally:
+        assert proc.terminate() == 0
+    assert [r["model"] for r in feedback_rows(proc.db_path, theirs)] == ["fake-ok"]
+    assert feedback_rows(proc.db_path, never) == feedback_rows(proc.db_path, refused) == []
+
+
+def _fb(row: dict[str, Any]) -> FeedbackRecord:
+    return FeedbackRecord(row["request_id"], row["score"], metric=row["metric"], source=row["source"],
+                          model=row["model"], tenant=row["tenant"])
+
+
+def test_the_default_model_is_the_one_that_answered_and_naming_it_replaces_the_same_row(
+    gateway: GatewayProcess,
+) -> None:
+    request_id = serve(gateway)
+    first = post(gateway, {"request_id": request_id, "score": 0.7})
+    assert first.status_code == 200 and first.json()["model"] == "fake-ok", first.text
+    # The same outcome, the answering model named: one answer keeps one explicit outcome.
+    named = post(gateway, {"request_id": request_id, "score": 0.2, "model": "fake-ok"})
+    assert named.status_code == 200 and named.json()["id"] == first.json()["id"], named.text
+    blank = post(gateway, {"request_id": request_id, "score": 0.3, "model": ""})  # "" as before: the answer
+    assert blank.status_code == 200 and blank.json()["id"] == first.json()["id"], blank.text
+    [row] = feedback_rows(gateway.db_path, request_id)
+    assert (row["model"], row["score"]) == ("fake-ok", 0.3)
+    # Read as the served answer's outcome by the off-policy and A/B readers.
+    assert served_feedback([_fb(row)], "fake-ok", "quality").explicit == 0.3
+
+    unknown = post(gateway, {"request_id": request_id, "score": 0.5, "model": "nope-123"})
+    assert_error(unknown, 400, param="model")
+    assert "fake-ok" in unknown.json()["error"]["message"] and "nope-###" in unknown.json()["error"]["message"]
+    assert [r["model"] for r in feedback_rows(gateway.db_path, request_id)] == ["fake-ok"]
+
+
+def test_clients_cannot_replace_the_gateways_own_judge_rows(upstream: FakeUpstream, tmp_path: Path) -> None:
+    """A request the gateway compares (or a ratings workflow answers) gets the gateway's own ``judge``
+    rows under ``quality``: a client's judge row there would replace a verdict, so it is a 400 naming
+    ``source``; under another metric, and on requests the gateway does not judge, clients post ``judge``."""
+    config = gateway_config(upstream, KEYS)
+    config["backends"][0]["models"] += [
+        {"name": "f-big", "upstream_name": "ok"}, {"name": "f-small", "upstream_name": "ok"},
+        {"name": "biased", "upstream_name": "always-a"}, {"name": "rater", "upstream_name": "rater"},
+    ]
+    config["routes"].append({"name": "compared", "policy": "rules", "cost_quality": {
+        "signal": "difficulty", "strong": "f-big", "weak": "f-small", "threshold": 0.5},
+        "compare": {"share": 1.0, "judge": "biased"}})
+    config["workflows"] = [{"name": "rated", "kind": "ratings", "candidates": ["f-big", "f-small"], "judge": "rater"}]
+    config["classifiers"] = {"encoder": "static"}
+    proc = GatewayProcess(config, tmp_path).start(timeout=60)
+    client = OpenAI(base_url=proc.base_url, api_key=KEYS["team-a"], max_retries=0, timeout=30)
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model="compared", messages=MESSAGES, extra_headers={"x-pointsman-threshold": "0"})
+        compared, served = raw.headers["x-pointsman-request-id"], raw.headers["x-pointsman-model"]
+        assert served == "f-big"
+
+        def verdicts() -> dict[str, float]:
+            rows = [r for r in feedback_rows(proc.db_path, compared) if r["source"] == "judge"]
+            return {r["model"]: r["score"] for r in rows}
+
+        eventually(lambda: set(verdicts()) == {"f-big", "f-small"}, "the comparison's judge rows", timeout=20)
+        before = verdicts()
+        for model in ("f-big", "f-small", None):
+            body = {"request_id": compared, "score": 1.0 - before["f-big"], "source": "judge"}
+            assert_error(post(proc, {**body, **({"model": model} if model else {})}), 400, param="source")
+        assert verdicts() == before, "a client replaced the gateway's verdict"
+        elsewhere = post(proc, {"request_id": compared, "score": 0.4, "source": "judge", "metric": "judge_quality"})
+        assert elsewhere.status_code == 200 and elsewhere.json()["model"] == "f-big", elsewhere.text
+        assert post(proc, {"request_id": compared, "thumbs": "up"}).status_code == 200
+
+        rated = client.chat.completions.with_raw_response.create(model="ratings/rated", messages=MESSAGES)
+        rated_id = rated.headers["x-pointsman-request-id"]
+        assert_error(post(proc, {"request_id": rated_id, "score": 1.0, "source": "judge"}), 400, param="source")
+
+        plain = serve(proc)  # not compared, not rated: the gateway writes no judge rows on it
+        ok = post(proc, {"request_id": plain, "score": 0.9, "source": "judge"})
+        assert ok.status_code == 200 and ok.json()["model"] == "fake-ok", ok.text
+    finally:
+        assert proc.terminate() == 0
+    assert verdicts() == before
+    assert {(r["metric"], r["source"], r["model"]) for r in feedback_rows(proc.db_path, compared)} == {
+        ("quality", "judge", "f-big"), ("quality", "judge", "f-small"),  # the gateway's, as it wrote them
+        ("judge_quality", "judge", "f-big"), ("quality", "user", "f-big"),  # the client's
+    }

@@ -140,9 +140,10 @@ def test_sigterm_drains_stream_and_flushes_every_record(upstream: FakeUpstream, 
 
 
 def test_ready_is_503_as_soon_as_sigterm_arrives(upstream: FakeUpstream, tmp_path: Path) -> None:
-    """Right after SIGTERM, while a stream keeps the process alive, /ready is 503 and new work is
-    refused. uvicorn closes its listener and idle connections within ~0.1 s of the signal, so the
-    probes go over keep-alive connections opened beforehand; a closed connection is accepted too."""
+    """Right after SIGTERM, while a stream keeps the drain going, the gateway still listens: /ready is
+    503 on a keep-alive connection opened before and on a new one, and new requests are refused with
+    an OpenAI-shaped 503 (never a reset connection, which a client cannot tell from a crash). Once
+    the stream is done the drain ends, without waiting out drain_timeout."""
     gateway = GatewayProcess(_config(upstream, tmp_path), tmp_path).start()
     probe = httpx.Client(timeout=5)
     late = httpx.Client(timeout=5)
@@ -155,28 +156,80 @@ def test_ready_is_503_as_soon_as_sigterm_arrives(upstream: FakeUpstream, tmp_pat
         assert stream.first_chunk.wait(10) and stream.error is None, stream.error
         assert gateway.proc is not None
         gateway.proc.send_signal(signal.SIGTERM)
-        first = _ready_status(gateway.url, probe)
-        late_result: int | str
-        try:
-            response = late.post(f"{gateway.base_url}/chat/completions",
-                                 json={"model": "fake-ok", "messages": MESSAGES})
-            late_result = response.status_code
-            if response.status_code == 503:
-                error = response.json()["error"]
-                assert error["type"] == "service_unavailable" and "shutting down" in error["message"]
-        except httpx.TransportError:
-            late_result = "refused"
+        signalled = time.monotonic()
+        time.sleep(0.3)  # past uvicorn's own shutdown step (~0.1 s), which would close every idle connection
+        kept_alive = _ready_status(gateway.url, probe)
+        fresh = _ready_status(gateway.url)
+        refused = [
+            late.post(f"{gateway.base_url}/chat/completions", json={"model": "fake-ok", "messages": MESSAGES}),
+            httpx.post(f"{gateway.base_url}/chat/completions", json={"model": "fake-ok", "messages": MESSAGES},
+                       timeout=5),
+        ]
+        still_streaming = stream.is_alive()
         stream.join(10)
-        gateway.proc.wait(timeout=20)
+        exit_code = gateway.proc.wait(timeout=20)
+        drained_in = time.monotonic() - signalled
     finally:
         probe.close()
         late.close()
         if gateway.proc is not None and gateway.proc.poll() is None:
             gateway.proc.kill()
             gateway.proc.wait()
-    assert first == 503 or str(first).startswith("refused"), f"/ready right after SIGTERM answered {first}"
-    assert late_result in (503, "refused"), f"a new request during the drain got {late_result}"
+    assert still_streaming, "the stream ended before the probes: they did not test the drain"
+    assert (kept_alive, fresh) == (503, 503), f"/ready during the drain: keep-alive {kept_alive}, new {fresh}"
+    for response in refused:
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["type"] == "service_unavailable" and "shutting down" in error["message"]
+        assert response.headers["retry-after"] == "1" and response.headers["x-pointsman-request-id"]
     assert stream.error is None and stream.body.endswith(b"data: [DONE]\n\n")
+    assert exit_code == 0
+    # The drain ended with its last request (~1.3 s of stream left), not at drain_timeout (15 s).
+    assert drained_in < 10, f"the gateway exited {drained_in:.1f}s after SIGTERM"
+
+
+def test_a_drain_ends_at_drain_timeout_when_a_request_outlasts_it(upstream: FakeUpstream, tmp_path: Path) -> None:
+    """A request still running at drain_timeout does not hold the process: it is cut, the gateway exits
+    0 with the records flushed, and it waited at least drain_timeout for the request."""
+    config = _config(upstream, tmp_path)
+    config["server"] = {"drain_timeout": 1}
+    config["backends"][0]["models"].append({"name": "fake-hang", "upstream_name": "hang"})
+    config["backends"][0]["timeouts"]["first_byte"] = 60.0
+    config["backends"][0]["timeouts"]["total"] = 60.0
+    gateway = GatewayProcess(config, tmp_path).start()
+    outcome: list[int | str] = []
+    user = uuid.uuid4().hex
+
+    def hang() -> None:
+        try:
+            outcome.append(httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
+                                      json={"model": "fake-hang", "messages": MESSAGES, "user": user}).status_code)
+        except httpx.TransportError as exc:
+            outcome.append(type(exc).__name__)
+
+    waiter = threading.Thread(target=hang, daemon=True)
+    try:
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not upstream.state.requests[("hang", user)]:
+            assert time.monotonic() < deadline, "the hanging request never reached the upstream"
+            time.sleep(0.02)
+        assert gateway.proc is not None
+        gateway.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        time.sleep(0.3)
+        during = _ready_status(gateway.url)
+        exit_code = gateway.proc.wait(timeout=20)
+        waited = time.monotonic() - signalled
+        waiter.join(10)
+    finally:
+        if gateway.proc is not None and gateway.proc.poll() is None:
+            gateway.proc.kill()
+            gateway.proc.wait()
+    assert during == 503
+    assert exit_code == 0, gateway.log()[-2000:]
+    assert waited >= 0.9, f"exited {waited:.2f}s after SIGTERM, before drain_timeout (1 s)"
+    assert outcome and outcome[0] != 200, outcome
 
 
 def test_sigterm_when_idle_exits_zero(upstream: FakeUpstream, tmp_path: Path) -> None:
