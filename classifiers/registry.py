@@ -15,7 +15,11 @@ staging directory inside the registry and renamed into place. ``active.json`` an
 are written to a temporary file, fsynced and renamed over the old one (``os.replace``), so a reader
 (every gateway replica polls :func:`active_marker`) sees the old file or the new one, never half of
 one. Writers take an exclusive ``flock`` on ``.lock`` so two ``pointsman train`` runs never pick the
-same sequence number.
+same sequence number. Files and directories get the modes an ordinary write would (0666 / 0777 less the
+umask), so gateway replicas running as other users can read what a training run wrote.
+
+A registry that cannot be read or written raises :class:`RegistryError` (a ``ValueError``), one line naming
+the file: a corrupt JSON file, a path that is not a directory, a permission or file system error.
 
 :func:`resolve_routers_dir` turns ``classifiers.routers_dir`` into the directory heads load from and a
 version id for decision records: the registry's active version, a plain directory of heads, or (no
@@ -32,6 +36,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -53,39 +58,144 @@ PAIR_ARTIFACT = "difficulty-{strong}--{weak}-{encoder}"
 _VERSION_ID = re.compile(r"^v(\d{4,})-[0-9a-f]{8}$")
 
 
+class RegistryError(ValueError):
+    """A registry that cannot be read or written (a corrupt file, a path that is not a directory, no
+    permission). The message is one line naming the file; callers print it and exit 2."""
+
+
 def slug(name: str) -> str:
-    """A model name as a directory-name part: lower case, runs of other characters as one ``-``.
+    """A model name as a directory-name part: ASCII lower case, runs of other characters as one ``-``.
 
     ``gpt-4-1106-preview`` stays itself; ``mistralai/Mixtral-8x7B-Instruct-v0.1`` becomes
-    ``mistralai-mixtral-8x7b-instruct-v0-1``. Never contains ``--``, so ``<strong>--<weak>`` splits.
+    ``mistralai-mixtral-8x7b-instruct-v0-1``. Accents are dropped (``Modèle`` -> ``modele``); a name with
+    other non-ASCII letters or digits (``模型-ü``), or with none at all, gets the first 8 hex digits of
+    the sha256 of the exact name appended, so what the ASCII form loses still tells names apart. Never
+    contains ``--``, so ``<strong>--<weak>`` splits. Raises ``ValueError`` for an empty name.
     """
-    out = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    if not out:
-        raise ValueError(f"model name {name!r} has no letters or digits")
+    if not name:
+        raise ValueError("a model name cannot be empty")
+    # NFKD splits an accented letter into its base letter and a combining mark: the mark is dropped, the
+    # letter kept. Full-width forms fold to ASCII too.
+    decomposed = "".join(c for c in unicodedata.normalize("NFKD", name) if not unicodedata.combining(c))
+    out = re.sub(r"[^a-z0-9]+", "-", decomposed.encode("ascii", "ignore").decode().lower()).strip("-")
+    lost = any(not c.isascii() and c.isalnum() for c in decomposed)
+    if lost or not out:
+        out = "-".join(part for part in (out, name_hash(name)) if part)
     return out
 
 
-def pair_artifact(strong: str, weak: str, encoder: str) -> str:
-    """Directory name of the difficulty head for ``strong`` vs ``weak`` on ``encoder``."""
-    return PAIR_ARTIFACT.format(strong=slug(strong), weak=slug(weak), encoder=encoder)
+def name_hash(name: str) -> str:
+    """The first 8 hex digits of the sha256 of ``name`` (UTF-8): what tells apart names that slug alike."""
+    return hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
+
+
+def model_slugs(models: Iterable[str]) -> dict[str, str]:
+    """Each model's directory-name part, distinct across ``models``.
+
+    Names that :func:`slug` makes alike (``Model-A`` and ``model/a``) each get :func:`name_hash` of the
+    exact name appended, so their heads never share a directory. A name that collides with no other
+    keeps its plain slug, the name earlier versions gave it.
+    """
+    names = sorted(set(models))
+    plain = {m: slug(m) for m in names}
+    count: dict[str, int] = {}
+    for s in plain.values():
+        count[s] = count.get(s, 0) + 1
+    out = {m: (s if count[s] == 1 else f"{s}-{name_hash(m)}") for m, s in plain.items()}
+    # An appended hash could, in theory, rebuild another model's plain slug: refuse rather than overwrite.
+    if len(set(out.values())) != len(out):
+        clash = sorted(m for m in names if list(out.values()).count(out[m]) > 1)
+        raise RegistryError(f"model names {', '.join(map(repr, clash))} give the same head directory name")
+    return out
+
+
+def pair_artifact(strong: str, weak: str, encoder: str, slugs: Mapping[str, str] | None = None) -> str:
+    """Directory name of the difficulty head for ``strong`` vs ``weak`` on ``encoder``.
+
+    ``slugs`` (from :func:`model_slugs` over every model trained together) keeps apart models whose names
+    slug alike; without it each name is slugged alone. Heads load by their manifest's ``model_pair``, not by
+    this name, so versions written with other names stay loadable.
+    """
+    slugs = slugs or {}
+    return PAIR_ARTIFACT.format(strong=slugs.get(strong) or slug(strong), weak=slugs.get(weak) or slug(weak),
+                                encoder=encoder)
+
+
+def process_umask() -> int:
+    """The process's umask, without changing it when ``/proc`` tells (``os.umask`` can only set it, and a
+    thread creating a file between the set and the restore would use the wrong one)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _chmod_default(path: str | Path, fd: int | None = None, *, directory: bool) -> None:
+    # mkstemp and mkdtemp create 0600 / 0700 whatever the umask: give the mode an ordinary open() or mkdir()
+    # would, so a gateway replica running as another user (same group, or any user) can read the registry.
+    mode = (0o777 if directory else 0o666) & ~process_umask()
+    if fd is not None:
+        os.fchmod(fd, mode)
+    else:
+        os.chmod(path, mode)
+
+
+def _os_error(exc: OSError, path: str | Path, doing: str) -> RegistryError:
+    """One line naming the file ``exc`` is about (else ``path``) and what was being done."""
+    where = exc.filename if exc.filename is not None else path
+    return RegistryError(f"{where}: cannot {doing}: {exc.strerror or exc}")
+
+
+def read_json_file(path: Path) -> Any:
+    """``path``'s JSON; :class:`RegistryError` naming the file when it cannot be read or is not JSON.
+
+    ``FileNotFoundError`` passes through (callers treat a missing file as "none")."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise _os_error(exc, path, "read it") from None
+    except UnicodeDecodeError:
+        raise RegistryError(f"{path}: not UTF-8 text; the registry file is corrupt") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RegistryError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); the registry file is corrupt") from None
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` so readers see the old content or the new, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write ``obj`` as JSON to ``path`` so readers see the old content or the new, never a mix.
+
+    The file gets the mode an ordinary write would (0666 less the umask). Raises :class:`RegistryError`
+    naming the file when it cannot be written.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _os_error(exc, path, "write it") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            _chmod_default(tmp, fh.fileno(), directory=False)
             json.dump(obj, fh, indent=2, sort_keys=True)
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+        _fsync_dir(path.parent)
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _os_error(exc, path, "write it") from None
         raise
-    _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -151,7 +261,11 @@ class ResolvedRouters:
 
 
 class RouterRegistry:
-    """A registry directory (created with :meth:`init` or on the first :meth:`add_version`)."""
+    """A registry directory (created with :meth:`init` or on the first :meth:`add_version`).
+
+    A registry that cannot be read or written (a corrupt JSON file, a path that is not a directory, no
+    permission) raises :class:`RegistryError`, a ``ValueError`` whose one-line message names the file.
+    """
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -162,12 +276,28 @@ class RouterRegistry:
         """Whether ``registry.json`` is there."""
         return is_registry(self.root)
 
+    def check_format(self) -> None:
+        """Raise :class:`RegistryError` unless ``registry.json`` is a registry record this code reads."""
+        path = self.root / REGISTRY_FILE
+        try:
+            raw = read_json_file(path)
+        except FileNotFoundError:
+            raise RegistryError(f"{self.root}: not a router registry (no {REGISTRY_FILE})") from None
+        fmt = raw.get("format") if isinstance(raw, dict) else None
+        if isinstance(fmt, bool) or not isinstance(fmt, int):
+            raise RegistryError(f"{path}: no format number ({{\"format\": {FORMAT}}}); the registry file is corrupt")
+        if fmt > FORMAT:
+            raise RegistryError(f"{path}: format {fmt} is newer than this pointsman reads ({FORMAT}); upgrade it")
+
     def version_ids(self) -> list[str]:
         """Every complete version's id, oldest first."""
         base = self.root / VERSIONS_DIR
-        if not base.is_dir():
-            return []
-        ids = [d.name for d in base.iterdir() if _VERSION_ID.match(d.name) and (d / VERSION_FILE).is_file()]
+        try:
+            if not base.is_dir():
+                return []
+            ids = [d.name for d in base.iterdir() if _VERSION_ID.match(d.name) and (d / VERSION_FILE).is_file()]
+        except OSError as exc:
+            raise _os_error(exc, base, "list the versions") from None
         return sorted(ids, key=_sequence)
 
     def versions(self) -> list[VersionInfo]:
@@ -177,9 +307,17 @@ class RouterRegistry:
     def info(self, version: str) -> VersionInfo:
         """One version's ``version.json`` and verdicts (``KeyError`` for an unknown id)."""
         directory = self.version_dir(version)
-        raw = json.loads((directory / VERSION_FILE).read_text())
-        verdicts_path = directory / VERDICTS_FILE
-        verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.exists() else []
+        path = directory / VERSION_FILE
+        try:
+            raw = read_json_file(path)
+        except FileNotFoundError:  # pruned since version_dir looked
+            raise KeyError(f"no version {version!r} in registry {self.root}") from None
+        if not isinstance(raw, dict) or not isinstance(raw.get("version"), str):
+            raise RegistryError(f"{path}: not a version record (an object with a version); the file is corrupt")
+        fields: dict[str, type] = {"data": list, "metrics": dict, "encoders": list, "pairs": list}
+        for key, kind in fields.items():
+            if not isinstance(raw.get(key, kind()), kind):
+                raise RegistryError(f"{path}: {key} is not a JSON {'list' if kind is list else 'object'}")
         return VersionInfo(
             version=raw["version"],
             parent=raw.get("parent"),
@@ -189,9 +327,19 @@ class RouterRegistry:
             metrics=dict(raw.get("metrics", {})),
             encoders=list(raw.get("encoders", [])),
             pairs=list(raw.get("pairs", [])),
-            verdicts=list(verdicts),
+            verdicts=self._verdicts(directory),
             raw=raw,
         )
+
+    def _verdicts(self, directory: Path) -> list[dict[str, Any]]:
+        path = directory / VERDICTS_FILE
+        try:
+            verdicts = read_json_file(path)
+        except FileNotFoundError:
+            return []
+        if not isinstance(verdicts, list):
+            raise RegistryError(f"{path}: not a list of verdicts; the file is corrupt")
+        return verdicts
 
     def version_dir(self, version: str) -> Path:
         """The directory of ``version`` (``KeyError`` when the registry has no such version)."""
@@ -206,15 +354,23 @@ class RouterRegistry:
     def active(self) -> dict[str, Any] | None:
         """``active.json`` (None when no version is active)."""
         path = self.root / ACTIVE_FILE
-        if not path.is_file():
+        try:
+            data = read_json_file(path)
+        except FileNotFoundError:
             return None
-        data: dict[str, Any] = json.loads(path.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("version"), str):
+            raise RegistryError(f"{path}: not an active-version record (an object with a version); the file is corrupt")
         return data
 
     def pruned(self) -> list[dict[str, Any]]:
         """``pruned.json``: one entry per version :meth:`prune` deleted, oldest first."""
         path = self.root / PRUNED_FILE
-        entries: list[dict[str, Any]] = json.loads(path.read_text()) if path.is_file() else []
+        try:
+            entries = read_json_file(path)
+        except FileNotFoundError:
+            return []
+        if not isinstance(entries, list):
+            raise RegistryError(f"{path}: not a list of pruned versions; the file is corrupt")
         return entries
 
     def active_version(self) -> str | None:
@@ -222,65 +378,164 @@ class RouterRegistry:
         active = self.active()
         return str(active["version"]) if active else None
 
+    def check_writable(self) -> None:
+        """Raise :class:`RegistryError` unless a version could be added here now.
+
+        For a training run to call before its long part, so a registry it cannot write fails in a second,
+        not after the training. An existing registry: its ``registry.json`` and ``active.json`` read well,
+        ``versions`` is a directory, the directories are writable and the lock can be taken. A new one: the
+        nearest existing parent is a writable directory.
+        """
+        root = self.root
+        if not (root.exists() or root.is_symlink()):
+            ancestor = root.parent
+            while not (ancestor.exists() or ancestor.is_symlink()):
+                ancestor = ancestor.parent
+            if not ancestor.is_dir():
+                raise RegistryError(f"{ancestor}: not a directory, so the registry {root} cannot be created in it")
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                raise RegistryError(
+                    f"{ancestor}: not writable ({_unwritable_reason(ancestor)}), so the registry {root} cannot be "
+                    "created in it"
+                )
+            return
+        if not root.is_dir():
+            raise RegistryError(f"{root}: not a directory")
+        versions = root / VERSIONS_DIR
+        if self.exists():
+            self.check_format()
+            self.active()
+            if (versions.exists() or versions.is_symlink()) and not versions.is_dir():
+                raise RegistryError(f"{versions}: not a directory; a registry keeps its versions in it")
+            self.version_ids()
+        for directory in (root, versions):
+            if directory.is_dir() and not os.access(directory, os.W_OK | os.X_OK):
+                raise RegistryError(f"{directory}: not writable ({_unwritable_reason(directory)})")
+        if self.exists():  # an empty directory gets its lock file only once a run writes into it
+            with self._locked():
+                pass
+
     # ---------------------------------------------------------------- writing
 
     def init(self) -> None:
         """Create the registry (idempotent); refuses a non-empty directory that is not one."""
         if self.exists():
+            self.check_format()
             return
-        if self.root.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
-            raise ValueError(
-                f"{self.root} is a non-empty directory that is not a router registry (no {REGISTRY_FILE}); "
-                "give an empty or new directory"
-            )
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.root.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
+                raise RegistryError(
+                    f"{self.root} is a non-empty directory that is not a router registry (no {REGISTRY_FILE}); "
+                    "give an empty or new directory"
+                )
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _os_error(exc, self.root, "create the registry") from None
         write_json_atomic(self.root / REGISTRY_FILE, {"format": FORMAT})
 
     def staging_dir(self) -> Path:
         """A fresh directory inside the registry to write a version's heads into before :meth:`add_version`.
 
-        Inside the registry so the final rename stays on one file system (atomic).
+        Inside the registry so the final rename stays on one file system (atomic). Made under the lock, so
+        :meth:`remove_if_unused` in another process never removes the registry between the two steps.
         """
-        self.init()
-        return Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
+        with self._locked():
+            self.init()
+            try:
+                path = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
+                _chmod_default(path, directory=True)
+            except OSError as exc:
+                raise _os_error(exc, self.root, "create a staging directory in the registry") from None
+        return path
 
     def add_version(self, staging_dir: str | Path, info: Mapping[str, Any]) -> str:
         """Move ``staging_dir`` (heads) into the registry as a new version; return its id.
 
-        ``info`` becomes ``version.json`` (with ``version``, ``parent``, ``created_at`` and
-        ``weights_sha256`` filled in unless given). ``parent`` defaults to the active version. The first
-        version of a registry with no active version becomes active; later ones only through
-        :meth:`promote`.
+        ``info`` becomes ``version.json`` (with ``created_at`` filled in unless given, and ``version``,
+        ``parent`` and ``weights_sha256`` always set here). ``parent`` is the version active when the
+        version is added, read under the lock: a run that started before another's first version was added
+        still names it. The first version of a registry with no active version becomes active; later ones
+        only through :meth:`promote`.
         """
         self.init()
         staging = Path(staging_dir)
-        if staging.resolve().parent != self.root.resolve():
-            # Staged elsewhere (perhaps another file system): copy it in first so the final step is a
-            # rename within the registry. The caller's directory is left as it was.
-            local = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
-            shutil.copytree(staging, local, dirs_exist_ok=True)
-            staging = local
-        digest = weights_digest(staging)
-        with self._locked():
-            active = self.active_version()
-            ids = self.version_ids()
-            number = (_sequence(ids[-1]) + 1) if ids else 1
-            version = f"v{number:04d}-{digest[:8]}"
-            record = {
-                "parent": active,
-                "created_at": _now_iso(),
-                **dict(info),
-                "version": version,
-                "weights_sha256": digest,
-            }
-            write_json_atomic(staging / VERSION_FILE, record)
-            target = self.root / VERSIONS_DIR / version
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staging, target)
-            _fsync_dir(target.parent)
-            if active is None:
-                self._promote_locked(version, {"decision": "promoted", "reason": "first version of the registry"})
+        local: Path | None = None
+        try:
+            if staging.resolve().parent != self.root.resolve():
+                # Staged elsewhere (perhaps another file system): copy it in first so the final step is a
+                # rename within the registry. The caller's directory is left as it was.
+                local = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
+                shutil.copytree(staging, local, dirs_exist_ok=True)
+                _chmod_default(local, directory=True)
+                staging = local
+            digest = weights_digest(staging)
+        except OSError as exc:
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
+            raise _os_error(exc, staging, "read the staged version") from None
+        try:
+            with self._locked():
+                return self._add_locked(staging, info, digest)
+        except BaseException:
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
+            raise
+
+    def _add_locked(self, staging: Path, info: Mapping[str, Any], digest: str) -> str:
+        active = self.active_version()
+        ids = self.version_ids()
+        number = (_sequence(ids[-1]) + 1) if ids else 1
+        version = f"v{number:04d}-{digest[:8]}"
+        record = {
+            "created_at": _now_iso(),
+            **dict(info),
+            "parent": active,
+            "version": version,
+            "weights_sha256": digest,
+        }
+        write_json_atomic(staging / VERSION_FILE, record)
+        base = self.root / VERSIONS_DIR
+        if (base.exists() or base.is_symlink()) and not base.is_dir():
+            raise RegistryError(f"{base}: not a directory; a registry keeps its versions in it")
+        try:
+            base.mkdir(exist_ok=True)
+            os.replace(staging, base / version)
+            _fsync_dir(base)
+        except OSError as exc:
+            raise _os_error(exc, base / version, "add the version") from None
+        if active is None:
+            self._promote_locked(version, {"decision": "promoted", "reason": "first version of the registry"})
         return version
+
+    def remove_if_unused(self, *, keep_directory: bool = False) -> bool:
+        """Delete the registry when it holds only what :meth:`init` wrote; whether it did.
+
+        For a run that created the registry and then failed or was interrupted: it leaves no half-made
+        registry behind. Anything else in it (a version, another run's staging directory) keeps it. With
+        ``keep_directory`` (an empty directory the run was given) only the registry's files go. Best
+        effort: a registry that cannot be removed stays, and False says so.
+        """
+        if not self.root.is_dir():
+            return False
+        with self._locked():
+            try:
+                names = {p.name for p in self.root.iterdir()}
+                versions = self.root / VERSIONS_DIR
+                if names - {REGISTRY_FILE, LOCK_FILE, VERSIONS_DIR}:
+                    return False
+                if VERSIONS_DIR in names and (not versions.is_dir() or any(versions.iterdir())):
+                    return False
+                if VERSIONS_DIR in names:
+                    versions.rmdir()
+                # The lock file goes too: a process waiting on it finds the file it locked unlinked and
+                # locks the new one (see _locked).
+                for name in (REGISTRY_FILE, LOCK_FILE):
+                    (self.root / name).unlink(missing_ok=True)
+                if not keep_directory:
+                    self.root.rmdir()
+            except OSError:
+                return False
+        return True
 
     def promote(self, version: str, verdict: Mapping[str, Any]) -> None:
         """Make ``version`` active (atomically) and record ``verdict`` with it."""
@@ -323,8 +578,11 @@ class RouterRegistry:
             for version in doomed:
                 directory = self.root / VERSIONS_DIR / version
                 aside = directory.with_name(f".pruned-{version}")
-                os.replace(directory, aside)
-                shutil.rmtree(aside)
+                try:
+                    os.replace(directory, aside)
+                    shutil.rmtree(aside)
+                except OSError as exc:
+                    raise _os_error(exc, directory, "delete the version") from None
             _fsync_dir(self.root / VERSIONS_DIR)
         return doomed
 
@@ -339,20 +597,55 @@ class RouterRegistry:
         )
 
     def _record_locked(self, version: str, verdict: Mapping[str, Any]) -> None:
-        path = self.version_dir(version) / VERDICTS_FILE
-        verdicts = json.loads(path.read_text()) if path.exists() else []
+        directory = self.version_dir(version)
+        verdicts = self._verdicts(directory)
         verdicts.append({"at": _now_iso(), **dict(verdict)})
-        write_json_atomic(path, verdicts)
+        write_json_atomic(directory / VERDICTS_FILE, verdicts)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / LOCK_FILE, "a+") as fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        path = self.root / LOCK_FILE
+        held = None
+        try:
+            while held is None:
+                self.root.mkdir(parents=True, exist_ok=True)
+                try:
+                    fh = open(path, "a+")  # noqa: SIM115 - held open until the context exits
+                except FileNotFoundError:  # the registry was removed between the two steps: make it again
+                    continue
+                try:
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+                    # remove_if_unused may have unlinked the file while this process waited for it: a lock on
+                    # an unlinked file keeps no one out, so lock the one now at the path instead.
+                    held = fh if _same_file(fh.fileno(), path) else None
+                finally:
+                    if held is None:
+                        fh.close()
+        except OSError as exc:
+            raise _os_error(exc, path, "lock the registry") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+            held.close()
+
+
+def _unwritable_reason(directory: Path) -> str:
+    # os.access says no for both; which one it is tells the operator what to fix.
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return "read-only file system" if read_only else "permission denied"
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    st = os.fstat(fd)
+    try:
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (at_path.st_dev, at_path.st_ino)
 
 
 def _sequence(version: str) -> int:
@@ -361,8 +654,17 @@ def _sequence(version: str) -> int:
 
 
 def operator_name() -> str:
-    """Who is changing the registry (recorded with forced promotions and prunes)."""
-    return os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    """Who is changing the registry (recorded with forced promotions and prunes): ``USER`` or ``LOGNAME``,
+    else the name of the real user id (a container running as root often sets neither), else ``uid <n>``."""
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if name:
+        return name
+    import pwd  # POSIX only, like the registry's flock
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid with no passwd entry (an arbitrary --user in a container)
+        return f"uid {os.getuid()}"
 
 
 def _now_iso() -> str:

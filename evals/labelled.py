@@ -25,6 +25,7 @@ import csv
 import hashlib
 import json
 import math
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -241,7 +242,12 @@ def load_file(path: Path) -> list[LabelledRequest]:
 
     CSV, one row per request, with a header: ``prompt`` (or ``messages``, a JSON list of messages),
     one ``score:<model>`` column per model (a number or true/false; an empty cell or NaN = unknown),
-    optional ``cost:<model>``, ``weight``, ``source``, ``domain`` and ``id`` columns.
+    optional ``cost:<model>``, ``weight``, ``source``, ``domain`` and ``id`` columns. Every row has as
+    many cells as the header (a short or long row is refused: its cells would land in the wrong columns),
+    and no column is named twice.
+
+    Model names lose surrounding spaces; an empty one, or one with a control character, is refused. Errors
+    name the file, the line (for a CSV row, the line where it starts) and the field.
 
     Both are UTF-8; a byte-order mark (as spreadsheets write) is allowed.
     """
@@ -278,40 +284,89 @@ def _load_jsonl(path: Path) -> list[LabelledRequest]:
 
 
 def _load_csv(path: Path) -> list[LabelledRequest]:
+    """A labelled CSV (see :func:`load_file`). Errors name the line where the bad row starts: a quoted
+    prompt may span several lines."""
     out = []
     with path.open(encoding="utf-8-sig", newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        score_cols = [c for c in header if c.startswith("score:")]
+        reader = csv.reader(fh)
+        raw_header = next(reader, [])
+        header_line = reader.line_num or 1
+        header = [c.strip() for c in raw_header]
+        columns = _csv_columns(path, header_line, raw_header)
+        score_cols = [(i, name) for i, (kind, name) in columns.items() if kind == "score"]
+        cost_cols = [(i, name) for i, (kind, name) in columns.items() if kind == "cost"]
+        plain = {name: i for i, (kind, name) in columns.items() if kind == "plain"}
         if not score_cols:
             raise DataError(
                 f"{path}: no score:<model> columns (header: {', '.join(header) or 'empty'})"
                 + _score_column_hint(path, header)
             )
-        if "prompt" not in header and "messages" not in header:
+        if "prompt" not in plain and "messages" not in plain:
             raise DataError(f"{path}: needs a prompt or a messages column")
-        for lineno, cells in enumerate(reader, 2):
-            where = f"{path}:{lineno}"
+        end = reader.line_num
+        for cells in reader:
+            start, end = end + 1, reader.line_num  # the physical lines this row spans
+            if not cells:  # a blank line, as csv.DictReader skips them
+                continue
+            where = f"{path}:{start}"
+            if len(cells) != len(header):
+                raise DataError(
+                    f"{where}: {len(cells)} cells, but the header (line {header_line}) has {len(header)} columns; "
+                    "a cell holding a comma or a line break must be quoted"
+                )
             obj: dict[str, Any] = {
-                "scores": {c[len("score:") :]: _cell_score(cells[c], where, c) for c in score_cols},
-                "costs": {
-                    c[len("cost:") :]: v
-                    for c in header
-                    if c.startswith("cost:") and (v := _cell_number(cells[c], where, c)) is not None
-                },
+                "scores": {m: _cell_score(cells[i], where, header[i]) for i, m in score_cols},
+                "costs": {m: v for i, m in cost_cols if (v := _cell_number(cells[i], where, header[i])) is not None},
             }
-            if cells.get("messages"):
+            if "messages" in plain and cells[plain["messages"]]:
                 try:
-                    obj["messages"] = json.loads(cells["messages"])
+                    obj["messages"] = json.loads(cells[plain["messages"]])
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{where}: column messages is not JSON ({exc.msg})") from None
             else:
-                obj["prompt"] = cells.get("prompt") or ""
+                obj["prompt"] = cells[plain["prompt"]] if "prompt" in plain else ""
             for key in ("weight", "source", "domain", "id"):
-                if cells.get(key):
-                    obj[key] = _cell_number(cells[key], where, key) if key == "weight" else cells[key]
+                if key in plain and cells[plain[key]]:
+                    value = cells[plain[key]]
+                    obj[key] = _cell_number(value, where, key) if key == "weight" else value
             out.append(_row(obj, where, _default_source(path)))
     return out
+
+
+def _csv_columns(path: Path, line: int, header: Sequence[str]) -> dict[int, tuple[str, str]]:
+    """Each named column of a labelled CSV header: ``(kind, name)`` by position, kind ``score``, ``cost``
+    (name = the model) or ``plain`` (name = the column), spaces around names dropped. Refuses a column
+    named twice and a model name that :func:`check_model_name` refuses, naming the header line and the
+    column as written."""
+    columns: dict[int, tuple[str, str]] = {}
+    seen: dict[tuple[str, str], str] = {}
+    for i, written in enumerate(header):
+        column = written.strip()
+        if not column:
+            continue  # an unnamed column (a trailing comma): nothing reads it
+        kind, name = "plain", column
+        for prefix in ("score:", "cost:"):
+            if column.startswith(prefix):
+                kind = prefix[:-1]
+                # Spreadsheets keep stray spaces: "score: gpt-4o " is gpt-4o, as in the other columns.
+                name = check_model_name(column[len(prefix) :], f"{path}:{line}: column {written!r}")
+        if (kind, name) in seen:
+            raise DataError(f"{path}:{line}: column {written!r} repeats column {seen[kind, name]!r}; keep one")
+        seen[kind, name] = written
+        columns[i] = (kind, name)
+    return columns
+
+
+def check_model_name(name: object, where: str) -> str:
+    """A model name from a labelled file, without surrounding spaces; :class:`DataError` at ``where`` for
+    one that is empty or holds a control character (a tab, a line break: never a real model's name, and
+    they would break the one-line reports that print it)."""
+    text = str(name).strip()
+    if not text:
+        raise DataError(f"{where}: an empty model name")
+    if any(unicodedata.category(c) == "Cc" for c in text):
+        raise DataError(f"{where}: model name {text!r} holds a control character")
+    return text
 
 
 #: Columns of a labelled CSV that are never a model's outcome.
@@ -394,27 +449,31 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
     if not isinstance(scores, dict) or not scores:
         raise DataError(f"{where}: scores must be an object {{model: quality}} with at least one model")
     qualities: dict[str, float | None] = {}
-    for model, q in scores.items():
+    written: dict[str, object] = {}
+    for raw_model, q in scores.items():
+        model = _model_key(raw_model, written, f"{where}: scores")
         # NaN is how pandas (and json.dumps of a pandas row) spells a missing value: unknown, like null.
         if q is None or (isinstance(q, float) and math.isnan(q)):
-            qualities[str(model)] = None
+            qualities[model] = None
             continue
         if isinstance(q, bool):  # a correct/incorrect label
-            qualities[str(model)] = float(q)
+            qualities[model] = float(q)
             continue
         if not isinstance(q, int | float) or not math.isfinite(q) or not 0.0 <= q <= 1.0:
             raise DataError(f"{where}: scores.{model}: {q!r} is not a quality in [0, 1]{_scale_hint(q)}")
-        qualities[str(model)] = float(q)
+        qualities[model] = float(q)
     costs_raw = obj.get("costs") or {}
     if not isinstance(costs_raw, dict):
         raise DataError(f"{where}: costs must be an object {{model: USD per call}}")
     costs: dict[str, float] = {}
-    for model, c in costs_raw.items():
+    written = {}
+    for raw_model, c in costs_raw.items():
+        model = _model_key(raw_model, written, f"{where}: costs")
         if c is None or (isinstance(c, float) and math.isnan(c)):
             continue  # unknown cost, as an empty CSV cell
         if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
             raise DataError(f"{where}: costs.{model}: {c!r} is not a cost >= 0")
-        costs[str(model)] = float(c)
+        costs[model] = float(c)
     weight = obj.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or weight < 0:
         raise DataError(f"{where}: weight: {weight!r} is not a number >= 0")
@@ -430,6 +489,18 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
         domain=None if domain is None else str(domain),
         request_id=None if request_id is None else str(request_id),
     )
+
+
+def _model_key(raw: object, written: dict[str, object], where: str) -> str:
+    """A model name of a row's ``scores`` or ``costs``: checked (:func:`check_model_name`) and not the same
+    name as one before it once stripped (``"m1"`` and ``" m1 "``). ``written`` maps the names seen so far
+    to how they were written, and gets this one."""
+    model = check_model_name(raw, where)
+    if model in written:
+        raise DataError(f"{where}: {written[model]!r} and {raw!r} name the same model (spaces around a name are "
+                        "dropped); keep one")
+    written[model] = raw
+    return model
 
 
 # ----------------------------------------------------------------------------- logged traffic

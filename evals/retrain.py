@@ -31,7 +31,7 @@ import hashlib
 import itertools
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,7 +40,7 @@ import numpy as np
 
 from classifiers.heads import Head, build_features
 from classifiers.heads.reverse import REVERSE_KEY, reversed_pair_head
-from classifiers.registry import RouterRegistry, is_registry, pair_artifact
+from classifiers.registry import RegistryError, RouterRegistry, is_registry, model_slugs, pair_artifact
 from evals.data.prior import PRIOR_ROWS
 from evals.data.split import fold_of
 from evals.holdout import describe as describe_holdout
@@ -319,8 +319,13 @@ def train_pair(
     sources: list[dict[str, Any]],
     progress: bool,
     log: Log,
+    slugs: Mapping[str, str] | None = None,
 ) -> PairResult:
-    """Cross-validate, then fit on every labelled prompt, the difficulty head of ``strong`` vs ``weak``."""
+    """Cross-validate, then fit on every labelled prompt, the difficulty head of ``strong`` vs ``weak``.
+
+    ``slugs`` (:func:`classifiers.registry.model_slugs` over every model trained in the run) names the
+    head's directory, so two models whose names slug alike never share one.
+    """
     from evals.train import created_at, feature_schema
 
     idx, qs, qw, w = _pair_arrays(data, strong, weak)
@@ -357,12 +362,12 @@ def train_pair(
         "bootstrap 95% CI over prompts; random_apgr_band95 = what random scores reach on the same prompts",
     }
     log(
-        f"  {label}: {len(idx)} labelled prompts, {k}-fold CV APGR {_fmt(metrics['cv_apgr'])} "
-        f"[95% CI {_fmt(metrics['cv_apgr_ci95'][0])}-{_fmt(metrics['cv_apgr_ci95'][1])}] "
-        f"(random {_fmt(metrics['random_apgr_band95'][0])}-{_fmt(metrics['random_apgr_band95'][1])}) "
+        f"  {label}: {len(idx)} labelled prompts, {k}-fold CV APGR "
+        f"{with_interval(metrics['cv_apgr'], metrics['cv_apgr_ci95'])} "
+        f"(random {_fmt(metrics['random_apgr_band95'][0])} to {_fmt(metrics['random_apgr_band95'][1])}) "
         f"in {time.perf_counter() - t0:.0f}s"
     )
-    artifact = pair_artifact(strong, weak, encoder_name)
+    artifact = pair_artifact(strong, weak, encoder_name, slugs)
     head.manifest = {
         "name": artifact,
         "task": "difficulty",
@@ -415,6 +420,14 @@ def _round(v: float) -> float | None:
 
 def _fmt(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
+
+
+def with_interval(value: float | None, interval: Sequence[float | None]) -> str:
+    """``0.612 [95% CI 0.571 to 0.650]``, or ``n/a`` alone (an interval beside a missing value means nothing;
+    "to" rather than a hyphen, which reads as a minus beside negative bounds)."""
+    if value is None:
+        return "n/a"
+    return f"{value:.3f} [95% CI {_fmt(interval[0])} to {_fmt(interval[1])}]"
 
 
 # ----------------------------------------------------------------------------- quality head (> 2 models)
@@ -594,18 +607,36 @@ def _prior(
 
 
 def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
-    """Load, embed, train and write one registry version (see the module docstring)."""
+    """Load, embed, train and write one registry version (see the module docstring).
+
+    ``--out`` is checked before the long part (a registry that cannot be written fails at once, not after
+    the training). A run that fails or is interrupted leaves no trace: its staging directory is removed,
+    and so is a registry it created itself that nothing else has written a version into since.
+    Raises :class:`TrainError` (and ``DataError``, ``RegistryError``: all ``ValueError``) for what the
+    user can fix, each one line naming the option, file or field.
+    """
     from evals.embeddings import get_encoder
     from evals.labelled import load_source
     from evals.train import created_at
 
     registry = RouterRegistry(opts.out)
     out = Path(opts.out)
-    if not is_registry(out) and out.exists() and (not out.is_dir() or any(out.iterdir())):
+    try:
+        foreign = not is_registry(out) and out.exists() and (not out.is_dir() or any(out.iterdir()))
+    except OSError as exc:
+        raise TrainError(f"--out {out}: cannot read it ({exc.strerror})") from None
+    if foreign:
         raise TrainError(
             f"--out {out} exists and is not a router registry (no registry.json); give a registry, or a new or "
             "empty directory"
         )
+    try:
+        registry.check_writable()
+    except RegistryError as exc:
+        raise TrainError(f"--out {out}: {exc}") from None
+    # What this run would create, so a failed run can take it away again (never what was there before).
+    was_registry, existed = is_registry(out), out.exists()
+    new_parents = [p for p in out.absolute().parents if not p.exists()]
     if opts.prior_weight is not None:
         _check_prior_weight_supported()
     loaded: list[LoadedSource] = []
@@ -613,7 +644,9 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
         log(f"loading {display_spec(spec)}")
         src = load_source(spec, data_dir=opts.data_dir)
         skipped = f" (skipped: {src.skipped})" if src.skipped else ""
-        log(f"  {len(src.rows)} requests, models: {', '.join(models_of(src.rows)) or 'none'}{skipped}")
+        weightless = sum(r.weight == 0 for r in src.rows)
+        zero = f" ({weightless} with weight 0: not trained on)" if weightless else ""
+        log(f"  {len(src.rows)} requests{zero}, models: {', '.join(models_of(src.rows)) or 'none'}{skipped}")
         loaded.append(src)
     if opts.holdout is not None:
         kept = split_sources(loaded, opts.holdout, "train")
@@ -621,15 +654,20 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
         log(f"  --holdout {opts.holdout:g}: {total - train_rows} of {total} labelled requests held out for the "
             "gate, training on the other " + str(train_rows))
         loaded = kept
-    rows = [r for src in loaded for r in src.rows]
+    # A request of weight 0 teaches a head nothing: it is no training row, so it counts toward no pair's
+    # minimum and is not recorded as trained on (the gate and pointsman eval may grade on it).
+    rows = [r for src in loaded for r in src.rows if r.weight > 0]
+    if not rows and any(src.rows for src in loaded):
+        named = ", ".join(display_spec(src.spec) for src in loaded)
+        raise TrainError(f"{named}: every labelled request has weight 0; there is nothing to train on")
     sources = [src.describe() for src in loaded]
     pairs, notes = choose_pairs(rows, opts.strong, opts.weak)
     for note in notes:
         log(f"  {note}")
     models = models_of(rows)
     multi = opts.strong is None and len(models) > 2
-    parent = registry.active_version()
-    staging = registry.staging_dir()
+    slugs = model_slugs({m for pair in pairs for m in pair})
+    staging: Path | None = None
     results: list[PairResult] = []
     metrics: dict[str, Any] = {"pairs": [], "quality": {}}
     encoder_ids: dict[str, str] = {}
@@ -638,6 +676,7 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
     trained_on: list[LabelledRequest] = list(rows)
     prior_recorded = False
     try:
+        staging = registry.staging_dir()
         for name in opts.encoders:
             log(f"[{name}] loading the encoder and embedding {len(rows)} requests")
             encoder = get_encoder(name)
@@ -659,8 +698,7 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
                 result = train_pair(
                     data, strong, weak, name, encoder.id, seed=opts.seed, folds=opts.folds,
                     resamples=opts.resamples, prior=prior, prior_weight=opts.prior_weight, prior_info=prior_info,
-                    sources=sources,
-                    progress=opts.progress, log=log,
+                    sources=sources, progress=opts.progress, log=log, slugs=slugs,
                 )
                 result.head.save(staging / result.artifact)
                 results.append(result)
@@ -674,8 +712,7 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
                 )
                 head.save(staging / str(head.manifest["name"]))
                 metrics["quality"][name] = {"artifact": head.manifest["name"], **head.manifest["metrics"]}
-        info = {
-            "parent": parent,
+        info: dict[str, Any] = {
             "created_at": created_at(),
             "data": sources,
             "metrics": metrics,
@@ -694,10 +731,30 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
     except BaseException:
         import shutil
 
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if not was_registry:
+            _discard_new_registry(registry, existed, new_parents)
         raise
-    active = registry.active_version() == version
-    return TrainResult(version, active, Path(opts.out), results, info)
+    # The parent is the version that was active when this one was added (read under the registry's lock, so
+    # a concurrent run's first version counts); none means this one is the first, made active as it was added.
+    info["parent"] = registry.info(version).parent
+    return TrainResult(version, info["parent"] is None, Path(opts.out), results, info)
+
+
+def _discard_new_registry(registry: RouterRegistry, existed: bool, new_parents: Sequence[Path]) -> None:
+    """Take away the registry a failed run created (when it holds no version), and the parent directories
+    the run created for it; an empty directory given as ``--out`` stays."""
+    try:
+        if not registry.remove_if_unused(keep_directory=existed) or existed:
+            return
+    except RegistryError:
+        return  # best effort: the run's own error is the one to report
+    for parent in new_parents:  # nearest first
+        try:
+            parent.rmdir()
+        except OSError:
+            return
 
 
 def _check_prior_weight_supported() -> None:

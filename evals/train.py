@@ -303,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="labelled --data: the router registry to add a version to (created when new); otherwise the "
         "artifact directory (default: the shipped classifiers/artifacts/routers/; with --quality ./routers)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="model seed (the split seed is fixed)")
+    parser.add_argument("--seed", type=seed_value, default=0,
+                        help=f"model seed, 0 to {MAX_SEED} (the split seed is fixed)")
     parser.add_argument("--strong", help="labelled --data: the pair's strong model (default: higher mean quality)")
     parser.add_argument("--weak", help="labelled --data: the pair's weak model")
     parser.add_argument(
@@ -359,6 +360,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+#: The largest ``--seed``: numpy's and scikit-learn's seeds are unsigned 32-bit integers.
+MAX_SEED = 2**32 - 1
+
+
+def seed_value(value: str) -> int:
+    """``--seed``'s argparse type: an integer from 0 to :data:`MAX_SEED`, refused while parsing (before any
+    data is loaded) rather than by the first fit that uses it."""
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{value!r}: give an integer from 0 to {MAX_SEED}")
+    return seed
+
+
 def _labelled_mode(args: argparse.Namespace) -> bool:
     """Whether to train a registry version from labelled data rather than rebuild the shipped artifacts.
 
@@ -382,7 +399,7 @@ def _labelled_mode(args: argparse.Namespace) -> bool:
 
 def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[str]) -> int:
     from evals.labelled import DataError
-    from evals.retrain import TrainError, TrainOptions, train_registry_version
+    from evals.retrain import TrainError, TrainOptions, train_registry_version, with_interval
 
     sources = args.data or ["bundled"]
     opts = TrainOptions(
@@ -401,9 +418,18 @@ def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[st
     )
     try:
         result = train_registry_version(opts)
-    except (DataError, TrainError, ValueError) as exc:
+    except (DataError, TrainError, ValueError) as exc:  # RegistryError too: a ValueError naming its file
         print(f"pointsman train: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a data file or the registry the checks up front could not foresee (disk full)
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"pointsman train: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        # train_registry_version removed its staging directory (and a registry it had created): the
+        # registry is as it was, so one line says so instead of a traceback.
+        print(f"pointsman train: interrupted; nothing was written to {args.out}", file=sys.stderr)
+        return 130
     print(f"wrote router version {result.version} into {result.registry}")
     for pair in result.pairs:
         m = pair.metrics
@@ -411,8 +437,8 @@ def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[st
         rlo, rhi = m["random_apgr_band95"]
         print(
             f"  {pair.strong} (strong) vs {pair.weak} (weak) [{pair.encoder}]: {m['folds']}-fold CV APGR "
-            f"{_fmt(m['cv_apgr'])} [95% CI {_fmt(lo)}-{_fmt(hi)}] over {m['rows']} labelled prompts "
-            f"(random router {_fmt(rlo)}-{_fmt(rhi)})"
+            f"{with_interval(m['cv_apgr'], (lo, hi))} over {m['rows']} labelled prompts "
+            f"(random router {_fmt(rlo)} to {_fmt(rhi)})"
         )
         # PGR divides by the pair's mean quality gap: near zero, APGR swings wildly and means nothing.
         warning = pair.gap.warning()
