@@ -17,7 +17,10 @@ Pairwise (strong vs weak), exactly as RouteLLM defines them in ``routellm/evals/
   interpolation of share against quality (``np.interp``, as RouteLLM; it needs quality to increase along
   the curve, which holds for any router that is not worse than random by a wide margin).
 - Oracle: ``get_optimal_accuracy``: with a budget of k strong calls, send to the strong model the k
-  prompts where it gains most (only those with a positive gain).
+  prompts where it gains most (only those with a positive gain). Unlike RouteLLM's plot (nominal
+  0, 10, ..., 100 % with k rounded down, which put it below a router on data where the strong model
+  always wins), its curve is on a router's share grid (:func:`sweep_counts`), each point at k / n, so
+  its APGR is at least that of any router whose scores are distinct.
 
 Multi-model (RouterBench): a policy sweep gives (mean cost, mean quality) points; the helpers below read
 quality at a given cost and cost at a given quality from the upper-left envelope of such points.
@@ -210,6 +213,21 @@ def oracle_quality(strong_quality: np.ndarray, weak_quality: np.ndarray, strong_
     return float((qw.sum() + gain[:k].sum()) / len(qw))
 
 
+def sweep_counts(n: int, num_results: int = 10) -> list[int]:
+    """How many of ``n`` prompts go strong at each point of :func:`routing_curve`'s sweep when every score
+    is distinct: at the ``i/num_results`` quantile edge (linear interpolation: sorted index
+    ``i/num_results * (n - 1)``) the prompts at or above it, ``n - ceil(index)``; none at the last edge.
+
+    The oracle is plotted at these counts, on the same share grid as a router's curve: at each point it
+    has at least the quality of any router making that many strong calls, so its APGR is at least
+    theirs. Integer arithmetic: the sweep's own float quantiles can land one prompt either side of an
+    exact index (0.7000000000000001 * 1000), depending on the scores' scale.
+    """
+    if n <= 0:
+        return [0] * (num_results + 1)
+    return [n + (-i * (n - 1) // num_results) for i in range(num_results)] + [0]
+
+
 def oracle_curve(
     strong_quality: np.ndarray,
     weak_quality: np.ndarray,
@@ -218,26 +236,31 @@ def oracle_curve(
     strong_cost: np.ndarray | None = None,
     weak_cost: np.ndarray | None = None,
 ) -> list[CurvePoint]:
-    """The oracle at shares 0, 1/steps, ..., 1 (RouteLLM plots it at 0, 10, ..., 100 %).
+    """The oracle on the share grid of :func:`routing_curve` with ``steps`` bins (:func:`sweep_counts`):
+    about 100, 90, ..., 0 % strong calls, each share the exact number of strong calls over ``n``.
 
-    With per-prompt costs, each point's cost is that of the oracle's assignment (the prompts with the
-    largest positive gains go strong)."""
+    With a budget of k strong calls the oracle sends the k prompts where the strong model gains most,
+    leaving out those where it gains nothing (``get_optimal_accuracy``). Each point is plotted at the
+    share it was computed for (RouteLLM plots the nominal 0, 10, ..., 100 % but rounds the number of
+    strong calls down, which put the oracle below a router on data where the strong model always wins).
+    With per-prompt costs, each point's cost is that of the oracle's assignment."""
     qs, qw = np.asarray(strong_quality, dtype=float), np.asarray(weak_quality, dtype=float)
     n = len(qs)
     gain = qs - qw
     order = np.argsort(-gain, kind="stable")  # best gains first (oracle_assignment's order)
     useful = int((gain > 0).sum())
-    cum_gain = np.concatenate([[0.0], np.cumsum(np.sort(gain)[::-1])])
+    cum_gain = np.concatenate([[0.0], np.cumsum(gain[order])])
     cum_cost = None
     if strong_cost is not None and weak_cost is not None:
         sc, wc = np.asarray(strong_cost, dtype=float), np.asarray(weak_cost, dtype=float)
         cum_cost = np.concatenate([[0.0], np.cumsum((sc - wc)[order])]) + wc.sum()
     points = []
-    for i in range(steps + 1):
-        share = i / steps
-        k = min(int(np.floor(n * share + 1e-9)), useful)
-        cost = float(cum_cost[k] / n) if cum_cost is not None else float("nan")
-        points.append(CurvePoint(float("nan"), share, float((qw.sum() + cum_gain[k]) / n), cost))
+    for budget in sweep_counts(n, steps):
+        k = min(budget, useful)
+        share = budget / n if n else 0.0
+        quality = float((qw.sum() + cum_gain[k]) / n) if n else float("nan")
+        cost = float(cum_cost[k] / n) if cum_cost is not None and n else float("nan")
+        points.append(CurvePoint(float("nan"), share, quality, cost))
     return points
 
 

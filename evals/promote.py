@@ -10,7 +10,9 @@ least 1,000 resamples). The version is promoted only when, for every judged pair
 the 95% CI of ``APGR(candidate) - APGR(active)`` exceeds ``--margin``.
 
 Which pairs are judged: every pair head of the candidate, or those named with ``--pair STRONG,WEAK``
-(the pairs the operator's routes use). A pair whose two models the held-out prompts cannot tell apart
+(the pairs the operator's routes use; model names may hold commas and spaces, so the comma that splits
+the value into a pair of the version is the one used, :func:`split_pair`, or the value is a JSON list
+of the two names). A pair whose two models the held-out prompts cannot tell apart
 (their mean quality gap's 95% interval reaches zero, :class:`evals.metrics.QualityGap`) is reported but
 not judged: APGR divides by that gap, so its interval spans several units and no candidate could ever
 clear it; one near-tie among the pairs of a multi-model file would otherwise block every promotion.
@@ -39,12 +41,19 @@ version; on promotion also ``active.json``). Exit code: 0 promoted, 1 refused, 2
 ``--force --reason TEXT`` makes a version active without the gate: the operator's way back when a
 promoted version misbehaves live (a rollback: ``active.json``'s ``previous`` names the version to go
 back to) or to pin one on other evidence (an A/B experiment). It is recorded like any verdict, as
-``forced`` with the reason, and every gateway replica serving the registry picks it up like a promotion.
+``forced`` with the reason and the user, and every gateway replica serving the registry picks it up like
+a promotion.
+
+Exit 1 means only "refused by the gate": every other failure (a read-only or corrupt registry, bad
+options, unreadable data) is one line naming the file or option and exit 2, never a traceback. A registry
+the verdict could not be written into is refused before the held-out data is even read.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -67,6 +76,7 @@ from classifiers.registry import (
 from evals.holdout import holdout_fraction, split_sources
 from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
 from evals.metrics import QualityGap, quality_gap
+from evals.registry_cli import corrupt_file, error_line, int_at_least, os_error_line, unwritable
 from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
 from evals.trained_rows import TrainedRows, load_trained_rows, resolved_training_rows, trained_mask
 
@@ -285,12 +295,13 @@ def run_gate(
     seed: int = 0,
     progress: bool = True,
     log: Log = print,
-    pairs: Sequence[tuple[str, str]] | None = None,
+    pairs: Sequence[tuple[str, str] | str] | None = None,
     holdout: float | None = None,
 ) -> Verdict:
     """Compare ``version`` with the active router, write the verdict into the registry, return it.
 
-    ``pairs``: gate only these (strong, weak) pairs (either order); ``None``: every pair of the version.
+    ``pairs``: gate only these (strong, weak) pairs (either order), each a tuple or a ``--pair`` value
+    (:func:`split_pair`); ``None``: every pair of the version.
     Raises :class:`GateError` / :class:`evals.labelled.DataError` for usage errors (nothing written).
     """
     from classifiers.provider import load_router_heads
@@ -298,7 +309,13 @@ def run_gate(
 
     if resamples < MIN_RESAMPLES:
         raise GateError(f"--resamples must be at least {MIN_RESAMPLES}")
+    if not math.isfinite(margin):
+        # NaN compares false both ways and -inf passes anything; neither is strict JSON in the verdict.
+        raise GateError(f"--margin {margin}: give a finite number")
+    if seed < 0:
+        raise GateError(f"--seed {seed}: give a whole number >= 0")
     registry, info = _inactive_version(registry_dir, version)
+    _check_writable(registry_dir, info, "the gate records its verdict there")
     baseline = resolve_routers_dir(registry_dir)
     if not info.pairs:
         raise GateError(f"{version} has no pair difficulty head to compare")
@@ -411,6 +428,14 @@ def _inactive_version(registry_dir: Path, version: str) -> tuple[RouterRegistry,
     return registry, info
 
 
+def _check_writable(registry_dir: Path, info: VersionInfo, why: str) -> None:
+    """:class:`GateError` when the registry could not record a verdict (read-only file system, no
+    permission): checked before the gate's minutes of work, which would otherwise end in a traceback."""
+    problem = unwritable(registry_dir, info.path)
+    if problem:
+        raise GateError(f"--registry {registry_dir}: cannot write to it: {problem} ({why})")
+
+
 def _trained_rows(info: VersionInfo) -> TrainedRows | None:
     """The hashes of the requests ``info``'s version was trained on; None if it did not record them."""
     try:
@@ -512,27 +537,106 @@ def _comparison_line(c: Comparison) -> str:
 
 
 def _select_pairs(
-    trained: Sequence[dict[str, Any]], wanted: Sequence[tuple[str, str]] | None, version: str
+    trained: Sequence[dict[str, Any]], wanted: Sequence[tuple[str, str] | str] | None, version: str
 ) -> list[dict[str, Any]]:
-    """The version's pair entries to gate: all of them, or those ``wanted`` names (either order)."""
+    """The version's pair entries to gate: all of them, or those ``wanted`` names (either order).
+
+    Each of ``wanted`` is a (strong, weak) tuple or a ``--pair`` value, split by :func:`split_pair`."""
     if wanted is None:
         return list(trained)
     chosen: list[dict[str, Any]] = []
-    for a, b in wanted:
+    for item in wanted:
+        a, b = split_pair(item, trained, version) if isinstance(item, str) else item
         match = [p for p in trained if {p["strong"], p["weak"]} == {a, b}]
         if not match:
-            have = "; ".join(f"{p['strong']},{p['weak']}" for p in trained)
-            raise GateError(f"--pair {a},{b}: {version} has no head for that pair (it has: {have})")
+            raise GateError(f"--pair {_pair_text(a, b)}: {version} has no head for that pair (it has: "
+                            f"{_pairs_text(trained)})")
         chosen.extend(p for p in match if p not in chosen)
     return chosen
 
 
-def parse_pair(value: str) -> tuple[str, str]:
-    """``STRONG,WEAK`` (model names as trained) for ``--pair``; a comma because model names may hold colons."""
-    parts = [p.strip() for p in value.split(",")]
-    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected STRONG,WEAK (two different model names)")
-    return parts[0], parts[1]
+def pair_arg(value: str) -> str:
+    """argparse ``type`` of ``--pair``: ``STRONG,WEAK`` or a JSON list ``["STRONG", "WEAK"]``, checked for
+    form only; which comma splits it is decided against the version's pairs (:func:`split_pair`)."""
+    listed = _json_pair(value)
+    if listed is not None:
+        return value
+    if "," not in value or not value.strip(", "):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected STRONG,WEAK (two different model names) or [\"STRONG\", \"WEAK\"]"
+        )
+    return value
+
+
+def _json_pair(value: str) -> tuple[str, str] | None:
+    """``value`` as a JSON list of two different model names, or None when it is not one."""
+    if not value.lstrip().startswith("["):
+        return None
+    try:
+        raw = json.loads(value)
+    except ValueError:
+        return None  # a model name that starts with "[": read as STRONG,WEAK
+    if not (isinstance(raw, list) and len(raw) == 2 and all(isinstance(m, str) and m for m in raw)) or (
+        raw[0] == raw[1]
+    ):
+        raise argparse.ArgumentTypeError(f"{value!r}: a JSON --pair is a list of two different model names")
+    return raw[0], raw[1]
+
+
+def split_pair(value: str, trained: Sequence[dict[str, Any]], version: str) -> tuple[str, str]:
+    """The two model names a ``--pair`` value names.
+
+    Model names may hold commas and spaces (``vendor/big, v2``), so a comma cannot simply split the value:
+    every comma is tried, and the split whose two halves are the two models of one of the version's pairs
+    (either order) is the one meant; halves are compared as written, then without surrounding spaces (so
+    ``a, b`` works too). A JSON list (``["vendor/big, v2", "small model"]``) names the models exactly.
+    :class:`GateError` when no split names a pair of the version (the message lists its pairs) or two do
+    (use the JSON form).
+    """
+    listed = _json_pair(value)
+    if listed is not None:
+        return listed
+    pairs = {frozenset((p["strong"], p["weak"])) for p in trained}
+    commas = [i for i, ch in enumerate(value) if ch == ","]
+    for strip in (False, True):
+        found: list[tuple[str, str]] = []
+        for i in commas:
+            a, b = value[:i], value[i + 1:]
+            if strip:
+                a, b = a.strip(), b.strip()
+            if a != b and frozenset((a, b)) in pairs and (a, b) not in found:
+                found.append((a, b))
+        if len(found) > 1:
+            options = " or ".join(_pair_text(a, b) for a, b in found)
+            raise GateError(f"--pair {value}: ambiguous, it can be split into {options}; name the models as a JSON "
+                            f"list (--pair '[\"STRONG\", \"WEAK\"]')")
+        if found:
+            return found[0]
+    raise GateError(f"--pair {value}: {version} has no head for that pair (it has: {_pairs_text(trained)})")
+
+
+def _pair_text(strong: str, weak: str) -> str:
+    """A pair the way ``--pair`` takes it back: ``STRONG,WEAK``, or a JSON list when a name holds a comma
+    or surrounding spaces."""
+    if any("," in m or m != m.strip() for m in (strong, weak)):
+        return json.dumps([strong, weak])
+    return f"{strong},{weak}"
+
+
+def _pairs_text(trained: Sequence[dict[str, Any]]) -> str:
+    return "; ".join(_pair_text(p["strong"], p["weak"]) for p in trained)
+
+
+def finite_float(value: str) -> float:
+    """argparse ``type`` of ``--margin``: a finite number (NaN never compares, -inf passes anything, and
+    neither is valid JSON in the verdict)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"{value!r}: give a finite number")
+    return number
 
 
 def force_promote(registry_dir: Path, version: str, reason: str) -> str | None:
@@ -542,7 +646,8 @@ def force_promote(registry_dir: Path, version: str, reason: str) -> str | None:
     """
     if not reason.strip():
         raise GateError("--force needs --reason TEXT: it is recorded with the promotion")
-    registry, _ = _inactive_version(registry_dir, version)
+    registry, info = _inactive_version(registry_dir, version)
+    _check_writable(registry_dir, info, "a forced promotion is recorded there")
     previous = registry.active_version()
     registry.promote(version, {
         "decision": "promoted", "forced": True, "against": previous,
@@ -553,12 +658,12 @@ def force_promote(registry_dir: Path, version: str, reason: str) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point: 0 promoted, 1 refused, 2 usage error."""
+    """CLI entry point: 0 promoted, 1 refused by the gate, 2 anything else (usage, data, registry)."""
     parser = argparse.ArgumentParser(
         prog="pointsman promote",
         description="Promote a registry version when it beats the active router on held-out labelled prompts "
         "(paired bootstrap of the APGR difference; promoted only when the 95%% CI's lower end exceeds the margin). "
-        "Exit code 0 promoted, 1 refused, 2 usage error.",
+        "Exit code 0 promoted, 1 refused by the gate, 2 usage, data or registry error.",
     )
     parser.add_argument("version", help="the registry version to promote, e.g. v0002-1a2b3c4d")
     parser.add_argument("--registry", required=True, help="the router registry directory")
@@ -567,13 +672,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="held-out labelled data (repeatable): file:PATH, logs:STORE_URL, bundled or DIR; requests the "
         "version or the active one was trained on are left out (and counted)",
     )
-    parser.add_argument("--margin", type=float, default=0.0, help="APGR difference the CI's lower end must exceed")
+    parser.add_argument("--margin", type=finite_float, default=0.0,
+                        help="APGR difference the CI's lower end must exceed (a finite number; default 0)")
     parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
                         help=f"paired bootstrap resamples (>= {MIN_RESAMPLES}; default {DEFAULT_RESAMPLES})")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--seed", type=int_at_least(0), default=0, help="bootstrap seed (>= 0; default 0)")
     parser.add_argument(
-        "--pair", action="append", type=parse_pair, metavar="STRONG,WEAK",
-        help="gate only this pair's head (repeatable; the pairs your routes use); default: every pair",
+        "--pair", action="append", type=pair_arg, metavar="STRONG,WEAK",
+        help="gate only this pair's head (repeatable; the pairs your routes use; either order); default: every "
+        "pair. Model names may hold commas and spaces: the comma that splits the value into the two models of "
+        "one of the version's pairs is the one used (\"vendor/big, v2,small model\"); when two splits would "
+        "name pairs, give a JSON list: '[\"vendor/big, v2\", \"small model\"]'",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
@@ -591,28 +700,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.force:
         if args.data:
             parser.error("--force skips the gate: give no --data")
-        try:
-            previous = force_promote(Path(args.registry), args.version, args.reason)
-        except GateError as exc:
-            print(f"pointsman promote: {exc}", file=sys.stderr)
-            return 2
-        print(f"PROMOTED (forced, no gate): {args.version} is now the active version of {args.registry} "
-              f"(was {previous or 'none: the shipped routers'}). Reason: {args.reason.strip()}")
-        return 0
-    if args.reason:
-        parser.error("--reason goes with --force (the gate writes its own reason)")
-    if not args.data:
-        parser.error("the following arguments are required: --data (or --force --reason TEXT)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    else:
+        if args.reason:
+            parser.error("--reason goes with --force (the gate writes its own reason)")
+        if not args.data:
+            parser.error("the following arguments are required: --data (or --force --reason TEXT)")
+    registry = Path(args.registry)
     try:
-        verdict = run_gate(
-            Path(args.registry), args.version, args.data, margin=args.margin, resamples=args.resamples,
-            seed=args.seed, progress=not args.no_progress, pairs=args.pair, holdout=args.holdout,
-        )
+        return _force(args, registry) if args.force else _gate(args, registry)
     except (GateError, DataError) as exc:
         print(f"pointsman promote: {exc}", file=sys.stderr)
-        return 2
+    except OSError as exc:
+        print(f"pointsman promote: {os_error_line(exc)}", file=sys.stderr)
+    except Exception as exc:
+        # Exit 1 means "refused by the gate": no failure may read so (an uncaught exception exits 1). Most
+        # are a corrupt registry file (JSON that is not, or not the object it should be): named.
+        problem = corrupt_file(registry) if registry.is_dir() else None
+        print(f"pointsman promote: {problem or error_line(exc, 'failed')}", file=sys.stderr)
+    return 2
+
+
+def _force(args: argparse.Namespace, registry: Path) -> int:
+    previous = force_promote(registry, args.version, args.reason)
+    print(f"PROMOTED (forced, no gate): {args.version} is now the active version of {args.registry} "
+          f"(was {previous or 'none: the shipped routers'}). Reason: {args.reason.strip()}")
+    return 0
+
+
+def _gate(args: argparse.Namespace, registry: Path) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    verdict = run_gate(
+        registry, args.version, args.data, margin=args.margin, resamples=args.resamples,
+        seed=args.seed, progress=not args.no_progress, pairs=args.pair, holdout=args.holdout,
+    )
     if verdict.promoted:
         print(f"PROMOTED: {verdict.version} is now the active version of {args.registry} "
               f"(was {verdict.against}). {verdict.reason}")

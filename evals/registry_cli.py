@@ -10,19 +10,35 @@ object for scripts. Read-only: it takes no lock and writes nothing.
 ``prune`` keeps the ``--keep`` newest versions (default 5), the active and the previous one, and every
 version an experiment arm of a ``--config`` file pins (``router_version``); it deletes the others under
 the registry's lock and records each in ``pruned.json`` (``classifiers.registry.RouterRegistry.prune``).
-Exit 0, or 2 when DIR is not a registry or a config cannot be read.
+Exit 0, or 2 when DIR is not a registry, a config cannot be read, a registry file is corrupt (named) or
+the registry cannot be written (a prune on a read-only file system is refused before it starts).
+
+The helpers at the end (:func:`int_at_least`, :func:`unwritable`, :func:`corrupt_file`, :func:`error_line`,
+:func:`os_error_line`) serve ``pointsman promote`` too: one line naming the file, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from classifiers.registry import RouterRegistry, VersionInfo, is_registry
+from classifiers.registry import (
+    ACTIVE_FILE,
+    LOCK_FILE,
+    PRUNED_FILE,
+    REGISTRY_FILE,
+    VERDICTS_FILE,
+    VERSION_FILE,
+    VERSIONS_DIR,
+    RouterRegistry,
+    VersionInfo,
+    is_registry,
+)
 
 #: Pairs shown per version on the terminal (an 11-model file trains 55); ``--json`` has them all.
 SHOWN_PAIRS = 3
@@ -138,6 +154,12 @@ def _prune(args: argparse.Namespace, root: Path) -> int:
     except ValueError as exc:
         print(f"pointsman registry prune: {exc}", file=sys.stderr)
         return 2
+    if not args.dry_run:
+        # Refused up front: a prune that cannot take the lock or delete would fail with a traceback.
+        problem = unwritable(root, root / VERSIONS_DIR)
+        if problem:
+            print(f"pointsman registry prune: cannot prune {root}: {problem}", file=sys.stderr)
+            return 2
     registry = RouterRegistry(root)
     doomed = registry.prune(args.keep, pinned, dry_run=args.dry_run)
     kept = [v for v in registry.version_ids() if v not in doomed]
@@ -163,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the --config files pin; recorded in pruned.json",
     )
     p_prune.add_argument("--registry", required=True, help="the router registry directory")
-    p_prune.add_argument("--keep", type=_at_least_one, default=5, help="newest versions to keep (>= 1; default 5)")
+    p_prune.add_argument("--keep", type=int_at_least(1, " (the newest version is always kept)"), default=5,
+                         help="newest versions to keep (>= 1; default 5)")
     p_prune.add_argument("--config", action="append", metavar="FILE",
                          help="a gateway config whose experiment arms' router_version must be kept (repeatable)")
     p_prune.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
@@ -172,18 +195,123 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not is_registry(root):
         print(f"pointsman registry: {root} is not a router registry (no registry.json)", file=sys.stderr)
         return 2
-    if args.action == "prune":
-        return _prune(args, root)
-    summary = registry_summary(root)
+    try:
+        if args.action == "prune":
+            return _prune(args, root)
+        summary = registry_summary(root)
+    except OSError as exc:
+        print(f"pointsman registry {args.action}: {os_error_line(exc)}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a corrupt file: name it
+        print(f"pointsman registry {args.action}: {registry_problem(root, exc)}", file=sys.stderr)
+        return 2
     print(json.dumps(summary, indent=2) if args.json else render(summary))
     return 0
 
 
-def _at_least_one(value: str) -> int:
+# ----------------------------------------------------------------------------- shared with pointsman promote
+
+
+def int_at_least(minimum: int, hint: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum`` (argparse's usage error names the option)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < minimum:
+            raise argparse.ArgumentTypeError(f"{value!r}: give a whole number >= {minimum}{hint}")
+        return number
+
+    return parse
+
+
+def unwritable(root: Path, *directories: Path) -> str | None:
+    """Why the registry at ``root`` cannot be changed, or None.
+
+    A change takes the lock (``.lock`` in ``root``, created if missing) and replaces files by renaming
+    a temporary file written beside them, so ``root`` and each of ``directories`` (those that exist)
+    must be writable directories, and ``.lock`` a writable file. Checked with ``os.access``, which sees a
+    read-only mount even for root.
+    """
+    for directory in (root, *directories):
+        if directory.exists() and not os.access(directory, os.W_OK | os.X_OK):
+            return f"{directory} is not writable ({_why_not_writable(directory)})"
+    lock = root / LOCK_FILE
+    if lock.exists() and not os.access(lock, os.W_OK):
+        return f"{lock} is not writable ({_why_not_writable(lock)})"
+    return None
+
+
+def _why_not_writable(path: Path) -> str:
     try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: give a whole number >= 1 (the newest version is always kept)")
-    return n
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    return "no write permission"
+
+
+def registry_problem(root: Path, exc: BaseException) -> str:
+    """One line for ``exc``, raised while reading or changing the registry at ``root``: the first of its
+    JSON files that is not what it should be (:func:`corrupt_file`), or else the exception itself."""
+    problem = corrupt_file(root)
+    if problem is not None:
+        return problem
+    return error_line(exc, f"{root}: cannot read the registry")
+
+
+def error_line(exc: BaseException, context: str) -> str:
+    """One line for an exception: a file system error as ``path: reason``; a ``ValueError`` by its message
+    (this code base's usage and data errors, the registry's among them, are ValueErrors that name the file
+    or option); anything else as ``context (Type: message)``."""
+    if isinstance(exc, OSError):
+        return os_error_line(exc)
+    if isinstance(exc, ValueError) and str(exc):
+        return " ".join(str(exc).split())
+    return f"{context} ({type(exc).__name__}: {' '.join(str(exc).split())})"
+
+
+def corrupt_file(root: Path) -> str | None:
+    """The first JSON file of the registry at ``root`` that is not what it should be (not JSON, or not
+    the object or list it should hold), named with what is wrong; None when all of them read."""
+    checks: list[tuple[Path, type, str | None]] = [
+        (root / REGISTRY_FILE, dict, None), (root / ACTIVE_FILE, dict, "version"), (root / PRUNED_FILE, list, None),
+    ]
+    try:
+        # Staging and pruned-aside directories (dot names) are not versions.
+        versions = sorted(d for d in (root / VERSIONS_DIR).iterdir() if not d.name.startswith("."))
+    except OSError:  # no versions directory, or an unreadable one: the files above can still be checked
+        versions = []
+    for directory in versions:
+        checks += [(directory / VERSION_FILE, dict, "version"), (directory / VERDICTS_FILE, list, None)]
+    for path, kind, key in checks:
+        try:
+            if not path.is_file():
+                continue
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as err:
+            return f"{path}: cannot read it ({err.strerror or err})"
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+            return f"{path}: not valid JSON ({err}); the registry file is corrupt: restore it"
+        if kind is list:
+            ok = isinstance(raw, list) and all(isinstance(e, dict) for e in raw)
+            what = "a JSON list of objects"
+        else:
+            ok = isinstance(raw, dict) and (key is None or isinstance(raw.get(key), str))
+            what = "a JSON object" + (f' with a "{key}" string' if key else "")
+        if not ok:
+            return f"{path}: not {what}; the registry file is corrupt: restore it"
+    return None
+
+
+def os_error_line(exc: OSError) -> str:
+    """``path: reason`` for a file system error (``[Errno 30] Read-only file system: 'R/.lock'`` reads
+    as ``R/.lock: read-only file system``)."""
+    reason = (exc.strerror or str(exc)).rstrip(".")
+    reason = reason[:1].lower() + reason[1:]
+    if exc.filename is not None:
+        target = f" -> {exc.filename2}" if exc.filename2 is not None else ""
+        return f"{exc.filename}{target}: {reason}"
+    return reason

@@ -381,8 +381,11 @@ def compute_report(
     mean_curve = [CurvePoint(math.nan, float(x), float(q)) for x, q in zip(rand_share, rand_quality.mean(axis=0),
                                                                           strict=True)]
     gap = strong != weak
+    # Every draw's APGR is NaN when the two models tie on average: no mean (nanmean would warn on stderr).
+    rand_finite = rand_apgr[np.isfinite(rand_apgr)]
     routers["random"] = {
-        "apgr": {"value": float(np.nanmean(rand_apgr)), "ci": list(percentile_ci(rand_apgr, level))},
+        "apgr": {"value": float(rand_finite.mean()) if len(rand_finite) else math.nan,
+                 "ci": list(percentile_ci(rand_apgr, level))},
         "cpt50": {"value": cpt(mean_curve, 0.5, strong, weak) if gap else math.nan, "ci": [math.nan, math.nan]},
         "cpt80": {"value": cpt(mean_curve, 0.8, strong, weak) if gap else math.nan, "ci": [math.nan, math.nan]},
         "aiq": {"value": (strong + weak) / 2 if cost_max > cost_min else float("nan"), "ci": [math.nan, math.nan]},
@@ -530,9 +533,11 @@ def jsonable(value: Any, digits: int | None = None) -> Any:
     return value
 
 
-def report_dir(out: str | Path) -> Path:
+def report_dir(out: str | Path, files: Sequence[str] = ()) -> Path:
     """The directory a command writes its report into, created now: a path that cannot hold it
-    (read-only, a file, ``/proc``) fails before minutes of work, not after. ``ValueError`` names it."""
+    (read-only, a file, ``/proc``) fails before minutes of work, not after. ``files``: the names the
+    report will write inside it; one that exists as something other than a writable file (a directory
+    called ``report.md``) fails now too. ``ValueError`` names the path."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {out}: is a file; give a directory for the report")
@@ -540,6 +545,13 @@ def report_dir(out: str | Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"--out {out}: cannot create the report directory ({exc.strerror or exc})") from None
-    if not os.access(path, os.W_OK):
+    if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out}: the report directory is not writable")
+    for name in files:
+        target = path / name
+        if target.exists() and not target.is_file():
+            raise ValueError(f"--out {out}: {target} exists and is not a file (a directory?); remove it or give "
+                             "another --out")
+        if target.exists() and not os.access(target, os.W_OK):
+            raise ValueError(f"--out {out}: {target} is not writable")
     return path

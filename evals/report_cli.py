@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evals.holdout import holdout_fraction, split_sources
+from evals.registry_cli import int_at_least
 
 if TYPE_CHECKING:
     from evals.report import PairTable
@@ -57,14 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--routers-dir",
         help="router artifacts to replay with instead of classifiers.routers_dir "
-        "(a registry, a registry version directory or a plain directory)",
+        "(a registry, a registry version directory or a plain directory of heads; must exist)",
     )
     p.add_argument(
         "--metric", default="quality", help="the feedback metric logs: sources are read under (default quality)"
     )
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the resamples, folds and random baseline")
-    p.add_argument("--knn-k", type=int, help="neighbours of the kNN baseline (default sqrt(n), 5..50)")
+    p.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="seed of the resamples, folds and random baseline (>= 0; default 0)")
+    p.add_argument("--knn-k", type=int_at_least(1),
+                   help="neighbours of the kNN baseline (>= 1; default sqrt(n), 5..50)")
     p.add_argument("--min-group", type=int, default=20,
                    help="smallest source/domain group that gets an APGR in the breakdown (default 20)")
     p.add_argument(
@@ -88,9 +91,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pointsman eval: the report's plots need matplotlib: pip install matplotlib", file=sys.stderr)
         return 2
     from evals.report import report_dir
+    from evals.report_render import REPORT_FILES
 
+    # Checked before the replay and the bootstrap, which take minutes: a bad path must not cost them.
+    problem = routers_dir_problem(args.routers_dir)
+    if problem:
+        print(f"pointsman eval: {problem}", file=sys.stderr)
+        return 2
     try:
-        report_dir(args.out)
+        report_dir(args.out, REPORT_FILES)
     except ValueError as exc:
         print(f"pointsman eval: {exc}", file=sys.stderr)
         return 2
@@ -416,6 +425,29 @@ def _nothing_to_evaluate(
         "Labelled requests need both models' quality (a file, or comparisons: routes.<name>.compare); "
         "off-policy estimates need exploration (routes.<name>.explore.epsilon) and feedback on the answers"
     )
+
+
+def routers_dir_problem(path: str | None) -> str | None:
+    """Why ``--routers-dir`` cannot be replayed, or None (not given, or a registry or directory of heads).
+
+    A path with no router in it would silently replay the shipped heads (``resolve_routers_dir`` falls
+    back to them) under the name ``bundled-...``, grading a router the user did not ask for.
+    """
+    from classifiers.registry import has_heads, is_registry
+
+    if path is None:
+        return None
+    root = Path(path)
+    if not path.strip():
+        return "--routers-dir: give a directory (a registry, a registry version or a directory of heads)"
+    if not root.exists():
+        return f"--routers-dir {path}: no such directory"
+    if not root.is_dir():
+        return f"--routers-dir {path}: is a file; give a registry, a registry version or a directory of heads"
+    if not is_registry(root) and not has_heads(root):
+        return (f"--routers-dir {path}: holds no router (no registry.json, no <head>/manifest.json); give a "
+                "registry, a registry version or a directory of heads")
+    return None
 
 
 def routers_dir_version(path: str | Path | None) -> str | None:

@@ -48,7 +48,8 @@ def _ci(entry: Mapping[str, Any] | None) -> str:
     if not entry:
         return "n/a"
     lo, hi = entry.get("ci") or (None, None)
-    if lo is None or hi is None or math.isnan(_nan(lo)):
+    # No interval beside a missing value: "n/a [0.1, 0.9]" reads as if there were an estimate.
+    if any(math.isnan(_nan(v)) for v in (lo, hi, entry.get("value"))):
         return _fmt(entry.get("value"))
     return f"{_fmt(entry.get('value'))} [{_fmt(lo)}, {_fmt(hi)}]"
 
@@ -181,7 +182,7 @@ def frontier(report: Mapping[str, Any], path: Path) -> Path:
 
 def _ci_digits(entry: Mapping[str, Any], digits: int) -> str:
     lo, hi = entry.get("ci") or (None, None)
-    if lo is None or hi is None:
+    if lo is None or hi is None or math.isnan(_nan(entry.get("value"))):
         return _fmt(entry.get("value"), digits)
     return f"{_fmt(entry.get('value'), digits)} [{_fmt(lo, digits)}, {_fmt(hi, digits)}]"
 
@@ -333,6 +334,10 @@ def offpolicy(report: Mapping[str, Any], path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+#: Every plot :func:`write_plots` may write, as ``<name>.png`` (checked before an eval computes anything).
+PLOT_NAMES = ("pgr_curve", "frontier", "reliability", "breakdown", "offpolicy")
 
 
 def write_plots(report: Mapping[str, Any], out_dir: Path) -> dict[str, str]:

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from evals.report import jsonable
-from evals.report_plots import write_plots
+from evals.report_plots import PLOT_NAMES, write_plots
+
+#: Every file :func:`write_report` may write into the report directory.
+REPORT_FILES = ("report.json", "report.md", "report.html", "decisions.jsonl", *(f"{n}.png" for n in PLOT_NAMES))
 
 PLOT_TITLES = {
     "pgr_curve": "PGR curve",
@@ -64,12 +67,12 @@ def _pct(value: Any) -> str:
 
 
 def _est(entry: Mapping[str, Any] | None, digits: int = 3, pct: bool = False) -> str:
-    """``value [lo, hi]``."""
+    """``value [lo, hi]``; just ``n/a`` for a missing value (an interval beside it would read as an estimate)."""
     if not entry:
         return "n/a"
     fmt = _pct if pct else (lambda v: _num(v, digits))
     lo, hi = (entry.get("ci") or [None, None])[:2]
-    if _missing(lo) or _missing(hi):
+    if _missing(lo) or _missing(hi) or _missing(entry.get("value")):
         return fmt(entry.get("value"))
     return f"{fmt(entry.get('value'))} [{fmt(lo)}, {fmt(hi)}]"
 
@@ -81,7 +84,7 @@ def _cost(entry: Mapping[str, Any] | None, report: Mapping[str, Any]) -> str:
         return _est(entry, pct=True)
     lo, hi = (entry.get("ci") or [None, None])[:2]
     value = entry.get("value")
-    return _money(value) + ("" if _missing(lo) or _missing(hi) else f" [{_money(lo)}, {_money(hi)}]")
+    return _money(value) + ("" if _missing(lo) or _missing(hi) or _missing(value) else f" [{_money(lo)}, {_money(hi)}]")
 
 
 def _money(value: Any) -> str:

@@ -8,6 +8,11 @@ time (:func:`difference_path`): what the plot shows at each look is what the ver
 
 With several treatment arms each comparison uses ``alpha / (number of treatment arms)``
 (Bonferroni), so the chance that *any* arm is wrongly declared stays at ``alpha``.
+
+Every mean is of a bounded quantity, and its interval is computed with those bounds
+(:func:`policies.experiments.sequential.bounded_variance`): quality scores lie in [0, 1]; costs have
+no bound known in advance, so the range the experiment's costs span (from 0) stands in. Scores or
+costs that never varied therefore get an interval of positive width, never a zero-width "certainty".
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from evals.ab.data import QUALITY_SOURCES, SOURCE_LABELS, ExperimentData, Served
 from evals.ab.verdict import ArmVerdict, arm_verdict
 from policies.experiments.sequential import (
     DEFAULT_PLANNED_N,
+    Bounds,
     SampleRatioCheck,
     SequentialDiff,
     SequentialPath,
+    bounded_variance,
     cumulative_stats,
     mean_difference_cs,
     mean_difference_path,
@@ -85,6 +92,26 @@ def looks_for(n_rows: int, look_every: int | None) -> np.ndarray:
     return looks
 
 
+def quality_bounds(values: np.ndarray) -> Bounds:
+    """The range quality scores lie in: [0, 1] (the feedback API's), widened to any score seen outside it."""
+    x = values[np.isfinite(values)]
+    return (min(0.0, float(x.min())), max(1.0, float(x.max()))) if x.size else (0.0, 1.0)
+
+
+def cost_bounds(values: np.ndarray) -> Bounds | None:
+    """The range costs lie in, as far as the experiment shows: from 0 (or a lower cost) to the largest seen.
+
+    A cost has no bound known in advance; the observed range is the scale its smoothing needs (see
+    :func:`~policies.experiments.sequential.bounded_variance`). None when no cost is known or every
+    cost is 0: there is no scale to be uncertain over.
+    """
+    x = values[np.isfinite(values)]
+    if not x.size:
+        return None
+    lower, upper = min(0.0, float(x.min())), float(x.max())
+    return (lower, upper) if upper > lower else None
+
+
 def _arm_cumulative(rows: ServedRows, arm: str, values: np.ndarray, looks: np.ndarray) -> tuple[np.ndarray, ...]:
     """Running (n, mean, var) of ``values`` over ``arm``'s rows, read at ``looks``."""
     n, mean, var = cumulative_stats(np.where(rows.arm == arm, values, np.nan))
@@ -98,7 +125,7 @@ def difference_path(
     q = rows.quality[source]
     nt, mt, vt = _arm_cumulative(rows, treatment, q, looks)
     nc, mc, vc = _arm_cumulative(rows, control, q, looks)
-    return mean_difference_path(nt, mt, vt, nc, mc, vc, alpha=alpha, rho=rho)
+    return mean_difference_path(nt, mt, vt, nc, mc, vc, alpha=alpha, rho=rho, bounds=quality_bounds(q))
 
 
 def _interval(lower: float, upper: float) -> list[float]:
@@ -110,12 +137,15 @@ def _diff_dict(d: SequentialDiff) -> dict[str, Any]:
             "n_control": d.n_control, "alpha": d.alpha, "significant": d.significant}
 
 
-def _mean_entry(values: np.ndarray, requests: int, opts: Options) -> dict[str, Any]:
+def _mean_entry(
+    values: np.ndarray, requests: int, opts: Options, bounds: Bounds | None, *, clip: bool = True
+) -> dict[str, Any]:
     x = values[np.isfinite(values)]
     n = int(x.size)
     mean = float(x.mean()) if n else math.nan
     var = float(x.var(ddof=1)) if n >= 2 else math.nan
-    lo, hi = mean_path(np.array([n]), np.array([mean]), np.array([var]), alpha=opts.alpha, rho=opts.rho)
+    lo, hi = mean_path(np.array([n]), np.array([mean]), np.array([var]), alpha=opts.alpha, rho=opts.rho,
+                       bounds=bounds, clip=clip)
     return {"n": n, "mean": mean, "sd": math.sqrt(var) if n >= 2 else math.nan, "ci": _interval(lo[0], hi[0]),
             "coverage": n / requests if requests else math.nan}
 
@@ -132,8 +162,11 @@ def arm_stats(data: ExperimentData, arm: str, primary: str, opts: Options) -> di
     """One served arm's numbers: requests, errors, quality per source, cost, strong share, latency."""
     rows = data.served.select(data.served.arm == arm)
     n = len(rows)
-    quality = {s: _mean_entry(rows.quality[s], n, opts) for s in QUALITY_SOURCES}
-    cost = _mean_entry(rows.cost, n, opts)
+    # Bounds from every arm's values: one scale for the experiment, so the arms' intervals compare.
+    quality = {s: _mean_entry(rows.quality[s], n, opts, quality_bounds(data.served.quality[s]))
+               for s in QUALITY_SOURCES}
+    # The cost range is read from the data: it scales the smoothing but must not clip (a mean may exceed it).
+    cost = _mean_entry(rows.cost, n, opts, cost_bounds(data.served.cost), clip=False)
     cost["total"] = float(np.nansum(rows.cost)) if n else 0.0
     latency = rows.latency[np.isfinite(rows.latency)]
     q_mean = quality[primary]["mean"]
@@ -239,7 +272,7 @@ def timeline(
         counts = np.cumsum(rows.arm == arm)
         out["requests"][arm] = counts[looks - 1] if looks.size else looks
         n, mean, var = _arm_cumulative(rows, arm, q, looks) if looks.size else (looks, looks, looks)
-        lo, hi = mean_path(n, mean, var, alpha=opts.alpha, rho=opts.rho)
+        lo, hi = mean_path(n, mean, var, alpha=opts.alpha, rho=opts.rho, bounds=quality_bounds(q))
         out["quality"][arm] = {"n": n, "mean": mean, "lower": lo, "upper": hi}
     paths: dict[str, SequentialPath] = {}
     control = data.control
@@ -271,11 +304,13 @@ def differences(
         if source == primary and path is not None:
             d = path.at(-1)  # the verdict reads the path's last look: the plot and the verdict agree
         else:
-            d = mean_difference_cs(t.quality[source], c.quality[source], alpha=alpha_cmp, rho=opts.rho)
+            d = mean_difference_cs(t.quality[source], c.quality[source], alpha=alpha_cmp, rho=opts.rho,
+                                   bounds=quality_bounds(rows.quality[source]))
         quality[source] = _diff_dict(d)
         if source == primary:
             primary_diff = d
-    cost = mean_difference_cs(t.cost, c.cost, alpha=alpha_cmp, rho=opts.rho)
+    cost = mean_difference_cs(t.cost, c.cost, alpha=alpha_cmp, rho=opts.rho, bounds=cost_bounds(rows.cost),
+                              clip=False)
     out = {
         "quality": quality,
         "cost_per_request": _diff_dict(cost),
@@ -292,12 +327,15 @@ def verdict_for(
     """The verdict on one treatment arm (see :func:`evals.ab.verdict.arm_verdict`)."""
     rows = data.served
     q = rows.quality[primary]
+    bounds = quality_bounds(q)
     per_arm = []
     for name in (arm, data.control):
         mask = rows.arm == name
         values = q[mask & np.isfinite(q)]
         # Fewer than MIN_VARIANCE_SCORES scores say little about the spread: the largest is assumed.
-        var = values.var(ddof=1) if values.size >= MIN_VARIANCE_SCORES else math.nan
+        # More are smoothed like the intervals' (scores that never varied still have some spread).
+        var = (float(bounded_variance(values.size, values.mean(), values.var(ddof=1), bounds))
+               if values.size >= MIN_VARIANCE_SCORES else math.nan)
         per_arm.append((var, values.size / max(int(mask.sum()), 1)))
     (var_t, cov_t), (var_c, cov_c) = per_arm
     # Costs of zero everywhere say nothing: leave cost out of the sentence rather than claim "no difference".

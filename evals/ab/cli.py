@@ -21,7 +21,7 @@ from typing import Any
 
 from evals.ab.analysis import Options, analyze
 from evals.ab.load import UnknownExperiment, load_experiment_url
-from evals.ab.render import FORMATS, verdict_lines, write_ab_report
+from evals.ab.render import FORMATS, check_outputs, verdict_lines, write_ab_report
 from evals.report import report_dir
 from evals.run_sync import run_sync
 from policies.experiments.sequential import DEFAULT_PLANNED_N
@@ -30,6 +30,23 @@ from store.errors import StoreError
 
 class UsageError(ValueError):
     """A bad argument; the message says which and why."""
+
+
+class CommandError(Exception):
+    """The store could not be read or the report could not be written; the message says which."""
+
+
+def check_text(label: str, value: str) -> None:
+    """A :class:`UsageError` naming ``label`` when ``value`` is not valid UTF-8.
+
+    Python hands undecodable argument bytes over as lone surrogates (``\\udcff``); they would fail
+    deep in the store's query ("'utf-8' codec can't encode"). Paths are not checked: the file
+    system takes such names back as the bytes they were.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{label} {value!r}: not valid UTF-8 text") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,27 +117,40 @@ def _options(args: argparse.Namespace) -> tuple[Options, list[str]]:
 
 
 def report(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, Any]]:
-    """Load, analyse and write; returns the written paths and the report dict."""
+    """Load, analyse and write; returns the written paths and the report dict.
+
+    Every argument and every output path is checked before the store is read: a bad ``--out``
+    fails in a second, not after the load, and never after some of the files were written.
+    """
+    check_text("experiment name", args.experiment)
+    check_text("--metric", args.metric)
     opts, formats = _options(args)
     since = parse_since(args.since)
     try:
-        report_dir(args.out)
+        check_outputs(report_dir(args.out), formats)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        message = str(exc)
+        raise UsageError(message if message.startswith("--out") else f"--out {args.out}: {message}") from None
     from tqdm import tqdm
 
     bar = tqdm(total=3, desc="load from store", unit="step", disable=args.no_progress or not sys.stderr.isatty(),
                leave=False)
     try:
-        data = run_sync(lambda: load_experiment_url(args.store, args.experiment, since=since,
-                                                    include_compared=args.include_compared, metric=args.metric))
+        try:
+            data = run_sync(lambda: load_experiment_url(args.store, args.experiment, since=since,
+                                                        include_compared=args.include_compared, metric=args.metric))
+        except (StoreError, OSError, ValueError) as exc:  # missing or unreachable database, bad URL
+            raise CommandError(f"cannot read the store: {exc}") from exc
         bar.update()
         bar.set_description(f"analyse {len(data.served)} requests")
         result = analyze(data, opts)
         result["since"] = args.since
         bar.update()
         bar.set_description("write report")
-        paths = write_ab_report(result, Path(args.out), formats)
+        try:
+            paths = write_ab_report(result, Path(args.out), formats)
+        except (OSError, ValueError) as exc:  # the directory changed since it was checked, or the disk is full
+            raise CommandError(f"--out {args.out}: cannot write the report: {exc}") from exc
         bar.update()
     finally:
         bar.close()
@@ -132,11 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         paths, result = report(args)
-    except (UsageError, UnknownExperiment) as exc:
+    except (UsageError, UnknownExperiment, CommandError) as exc:
         print(f"pointsman ab: {exc}", file=sys.stderr)
-        return 2
-    except (StoreError, OSError, ValueError) as exc:  # missing or unreachable database, bad URL: one line
-        print(f"pointsman ab: cannot read the store: {exc}", file=sys.stderr)
         return 2
     print("\n".join(verdict_lines(result)))
     print(f"\n{result['rows']['served']} served requests, {result['rows']['shadow']} shadow decisions")

@@ -80,8 +80,11 @@ def difference_over_time(report: Mapping[str, Any], path: Path) -> Path | None:
     ax.axhline(0, color="#222222", lw=1)
     for sign in (-1, 1):
         ax.axhline(sign * effect, color="#999999", lw=0.8, ls=(0, (2, 3)))
-    ax.text(times[0], effect, f" ±{effect:g}: smallest difference that counts", va="bottom", fontsize=8,
-            color="#555555")
+    # At the left edge in axes coordinates, not at the first look's time: that look may have no
+    # difference yet, fall outside the x range the lines set, and drag the label off the axes (the
+    # constrained layout then shrinks the axes to nothing to make room for it).
+    ax.text(0.005, effect, f" ±{effect:g}: smallest difference that counts", va="bottom", fontsize=8,
+            color="#555555", transform=ax.get_yaxis_transform())
     finite: list[float] = []
     for arm, d in series["differences"].items():
         est, lo, hi = _arr(d["estimate"]), _arr(d["lower"]), _arr(d["upper"])
@@ -103,15 +106,25 @@ def requests_over_time(report: Mapping[str, Any], path: Path) -> Path | None:
     series = report["timeline"]
     if not series["looks"]:
         return None
+    import matplotlib.dates as mdates
+
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8.4, 4.2), layout="constrained")
     times, colors = _times(report), _colors(report)
     for arm, counts in series["requests"].items():
         ax.step(times, _arr(counts), where="post", color=colors[arm], lw=2, label=arm)
-    for stop in report.get("stops") or []:
-        when = dt.datetime.fromtimestamp(float(stop["stopped_at"]), tz=dt.UTC)
+    stops = [(dt.datetime.fromtimestamp(float(stop["stopped_at"]), tz=dt.UTC), stop)
+             for stop in report.get("stops") or []]
+    for when, stop in stops:
         ax.axvline(when, color=colors.get(stop["arm"], "#d62728"), ls="--", lw=1)
-        ax.text(when, ax.get_ylim()[1], f" {stop['arm']} stopped: {stop['reason']}", fontsize=8, va="top")
+    left, right = ax.get_xlim()  # final now that the stop lines are in
+    for when, stop in stops:
+        # A label right of the middle reads leftwards, so it stays inside the axes; kept out of the
+        # layout, a long one cannot shrink the axes to nothing to make room for itself.
+        leftwards = float(mdates.date2num(when)) > (left + right) / 2
+        label = ax.text(when, 0.99, f" {stop['arm']} stopped: {stop['reason']} ", fontsize=8, va="top",
+                        ha="right" if leftwards else "left", transform=ax.get_xaxis_transform())
+        label.set_in_layout(False)
     ax.set_ylabel("served requests (cumulative)")
     try:
         return _finish(ax, fig, PLOT_TITLES["requests_over_time"], report, path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ def write_ab_report(report: Mapping[str, Any], out_dir: Path, formats: Iterable[
     if unknown:
         raise ValueError(f"unknown report format(s) {', '.join(sorted(unknown))}; expected {', '.join(FORMATS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    check_outputs(out_dir, wanted)  # before the first PNG: a bad target must not leave half a report
     data = jsonable(report)
     data["plots"] = write_plots(data, out_dir) if wanted & {"md", "html"} else {}
     paths: dict[str, Path] = {name: out_dir / file for name, file in data["plots"].items()}
@@ -44,6 +46,30 @@ def write_ab_report(report: Mapping[str, Any], out_dir: Path, formats: Iterable[
         paths["html"] = out_dir / "ab-report.html"
         paths["html"].write_text(render_html(data, out_dir), encoding="utf-8")
     return paths
+
+
+def report_files(formats: Iterable[str]) -> list[str]:
+    """The file names :func:`write_ab_report` may write for ``formats`` (the plots with md or html)."""
+    wanted = set(formats)
+    names = [f"ab-report.{f}" for f in FORMATS if f in wanted]
+    if wanted & {"md", "html"}:
+        names += [f"{name}.png" for name in PLOT_TITLES]
+    return names
+
+
+def check_outputs(out_dir: Path, formats: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the first file of the report that ``out_dir`` cannot take.
+
+    A name taken by a directory (or anything but a regular file), or a file that is not writable,
+    would only fail when written: after the store was read and some files were already replaced.
+    """
+    for name in report_files(formats):
+        target = out_dir / name
+        if target.exists() and not target.is_file():
+            raise ValueError(f"{target} exists and is not a regular file (a directory?); remove it or write the "
+                             "report elsewhere")
+        if target.exists() and not os.access(target, os.W_OK):
+            raise ValueError(f"{target} is not writable")
 
 
 # ----------------------------------------------------------------------------- formatting

@@ -126,7 +126,7 @@ def arm_verdict(
 
     scores, requests = more_requests(min_effect)
     how_many = (f"about {requests:,} more requests per arm" if requests is not None
-                else f"about {scores:,} scored requests per arm (none has a {source} score yet)")
+                else f"about {scores:,} scored requests per arm ({_unscored(arm, control, quality, source)})")
     text = (f"not enough data yet: {how_many} would detect a difference of {min_effect:g} in {what} "
             f"between {arm} and {control}")
     seen = abs(quality.estimate)
@@ -137,3 +137,21 @@ def arm_verdict(
     text += f"; so far {fmt_diff(quality)}"
     return ArmVerdict(arm, control, "not_enough_data", text, more_requests_per_arm=requests,
                       detectable_difference=min_effect)
+
+
+def _unscored(arm: str, control: str, quality: SequentialDiff, source: str) -> str:
+    """Which arm has no ``source`` score yet: requests cannot be counted until both have some.
+
+    Coverage is the smaller of the arms', so it is 0 when either arm lacks scores; naming the arm
+    that lacks them keeps the sentence true when the other already has some.
+    """
+    if quality.n_treatment == 0 and quality.n_control == 0:
+        return f"neither arm has {_article(source)} {source} score yet"
+    lacking, other, count = ((arm, control, quality.n_control) if quality.n_treatment == 0
+                             else (control, arm, quality.n_treatment))
+    return f"{lacking} has no {source} score yet; {other} has {count:,}"
+
+
+def _article(word: str) -> str:
+    """``a`` or ``an`` before ``word`` (by its first letter: the sources are explicit, judge, implicit)."""
+    return "an" if word[:1].lower() in "aeiou" else "a"

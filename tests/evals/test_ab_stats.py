@@ -22,6 +22,7 @@ from policies.experiments import (
     sample_ratio_check,
 )
 from policies.experiments.sequential import (
+    bounded_variance,
     cumulative_stats,
     mean_difference_path,
     normal_mixture_margin,
@@ -110,10 +111,12 @@ def test_the_report_says_not_enough_data_after_50_requests_per_arm() -> None:
     assert verdict["text"].startswith("not enough data yet: about ")
     assert "more requests per arm would detect a difference of" in verdict["text"]
     # The difference named is the smallest that counts (default 0.02); the requests are where the
-    # interval's half-width would shrink to it, at the variances seen so far.
+    # interval's half-width would shrink to it, at the variances seen so far (smoothed within [0, 1]
+    # like the intervals').
     assert verdict["detectable_difference"] == 0.02
-    sd_t, sd_c = (report["arms"][a]["quality"]["judge"]["sd"] for a in ("treatment", "control"))
-    needed = samples_to_detect(0.02, sd_t**2, sd_c**2, rho=rho_for_planned_n(1000))
+    var_t, var_c = (float(bounded_variance(50, q["mean"], q["sd"] ** 2, (0.0, 1.0)))
+                    for q in (report["arms"][a]["quality"]["judge"] for a in ("treatment", "control")))
+    needed = samples_to_detect(0.02, var_t, var_c, rho=rho_for_planned_n(1000))
     assert 4000 < needed < 20000  # sd 0.3 per arm: thousands of requests to see 0.02
     assert verdict["more_requests_per_arm"] == needed - 50
     expected = f"about {needed - 50:,} more requests per arm would detect a difference of 0.02 in quality (judge)"

@@ -17,6 +17,7 @@ from evals.metrics import (
     pgr,
     quality_at_cost,
     routing_curve,
+    sweep_counts,
 )
 
 # Four prompts. The strong model is right on 0, 2, 3; the weak one only on 0.
@@ -83,3 +84,51 @@ def test_frontier_helpers_read_the_upper_envelope() -> None:
     assert cost_at_quality(costs, quals, 0.6) == pytest.approx(1.5)
     assert cost_at_quality(costs, quals, 0.4) == pytest.approx(1.0)
     assert math.isnan(cost_at_quality(costs, quals, 0.8))
+
+
+# ----------------------------------------------------------------------------- the oracle on the router's grid
+
+
+def test_sweep_counts_are_the_strong_calls_of_a_router_with_distinct_scores() -> None:
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 4, 10, 57, 203, 1000):
+        scores = rng.permutation(n) * 10.0  # distinct, and on a scale where float noise cannot move an edge
+        curve = routing_curve(scores, np.ones(n), np.zeros(n))
+        assert [round(p.strong_share * n) for p in curve] == sweep_counts(n), n
+    assert sweep_counts(4, 4) == [4, 3, 2, 1, 0]
+    assert sweep_counts(203) == [203, 182, 162, 142, 122, 102, 81, 61, 41, 21, 0]
+    assert sweep_counts(0) == [0] * 11
+
+
+def test_oracle_equals_any_router_when_the_strong_model_always_gains_the_same() -> None:
+    # Every router, the oracle included, is on the straight line here: APGR 0.5 and CPT(50) 50%. The
+    # oracle plotted at nominal shares with its strong calls rounded down scored 0.495 and 50.6% on 203.
+    for n in (203, 1001, 7):
+        strong, weak = np.ones(n), np.zeros(n)
+        oracle = oracle_curve(strong, weak)
+        route = routing_curve(np.random.default_rng(n).random(n), strong, weak)
+        assert apgr(oracle, 1.0, 0.0) == pytest.approx(0.5) == apgr(route, 1.0, 0.0)
+        assert cpt(oracle, 0.5, 1.0, 0.0) == pytest.approx(0.5)
+        # Each point sits at the share it was computed for: quality = weak + share * gap.
+        assert all(p.quality == pytest.approx(p.strong_share) for p in oracle)
+
+
+@pytest.mark.parametrize("kind", ["binary", "continuous"])
+def test_oracle_apgr_is_at_least_any_routers_on_random_data(kind: str) -> None:
+    checked = 0
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(5, 1500))
+        if kind == "binary":
+            strong, weak = (rng.random(n) < 0.7).astype(float), (rng.random(n) < 0.5).astype(float)
+        else:
+            strong, weak = rng.random(n), rng.random(n) * 0.8
+        s, w = float(strong.mean()), float(weak.mean())
+        if s <= w:  # APGR reads upside down when the weak model is better: not a ranking to compare
+            continue
+        oracle = apgr(oracle_curve(strong, weak), s, w)
+        gain = strong - weak
+        for scores in (rng.random(n), gain + rng.normal(0, 0.3, n), gain + rng.normal(0, 1e-6, n)):
+            assert oracle >= apgr(routing_curve(scores, strong, weak), s, w) - 1e-9, (seed, n)
+        checked += 1
+    assert checked > 40

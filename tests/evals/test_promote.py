@@ -4,18 +4,26 @@ labelled files with the static encoder."""
 
 from __future__ import annotations
 
+import argparse
+import errno
 import json
+import os
+import pwd
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from classifiers.provider import load_router_heads
-from classifiers.registry import RouterRegistry
+from classifiers.registry import RouterRegistry, operator_name
 from evals.holdout import is_held_out
 from evals.labelled import load_source
+from evals.promote import GateError, pair_arg, run_gate, split_pair
+from evals.registry_cli import corrupt_file
 from evals.retrain import row_key
 from gateway.cli import main
 from tests.evals.labelled_files import STRONG, TWIN, WEAK, rows, with_twin, write_jsonl
@@ -502,3 +510,216 @@ def test_the_shipped_head_standing_in_for_a_missing_pair_is_not_graded_on_its_tr
     assert cmp["rows"] == gated - 40
     assert "left out 40 more requests for this pair: the active version has no head for it" in out
     assert RouterRegistry(registry).active_version() in (v1, v2)
+
+
+# ----------------------------------------------------------------------------- review fixes: exit codes, options
+
+
+def _registry_files(registry: Path) -> list[tuple[Path, bytes]]:
+    return sorted((p.relative_to(registry), p.read_bytes()) for p in registry.rglob("*.json"))
+
+
+def _not_writable_under(root: Path) -> Callable[..., bool]:
+    """An ``os.access`` that reports every path under ``root`` unwritable, the way a read-only mount does
+    (tests may run as root, for whom a chmod changes nothing)."""
+    real = os.access
+
+    def access(path: Any, mode: int, **kwargs: Any) -> bool:
+        if mode & os.W_OK and Path(path).resolve().is_relative_to(root.resolve()):
+            return False
+        return real(path, mode, **kwargs)
+
+    return access
+
+
+def _read_only_error(*args: Any, **kwargs: Any) -> None:
+    raise OSError(errno.EROFS, "Read-only file system", "routers/.lock")
+
+
+def test_a_registry_the_verdict_cannot_be_written_to_is_refused_before_the_gate_runs(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import evals.promote
+    import evals.registry_cli
+
+    _, heldout, (_, v2, _) = trained
+    before = _registry_files(registry)
+    monkeypatch.setattr(evals.registry_cli.os, "access", _not_writable_under(registry))
+    monkeypatch.setattr(evals.promote, "load_source", _must_not_be_called)
+    for extra in (["--data", f"file:{heldout}"], ["--force", "--reason", "rollback"]):
+        code, out, err = _promote(capsys, v2, "--registry", str(registry), *extra)
+        assert code == 2 and out == "", extra
+        assert err.startswith(f"pointsman promote: --registry {registry}: cannot write to it: {registry} is not "
+                              "writable (") and len(err.splitlines()) == 1, err
+    assert _registry_files(registry) == before
+
+
+def _must_not_be_called(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the gate read its held-out data although the verdict could not be written")
+
+
+def test_a_registry_write_that_fails_anyway_is_one_line_and_exit_2_never_1(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The file system turns read-only after the check (or access() cannot tell): still no traceback, and
+    # never exit 1, which means "refused by the gate".
+    _, heldout, (_, v2, _) = trained
+    monkeypatch.setattr(RouterRegistry, "promote", _read_only_error)
+    monkeypatch.setattr(RouterRegistry, "record_verdict", _read_only_error)
+    for extra in (["--data", f"file:{heldout}", "--resamples", "1000"], ["--force", "--reason", "rollback"]):
+        code, _, err = _promote(capsys, v2, "--registry", str(registry), *extra)
+        assert code == 2 and err == "pointsman promote: routers/.lock: read-only file system\n", (extra, err)
+    import evals.promote
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("something unforeseen")
+
+    monkeypatch.setattr(evals.promote, "run_gate", crash)
+    code, _, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}")
+    assert code == 2 and err == "pointsman promote: failed (RuntimeError: something unforeseen)\n"
+
+
+@pytest.mark.parametrize(("name", "content", "what"), [
+    ("active.json", "{not json", "not valid JSON"),
+    ("active.json", "[]", 'not a JSON object with a "version" string'),
+    ("versions/{v2}/version.json", "", "not valid JSON"),
+    ("versions/{v2}/version.json", '{"parent": null}', 'not a JSON object with a "version" string'),
+    ("versions/{v2}/verdicts.json", '{"decision": "refused"}', "not a JSON list of objects"),
+])
+def test_a_corrupt_registry_file_is_named_by_promote_list_and_prune(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str],
+    name: str, content: str, what: str,
+) -> None:
+    _, heldout, (_, v2, _) = trained
+    path = registry / name.format(v2=v2)
+    path.write_text(content)
+    commands = [
+        ["promote", v2, "--registry", str(registry), "--force", "--reason", "rollback"],
+        ["promote", v2, "--registry", str(registry), "--data", f"file:{heldout}", "--resamples", "1000"],
+        ["registry", "list", "--registry", str(registry)],
+        ["registry", "list", "--registry", str(registry), "--json"],
+        ["registry", "prune", "--registry", str(registry), "--keep", "1"],
+    ]
+    for command in commands:
+        code = main([*command, "--no-progress"] if command[0] == "promote" else command)
+        out = capsys.readouterr()
+        # The registry's own messages may word it their way; either way one line naming the file.
+        assert code == 2, (command, out)
+        assert str(path) in out.err and len(out.err.splitlines()) == 1 and "Traceback" not in out.err, (command, out)
+    problem = corrupt_file(registry)
+    assert problem is not None and problem.startswith(f"{path}: {what}") and problem.endswith("restore it")
+
+
+def test_seed_and_margin_are_checked_when_parsed(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, heldout, (_, v2, _) = trained
+    before = _registry_files(registry)
+    for args, option in ((["--seed", "-1"], "--seed"), (["--margin", "nan"], "--margin"),
+                         (["--margin=-inf"], "--margin"), (["--margin", "inf"], "--margin"),
+                         (["--margin", "x"], "--margin")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["promote", v2, "--registry", str(registry), "--data", f"file:{heldout}", *args])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and f"argument {option}:" in err and "Traceback" not in err, args
+    assert _registry_files(registry) == before
+    # Called as a function the gate refuses them too, before writing anything.
+    for kwargs in ({"margin": float("nan")}, {"margin": float("-inf")}, {"seed": -1}):
+        with pytest.raises(GateError):
+            run_gate(registry, v2, [f"file:{heldout}"], progress=False, log=lambda _: None, **kwargs)
+    assert _registry_files(registry) == before
+
+
+def test_a_forced_promotion_names_the_user_without_user_or_logname(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+
+    _, _, (_, v2, v3) = trained
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.delenv("LOGNAME", raising=False)
+    assert _promote(capsys, v2, "--registry", str(registry), "--force", "--reason", "test")[0] == 0
+    assert RouterRegistry(registry).active()["verdict"]["user"] == pwd.getpwuid(os.getuid()).pw_name  # type: ignore[index]
+
+    def no_entry(uid: int) -> Any:
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    assert _promote(capsys, v3, "--registry", str(registry), "--force", "--reason", "test")[0] == 0
+    assert RouterRegistry(registry).active()["verdict"]["user"] == f"uid {os.getuid()}"  # type: ignore[index]
+    monkeypatch.setenv("USER", "anna")
+    assert operator_name() == "anna"
+
+
+# ----------------------------------------------------------------------------- --pair with commas in model names
+
+BIG, SMALL = "vendor/big, v2", "small model"  # a comma and spaces: names train takes as they are
+
+
+def test_split_pair_finds_the_comma_between_two_models_of_a_pair() -> None:
+    trained = [{"strong": BIG, "weak": SMALL}, {"strong": "a", "weak": "b,c"}, {"strong": "a,b", "weak": "c"}]
+    assert split_pair(f"{BIG},{SMALL}", trained, "v1") == (BIG, SMALL)
+    assert split_pair(f"{SMALL},{BIG}", trained, "v1") == (SMALL, BIG)
+    assert split_pair("vendor/big, v2, small model", trained, "v1") == (BIG, SMALL)  # " small model" stripped
+    assert split_pair('["a,b", "c"]', trained, "v1") == ("a,b", "c")
+    with pytest.raises(GateError, match=r"ambiguous, it can be split into \["):
+        split_pair("a,b,c", trained, "v1")
+    with pytest.raises(GateError, match="has no head for that pair"):
+        split_pair("vendor/big,v2,small", trained, "v1")
+
+
+def test_split_pair_compares_halves_as_written_before_stripping_them() -> None:
+    trained = [{"strong": "x", "weak": " y"}, {"strong": "p", "weak": "q"}]
+    assert split_pair("x, y", trained, "v1") == ("x", " y")  # as written: " y" is the model
+    assert split_pair("p, q", trained, "v1") == ("p", "q")  # stripped: "a, b" reads as a and b
+    with pytest.raises(GateError, match=re.escape('has no head for that pair (it has: ["x", " y"]; p,q)')):
+        split_pair("x,y", trained, "v1")  # "y" is not the model " y"
+
+
+@pytest.mark.parametrize("value", ["big-model", "", ",", '["a", "a"]', '["a"]'])
+def test_a_pair_value_that_cannot_name_two_models_is_a_usage_error(value: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        pair_arg(value)
+
+
+@pytest.fixture(scope="module")
+def odd_names(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
+    """v1 (active) learnt the wrong relation, v2 the right one, for models named ``BIG`` and ``SMALL``."""
+    root = tmp_path_factory.mktemp("odd-names")
+
+    def renamed(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        names = {STRONG: BIG, WEAK: SMALL}
+        return [{**it, "scores": {names[m]: q for m, q in it["scores"].items()},
+                 "costs": {names[m]: c for m, c in it.get("costs", {}).items()}} for it in items]
+
+    wrong = write_jsonl(root / "wrong.jsonl", renamed(rows(seed=2, n=120, relation="chat-needs-strong")))
+    right = write_jsonl(root / "right.jsonl", renamed(rows(seed=1, n=120)))
+    heldout = write_jsonl(root / "heldout.jsonl", renamed(rows(seed=3, n=120)))
+    registry = root / "routers"
+    for data in (wrong, right):
+        assert main(["train", "--data", f"file:{data}", "--encoders", "static", "--out", str(registry),
+                     "--no-progress", "--folds", "3"]) == 0
+    return registry, heldout, [v.version for v in RouterRegistry(registry).versions()]
+
+
+def test_pair_names_models_whose_names_hold_commas_and_spaces(
+    odd_names: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    template, heldout, (v1, v2) = odd_names
+    info = RouterRegistry(template).info(v2)
+    assert {(p["strong"], p["weak"]) for p in info.pairs} == {(BIG, SMALL)}
+    for value in (f"{BIG},{SMALL}", f"{SMALL},{BIG}", json.dumps([BIG, SMALL])):
+        registry = tmp_path / "copy"
+        shutil.rmtree(registry, ignore_errors=True)
+        shutil.copytree(template, registry)
+        code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}",
+                                  "--resamples", "1000", "--pair", value)
+        assert code == 0, (value, out + err)
+        (cmp,) = RouterRegistry(registry).info(v2).verdicts[-1]["comparisons"]
+        assert (cmp["strong"], cmp["weak"]) == (BIG, SMALL)
+    code, _, err = _promote(capsys, v2, "--registry", str(template), "--data", f"file:{heldout}",
+                            "--pair", "vendor/big,v2")
+    assert code == 2 and f'has no head for that pair (it has: {json.dumps([BIG, SMALL])})' in err
+    assert RouterRegistry(template).active_version() == v1

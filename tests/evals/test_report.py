@@ -7,6 +7,7 @@ import html
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -485,3 +486,96 @@ def test_requests_the_router_was_trained_on_are_left_out_of_its_evaluation(
     assert report["rows"]["evaluated"] == 120 - repeats > 60
     assert f"direct, on {120 - repeats} labelled requests ({120 + repeats} more left out" in printed
     assert f"{120 + repeats} training data of router {version}" in (out / "report.md").read_text()
+
+
+# ----------------------------------------------------------------------------- review fixes
+
+
+def test_the_oracle_never_scores_below_the_route_where_the_strong_model_always_wins() -> None:
+    # 206 requests (not a multiple of 10), the strong model better on every one by the same margin: every
+    # ranking is as good as any other, so route and oracle both score APGR 0.5 and CPT(50) 50%.
+    t = table(n=206)
+    t.strong_q[:], t.weak_q[:] = 1.0, 0.0
+    report = _report(t)
+    route, oracle = report["routers"]["router"], report["routers"]["oracle"]
+    assert route["apgr"]["value"] == pytest.approx(0.5) == oracle["apgr"]["value"]
+    assert oracle["cpt50"]["value"] == pytest.approx(0.5) == route["cpt50"]["value"]
+    # The oracle's points are on the route's share grid.
+    assert [p["share"] for p in oracle["curve"]] == pytest.approx([p["share"] for p in route["curve"]])
+    for seed in range(5):  # and on random data, in the report as in the metric
+        random_table = table(n=150 + 38 * seed, seed=seed, informative=seed / 2)
+        numbers = _report(random_table)["routers"]
+        assert numbers["oracle"]["apgr"]["value"] >= numbers["router"]["apgr"]["value"]
+        assert numbers["oracle"]["apgr"]["value"] >= numbers["knn"]["apgr"]["value"]
+
+
+def test_a_tied_pair_gives_a_report_without_numpy_warnings(tmp_path: Path) -> None:
+    t = table(n=200)
+    t.strong_q[:] = t.weak_q  # the models tie on every request: APGR undefined everywhere
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Mean of empty slice" from the random baseline's APGR was one
+        report = _report(t)
+    assert report["routers"]["random"]["apgr"]["value"] != report["routers"]["random"]["apgr"]["value"]  # NaN
+    write_report(report, tmp_path / "tie", [])
+    markdown = (tmp_path / "tie" / "report.md").read_text()
+    assert "n/a [" not in markdown  # no interval printed beside a missing value
+
+
+def test_no_interval_is_printed_beside_a_missing_value() -> None:
+    from evals.report_plots import _ci
+    from evals.report_render import _est
+
+    assert _est({"value": None, "ci": [-2.112, 2.528]}) == "n/a"
+    assert _est({"value": 0.5, "ci": [0.4, 0.6]}) == "0.500 [0.400, 0.600]"
+    assert _ci({"value": None, "ci": [-2.112, 2.528]}) == "n/a"
+    assert _ci({"value": 0.5, "ci": [0.4, None]}) == "0.50"
+
+
+def test_every_file_the_report_writes_is_checked_before_the_eval_starts(tmp_path: Path) -> None:
+    from evals.report import report_dir
+    from evals.report_plots import PLOT_NAMES
+    from evals.report_render import REPORT_FILES
+
+    t = table(n=120)
+    paths = write_report(_report(t), tmp_path / "all", [])
+    assert {p.name for p in paths.values()} <= set(REPORT_FILES)
+    assert {f"{name}.png" for name in PLOT_NAMES} <= set(REPORT_FILES)
+    report_dir(tmp_path / "all", REPORT_FILES)  # files from an earlier run are overwritten: fine
+    (tmp_path / "all" / "report.md").unlink()
+    (tmp_path / "all" / "report.md").mkdir()
+    with pytest.raises(ValueError, match=r"report\.md exists and is not a file"):
+        report_dir(tmp_path / "all", REPORT_FILES)
+
+
+def _must_not_run(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the eval started although its options were wrong")
+
+
+def test_bad_eval_options_are_usage_errors_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import evals.report_cli
+
+    data = write_jsonl(tmp_path / "labels.jsonl", labelled_rows(seed=1, n=30))
+    config = eval_config(tmp_path / "config.yaml", threshold=0.5)
+    base = ["eval", "--config", str(config), "--data", f"file:{data}", "--out", str(tmp_path / "o"), "--no-progress"]
+    monkeypatch.setattr(evals.report_cli, "run", _must_not_run)
+    for args, option in ((["--seed", "-1"], "--seed"), (["--knn-k", "0"], "--knn-k"), (["--knn-k", "-3"], "--knn-k"),
+                         (["--seed", "x"], "--seed")):
+        with pytest.raises(SystemExit) as exit_info:
+            pointsman([*base, *args])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and f"argument {option}:" in err and "Traceback" not in err, args
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "o-md" / "report.md").mkdir(parents=True)
+    (tmp_path / "o-png" / "pgr_curve.png").mkdir(parents=True)
+    for args, message in (
+        (["--routers-dir", str(tmp_path / "missing")], f"--routers-dir {tmp_path / 'missing'}: no such directory"),
+        (["--routers-dir", str(data)], f"--routers-dir {data}: is a file"),
+        (["--routers-dir", str(tmp_path / "empty")], "holds no router"),
+        (["--out", str(tmp_path / "o-md")], f"{tmp_path / 'o-md' / 'report.md'} exists and is not a file"),
+        (["--out", str(tmp_path / "o-png")], f"{tmp_path / 'o-png' / 'pgr_curve.png'} exists and is not a file"),
+    ):
+        assert pointsman([*base, *args]) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (args, err)
