@@ -49,16 +49,16 @@ class CachedAnswer:
 
 @dataclass(frozen=True, slots=True)
 class BucketItem:
-    """One entry of a semantic bucket: its exact key, when it was stored, the digest of its numbers
-    and the embedding of its last user turn."""
+    """One entry of a semantic bucket: its exact key, when it was stored, its last user turn's guard
+    digest (numbers, signs, units, negations: ``gateway/cache/key.py``) and that turn's embedding."""
 
     key: str
     created_at: float
-    numbers: str
+    guard: str
     vector: np.ndarray  # float32, unit length
 
     def to_bytes(self) -> bytes:
-        return (bytes.fromhex(self.key) + bytes.fromhex(self.numbers) + struct.pack("<d", self.created_at)
+        return (bytes.fromhex(self.key) + bytes.fromhex(self.guard) + struct.pack("<d", self.created_at)
                 + self.vector.astype("<f2").tobytes())
 
     @classmethod
@@ -67,7 +67,7 @@ class BucketItem:
             return None
         (created,) = struct.unpack("<d", data[24:32])
         vector = np.frombuffer(data[32:], dtype="<f2").astype(np.float32)
-        return cls(key=data[:16].hex(), created_at=created, numbers=data[16:24].hex(), vector=vector)
+        return cls(key=data[:16].hex(), created_at=created, guard=data[16:24].hex(), vector=vector)
 
 
 def storable_completion(body: bytes) -> dict[str, Any] | None:

@@ -9,12 +9,16 @@ sampling parameter are in it, whatever their names, so an unknown new field also
 * ``exact``: a digest of the whole scope (the last user turn included).
 * ``bucket``: (semantic mode) a digest of the scope with the last user turn's content left out; entries
   of one bucket are compared by the embedding of their last user turn.
+* ``guard``: (semantic mode) a digest of what an encoder barely sees in the last user turn but what
+  changes its answer: numbers with the signs and units around them, and negations (:func:`guard_tokens`).
+  A semantic hit needs the same guard.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +30,109 @@ from policies.config import CacheSettings
 
 #: Fields that change how an answer is delivered, not what it is.
 DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+# --- the semantic guard ---------------------------------------------------------------------------------
+# Encoders barely see digits and signs: the static encoder scores "What is 12+4?" and "What is 12-4?" 1.0
+# alike, "Is 10 > 5?" and "Is 10 < 5?" 0.999, and "Which foods are safe for dogs?" and "... not safe ..."
+# 0.986. A semantic hit therefore also needs the same guard: the tokens below, in order, plus the number
+# of negations. Texts are read after NFKC (fullwidth digits, "½" -> 1/2) with the math signs spelled one
+# way (× -> *, ÷ -> /, − and – -> -, ≤ -> <=, ≥ -> >=, ≠ -> !=, ** -> ^, superscripts -> ^digits).
+
+#: Bumped whenever the guard's rule changes: an item stored under another rule has another digest, so it
+#: never matches semantically (a miss until it expires, never a wrong hit).
+_GUARD_RULE = b"guard-2"
+_SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-", strict=True))
+_SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
+_SIGN_SPELLINGS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "⋅": "*", "⁄": "/",
+                                 "∕": "/", "≤": "<=", "≥": ">=", "≠": "!="})
+_GUARD_TOKEN = re.compile(
+    r"(?P<number>\d+(?:[.,]\d+)*|(?<![\w.])\.\d+)"  # 12, 3.5, 1,000 and .5 (".5" is not "5"; "v.5" is)
+    r"|(?P<word>°?[^\W\d_]+(?:['’][^\W\d_]+)*)"  # letters (°C, isn't)
+    r"|(?P<sign>\*\*|!=|[-+*/^<>=%!$€£¥°])"
+    r"|(?P<gap>[ \t]+)"
+    r"|(?P<other>.)",
+    re.DOTALL,
+)
+#: Negations: they flip an answer while moving an embedding by a hair (0.97-0.99 alike). "n't" counts too,
+#: with or without its apostrophe.
+NEGATIONS = frozenset({
+    "not", "no", "never", "none", "nothing", "nobody", "nowhere", "neither", "nor", "without", "cannot",
+    "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "werent", "cant", "couldnt", "wont", "wouldnt",
+    "shouldnt", "hasnt", "havent", "hadnt", "mustnt", "neednt", "aint",
+})
+#: Short words after a number that are not its unit ("7 a prime", "3 of them", "10 is"): left out, or a
+#: paraphrase that adds or drops one would miss. Negations are counted apart, never as units.
+UNIT_STOPWORDS = frozenset({
+    "a", "an", "the", "and", "or", "but", "if", "so", "as", "at", "by", "for", "in", "of", "off", "on",
+    "out", "to", "up", "via", "is", "am", "are", "was", "be", "do", "did", "has", "had", "it", "its", "i", "we",
+    "you", "he", "she", "my", "our", "his", "her", "me", "us", "yes", "can", "may", "who", "how", "why", "all",
+    "any", "too",
+})
+_UNIT_MAX_LETTERS = 3  # "C", "km", "mph", "°F"; longer words after a number are the encoder's to see
+
+
+def guard_tokens(text: str) -> tuple[list[str], int]:
+    """What a semantic hit must share with the stored entry: ``(tokens, negations)``.
+
+    The tokens, in order, are
+
+    * every number (``12``, ``3.5``, ``1,000``, ``.5``);
+    * every sign ``+ - * / ^ < > = % $ € £ ¥ °`` (and ``!=``; ``!`` only glued to a number: 5!), wherever
+      it stands: a leading minus (-7), an operator (12-4), a comparison (10 > 5), a sign between letters
+      (x < y). Except a hyphen or slash between two words of two or more letters, spaced or not: "and/or",
+      "TCP/IP", "state-of-the-art", "Paris - the guide" are spelling (but e-mail, x-axis, a/b keep theirs);
+    * a number's unit, case-folded: letters glued to a number on either side (30C, 5km, 2nd, 12x4, GPT4)
+      or a word of at most three letters one space after it or its ° (30 C, 5 km, 2 x 3, 30° F), unless it is a
+      function word (:data:`UNIT_STOPWORDS`).
+
+    ``negations`` counts the words of :data:`NEGATIONS` and the words ending in ``n't``: as many negations,
+    in any place ("Why isn't it working?" = "Why is it not working?").
+    """
+    text = _SUPERSCRIPT_RUN.sub(lambda m: "^" + "".join(_SUPERSCRIPTS[c] for c in m.group()), text)
+    text = unicodedata.normalize("NFKC", text).translate(_SIGN_SPELLINGS)
+    parts = [(m.lastgroup or "other", m.group()) for m in _GUARD_TOKEN.finditer(text)]
+    tokens: list[str] = []
+    negations = 0
+    for i, (kind, value) in enumerate(parts):
+        before = parts[i - 1] if i > 0 else ("", "")
+        after = parts[i + 1] if i + 1 < len(parts) else ("", "")
+        if kind == "number":
+            tokens.append(value)
+        elif kind == "sign":
+            if value == "**":
+                tokens.append("^")
+            elif value == "!":
+                if before[0] == "number":  # a factorial; elsewhere an exclamation mark
+                    tokens.append(value)
+            elif not (value in "-/" and _joins_words(parts, i)):
+                tokens.append(value)
+        elif kind == "word":
+            word = value.casefold().replace("’", "'")
+            if word in NEGATIONS or word.endswith("n't"):
+                negations += 1
+                continue
+            glued = before[0] == "number" or after[0] == "number"
+            # One space after a number, or after its degree sign: "30 C", "30° C".
+            spaced = before[0] == "gap" and i > 1 and (parts[i - 2][0] == "number" or parts[i - 2][1] == "°")
+            if glued or (spaced and len(word.lstrip("°")) <= _UNIT_MAX_LETTERS and word not in UNIT_STOPWORDS):
+                tokens.append(word)
+    return tokens, negations
+
+
+def _joins_words(parts: list[tuple[str, str]], i: int) -> bool:
+    """Whether the hyphen or slash ``parts[i]`` stands between two words of two or more letters (spaces
+    around it or not): "and/or", "TCP/IP", "Paris - the guide" are spelling and punctuation, not arithmetic."""
+    # A gap is a whole run of spaces, so the nearest other part is one or two places away.
+    before = next((parts[j] for j in (i - 1, i - 2) if j >= 0 and parts[j][0] != "gap"), ("", ""))
+    after = next((parts[j] for j in (i + 1, i + 2) if j < len(parts) and parts[j][0] != "gap"), ("", ""))
+    return before[0] == after[0] == "word" and len(before[1]) > 1 and len(after[1]) > 1
+
+
+def guard_digest(text: str) -> str:
+    """The digest of :func:`guard_tokens` (16 hex), which a semantic hit must share with the entry."""
+    tokens, negations = guard_tokens(text)
+    payload = b"\x1f".join([_GUARD_RULE, *(t.encode() for t in tokens), b"neg=%d" % negations])
+    return hashlib.blake2b(payload, digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +143,7 @@ class CacheKeys:
     tenant: str  # digest of the tenant alone (16 hex): Redis key names carry it, so a tenant can be forgotten
     bucket: str | None = None  # semantic mode, when the last user turn is plain text of at most max_chars
     text: str | None = None  # that last user turn (for the encoder; stored only with store_text)
-    numbers: str = ""  # digest of the numbers in the last user turn: a semantic hit needs the same ones
+    guard: str = ""  # guard_digest of the last user turn: a semantic hit needs the same one
 
 
 def _digest(*parts: bytes) -> str:
@@ -89,11 +195,6 @@ def last_user_text(body: Mapping[str, Any]) -> tuple[int, str | None]:
     return index, None
 
 
-def numbers_digest(text: str) -> str:
-    """A digest of the numbers in ``text``, in order (encoders barely see digits: "2+2" ~ "2+3")."""
-    return hashlib.blake2b(" ".join(_NUMBER.findall(text)).encode(), digest_size=8).hexdigest()
-
-
 def cache_keys(
     *, tenant: str | None, route: str, model: str, endpoint: str, body: Mapping[str, Any], settings: CacheSettings,
     encoder: str = "",
@@ -118,4 +219,4 @@ def cache_keys(
     messages[index] = {**messages[index], "content": None}
     rest = orjson.dumps({**scope, "messages": messages}, option=orjson.OPT_SORT_KEYS)
     bucket = _digest(head, b"bucket", encoder.encode(), rest)
-    return CacheKeys(exact=exact, tenant=tenant_key, bucket=bucket, text=text, numbers=numbers_digest(text))
+    return CacheKeys(exact=exact, tenant=tenant_key, bucket=bucket, text=text, guard=guard_digest(text))

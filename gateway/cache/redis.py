@@ -2,7 +2,7 @@
 
 Key names hold digests only: ``<key_prefix>cache:<tenant digest>:e:<exact key>`` (the entry, with a
 TTL) and ``<key_prefix>cache:<tenant digest>:b:<bucket key>`` (a semantic bucket: a list of its newest
-``bucket_size`` items, each an exact key, a time, a digest of its numbers and a float16 embedding).
+``bucket_size`` items, each an exact key, a time, its guard digest and a float16 embedding).
 A lookup is one round trip (GET + LRANGE pipelined), a semantic hit a second (GET of the entry).
 
 Redis errors and timeouts are translated here, at this one boundary, into :class:`CacheUnavailable`;

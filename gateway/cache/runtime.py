@@ -9,7 +9,8 @@ A store that fails (Redis down or slow) makes the request a miss that stores not
 
 Semantic mode embeds the last user turn with the routing encoder (the brain's :class:`BatchingEncoder`,
 whose LRU cache serves repeats) and compares it with the bucket's items by dot product (unit vectors:
-cosine similarity); a candidate must also have the same numbers in its last turn.
+cosine similarity); a candidate must also have the same guard (numbers, the signs and units around them,
+negations: :func:`gateway.cache.key.guard_tokens`) in its last turn.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class ResponseCache:
             match, similarity = "exact", 1.0
             if hit is None and keys.bucket is not None and keys.text is not None:
                 lookup.vector = await self._embed(keys.text)
-                best = self._nearest(items, lookup.vector, keys.numbers, settings)
+                best = self._nearest(items, lookup.vector, keys.guard, settings)
                 if best is not None:
                     hit = await store.get_for(keys, best[0].key)
                     match, similarity = "semantic", best[1]
@@ -183,12 +184,12 @@ class ResponseCache:
 
     @staticmethod
     def _nearest(
-        items: list[BucketItem], vector: np.ndarray | None, numbers: str, settings: CacheSettings
+        items: list[BucketItem], vector: np.ndarray | None, guard: str, settings: CacheSettings
     ) -> tuple[BucketItem, float] | None:
         if vector is None or not items:
             return None
         oldest = time.time() - settings.ttl
-        live = [it for it in items if it.numbers == numbers and it.created_at > oldest
+        live = [it for it in items if it.guard == guard and it.created_at > oldest
                 and it.vector.shape == vector.shape]
         if not live:
             return None
@@ -254,7 +255,7 @@ class ResponseCache:
                               text=keys.text if settings.store_text else None)
         item = None
         if keys.bucket is not None and lookup.vector is not None:
-            item = BucketItem(key=keys.exact, created_at=now, numbers=keys.numbers, vector=lookup.vector)
+            item = BucketItem(key=keys.exact, created_at=now, guard=keys.guard, vector=lookup.vector)
         store = self._stores[lookup.route]
         if isinstance(store, MemoryStore):
             store.put_now(keys, answer, item, settings.ttl)

@@ -4,12 +4,13 @@ and its JSON API.
 ``GET /dashboard`` and ``GET /dashboard/static/<file>`` hold no data and are served to anyone (the
 page asks for the admin key and keeps it in the tab's ``sessionStorage``, never in a URL).
 ``GET /dashboard/api/summary?window=<seconds>`` holds the data and needs the admin key
-(:mod:`gateway.dashboard.auth`) as ``Authorization: Bearer``.
+(:mod:`gateway.dashboard.auth`) as ``Authorization: Bearer``; a window outside 60 s - 30 days is a 400.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -19,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.dashboard.auth import DashboardAuth
-from gateway.dashboard.summary import build_summary
+from gateway.dashboard.summary import MAX_WINDOW, MIN_WINDOW, build_summary
 from gateway.errors import InvalidRequestError, PointsmanError, RouteNotFoundError, ServiceUnavailableError
 from gateway.responses import error_response, gateway_headers, json_response
 
@@ -77,6 +78,29 @@ async def static(request: Request) -> Response:
     return _file_response(name)
 
 
+#: A plain decimal number of seconds, as the page sends it (60, 3600.5, 6e1): not Python's float() syntax,
+#: which also reads "nan", "inf", "1_000" and other scripts' digits.
+_SECONDS = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_RANGE = f"a number of seconds from {MIN_WINDOW} (1 minute) to {MAX_WINDOW} (30 days)"
+
+
+def parse_window(raw: str) -> float:
+    """The ``window`` query parameter in seconds (always a float), or a 400 naming the parameter and its
+    range. Out-of-range values are refused, not clamped: the answer then covers the window asked for."""
+    shown = raw if len(raw) <= 40 else raw[:40] + "..."  # echoed, but bounded
+    if not _SECONDS.fullmatch(raw):
+        raise InvalidRequestError(f"Invalid 'window': expected {_RANGE}, but got {shown!r} "
+                                  "instead.", param="window", code="invalid_type")
+    window = float(raw)  # may overflow to inf ("1e999"): above the maximum like any other large number
+    if window < MIN_WINDOW:
+        raise InvalidRequestError(f"Invalid 'window': below the minimum value. Expected {_RANGE}, but got {shown} "
+                                  "instead.", param="window", code="decimal_below_min_value")
+    if window > MAX_WINDOW:
+        raise InvalidRequestError(f"Invalid 'window': above the maximum value. Expected {_RANGE}, but got {shown} "
+                                  "instead.", param="window", code="decimal_above_max_value")
+    return window
+
+
 def _auth(request: Request) -> DashboardAuth:
     auth: DashboardAuth | None = getattr(request.app.state, "dashboard_auth", None)
     if auth is None:
@@ -90,13 +114,7 @@ async def summary(request: Request) -> Response:
     version and recent decisions (admin key required when keys are configured)."""
     try:
         _auth(request).admin_for(request.headers.get("authorization"))
-        raw = request.query_params.get("window", "3600")
-        try:
-            window = float(raw)
-        except ValueError:
-            raise InvalidRequestError("window: seconds, a number", param="window") from None
-        if not 0 < window < float("inf"):
-            raise InvalidRequestError("window: seconds, a positive number", param="window")
+        window = parse_window(request.query_params.get("window", "3600"))
     except PointsmanError as error:
         return error_response(error)
     service: ProxyService = request.app.state.service

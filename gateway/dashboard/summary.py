@@ -257,9 +257,13 @@ async def build_summary(
     store: DecisionStore, config: Config, router: ActiveRouter | None, window: float,
     *, now: float | None = None, started_at: float | None = None,
 ) -> dict[str, Any]:
-    """Everything the dashboard shows for the last ``window`` seconds (clamped to 1 minute - 30 days)."""
+    """Everything the dashboard shows for the last ``window`` seconds (1 minute to 30 days; ``ValueError``
+    outside: the API refuses those with a 400 before asking, so an answer always covers the window asked
+    for). ``window`` comes back as a float, whatever number type it was given as."""
     now = time.time() if now is None else now
-    window = min(max(float(window), MIN_WINDOW), MAX_WINDOW)
+    window = float(window)
+    if not MIN_WINDOW <= window <= MAX_WINDOW:
+        raise ValueError(f"window: {window:g} s is outside {MIN_WINDOW} to {MAX_WINDOW} seconds")
     step = choose_bucket(window)
     end = math.floor(now / step) * step + step  # the bucket holding "now" is the last one
     slices = max(1, math.ceil(window / step))

@@ -29,7 +29,7 @@ from typing import Any
 
 from gateway.config import Budget, Config, ModelConfig, RateLimits
 from gateway.errors import BudgetExceededError, PointsmanError, RateLimitError, ServiceUnavailableError
-from gateway.quota._types import NANO, Bucket, Correction, QuotaStore, QuotaUnavailable, Spend, Verdict
+from gateway.quota._types import NANO, WINDOW_MS, Bucket, Correction, QuotaStore, QuotaUnavailable, Spend, Verdict
 from policies.workflows import AnyWorkflow
 from store.records import DecisionRecord
 
@@ -283,10 +283,15 @@ def _refusal(verdict: Verdict, buckets: Sequence[Bucket], spends: Sequence[Spend
     if verdict.refused < len(buckets):
         bucket = buckets[verdict.refused]
         what = "request" if bucket.unit == "requests" else f"request (~{bucket.cost} tokens)"
+        # The store refused when this request's own interval would have pushed the bucket's TAT past the
+        # window: retry_after = TAT + cost x interval - now - window. The bucket itself (nothing was taken)
+        # is full again at its TAT, so the reset is TAT - now, never more than the window.
+        reset_ms = verdict.retry_after_ms + WINDOW_MS - bucket.interval_ms * bucket.cost
+        left = math.floor(max(WINDOW_MS - reset_ms, 0.0) / bucket.interval_ms)
         return RateLimitError(
             f"Rate limit reached for {bucket.scope}: {bucket.limit} {bucket.unit} per minute; "
             f"this {what} fits again in {retry}s",
-            headers={"Retry-After": str(retry), **dict(_limit_headers(bucket, 0, verdict.retry_after_ms + 60_000))},
+            headers={"Retry-After": str(retry), **dict(_limit_headers(bucket, left, reset_ms))},
         )
     spend = spends[verdict.refused - len(buckets)]
     return BudgetExceededError(

@@ -45,6 +45,7 @@ def gw(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iter
             {"name": "guarded", "policy": "rules", "model": "echo-model", "rules": RULES, "cache": CACHE,
              "signals": {"keywords": {"banned": {"keywords": ["forbidden"]}}}},
             {"name": "sem", "model": "echo-model", "cache": {"mode": "semantic"}},
+            {"name": "sem-95", "model": "echo-model", "cache": {"mode": "semantic", "similarity": 0.95}},
             {"name": "strict", "model": "echo-model", "cache": {"sampled": False}},
             {"name": "peruser", "model": "echo-model", "cache": {"per_user": True}},
             {"name": "c-err", "model": "err-model", "cache": CACHE},
@@ -340,6 +341,31 @@ def test_semantic_never_matches_other_numbers(gw: GatewayProcess) -> None:
     other = ask(gw.base_url, "sem", [system, {"role": "user", "content": "what is 2+3?"}])
     assert other.cache == "miss" and other.text == "ECHO: what is 2+3?"
     assert ask(gw.base_url, "sem", [system, {"role": "user", "content": "What is 2+2"}]).cache == "hit"
+
+
+@pytest.mark.parametrize(("first", "others", "paraphrase"), [
+    ("What is 12+4?", ["What is 12-4?", "What is 12*4?", "What is 12/4?", "What is 12^4?"], "what is 12 + 4"),
+    ("Is 10 > 5?", ["Is 10 < 5?", "Is 10 >= 5?"], "is 10 > 5"),
+    ("Is 7 prime?", ["Is -7 prime?"], "is 7 prime"),
+    ("Convert 30 C to F", ["Convert 30 F to C"], "convert 30 c to f"),
+    ("Which foods are safe for dogs?", ["Which foods are not safe for dogs?"], "which foods are safe for dogs"),
+])
+def test_semantic_never_answers_another_sign_unit_or_negation(
+    gw: GatewayProcess, upstream: FakeUpstream, first: str, others: list[str], paraphrase: str,
+) -> None:
+    # The static encoder scores each of these 0.98-1.0 alike with the first: only the guard tells them apart.
+    system, user = {"role": "system", "content": f"Calculator {time.time_ns()}"}, user_id()
+    assert ask(gw.base_url, "sem-95", [system, {"role": "user", "content": first}], user=user).cache == "miss"
+    for other in others:
+        reply = ask(gw.base_url, "sem-95", [system, {"role": "user", "content": other}], user=user)
+        assert (reply.cache, reply.text) == ("miss", f"ECHO: {other}")  # its own answer, from the model
+    same = ask(gw.base_url, "sem-95", [system, {"role": "user", "content": paraphrase}], user=user)
+    assert (same.cache, same.text) == ("hit", f"ECHO: {first}")  # the paraphrase still hits
+    assert decision(gw, same.headers["x-pointsman-request-id"])["cache"]["match"] == "semantic"
+    assert calls(upstream, "echo", user) == 1 + len(others)
+    if "What is 12*4?" in others:  # one multiplication spelled another way is the same question
+        times = ask(gw.base_url, "sem-95", [system, {"role": "user", "content": "What is 12 × 4?"}], user=user)
+        assert (times.cache, times.text) == ("hit", "ECHO: What is 12*4?")
 
 
 def test_metrics_count_cache_results(gw: GatewayProcess) -> None:

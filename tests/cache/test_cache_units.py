@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gateway.cache.entry import BucketItem, CachedAnswer, storable_completion
-from gateway.cache.key import bypass_reason, cache_keys, numbers_digest
+from gateway.cache.key import bypass_reason, cache_keys, guard_digest
 from gateway.cache.memory import MemoryStore
 from gateway.config import parse_config
 from gateway.errors import ConfigError
@@ -80,9 +80,10 @@ def test_semantic_matching_needs_plain_text_of_bounded_length() -> None:
     assert keys(BASE).bucket is None  # exact mode
 
 
-def test_numbers_digest() -> None:
-    assert numbers_digest("what is 2+2?") != numbers_digest("what is 2+3?")
-    assert numbers_digest("What is 2 + 2") == numbers_digest("what is 2+2?")
+def test_guard_digest() -> None:  # the rule itself: tests/cache/test_cache_guard.py
+    assert guard_digest("what is 2+2?") != guard_digest("what is 2+3?")
+    assert guard_digest("What is 2 + 2") == guard_digest("what is 2+2?")
+    assert keys(BASE, SEMANTIC).guard == guard_digest("What is a cache?")
 
 
 def test_bypass_rules() -> None:
@@ -134,7 +135,7 @@ def test_memory_store_ttl_lru_and_buckets() -> None:
         k1, k2, k3 = (keys({**BASE, "seed": i}, SEMANTIC) for i in range(3))
         vector = np.ones(4, dtype=np.float32) / 2
         for k in (k1, k2):
-            store.put_now(k, answer, BucketItem(k.exact, time.time(), k.numbers, vector), ttl=60)
+            store.put_now(k, answer, BucketItem(k.exact, time.time(), k.guard, vector), ttl=60)
         assert await store.get(k1.exact) is not None  # k1 is now the most recent
         store.put_now(k3, answer, None, ttl=60)
         assert await store.get(k2.exact) is None and len(store) == 2  # least recent evicted
@@ -150,9 +151,9 @@ def test_memory_store_ttl_lru_and_buckets() -> None:
 
 def test_bucket_items_round_trip() -> None:
     vector = np.linspace(-1, 1, 8).astype(np.float32)
-    item = BucketItem(key="ab" * 16, created_at=123.5, numbers="cd" * 8, vector=vector)
+    item = BucketItem(key="ab" * 16, created_at=123.5, guard="cd" * 8, vector=vector)
     back = BucketItem.from_bytes(item.to_bytes())
-    assert back is not None and back.key == item.key and back.numbers == item.numbers and back.created_at == 123.5
+    assert back is not None and back.key == item.key and back.guard == item.guard and back.created_at == 123.5
     np.testing.assert_allclose(back.vector, vector, atol=1e-3)
     assert BucketItem.from_bytes(b"short") is None
     assert CachedAnswer.from_bytes(b"junk") is None

@@ -116,7 +116,7 @@ def test_a_decision_shows_why_but_no_text() -> None:
     assert "error_message" not in shown and "the user's words" not in str(shown)
 
 
-async def test_build_summary_clamps_the_window_and_aligns_buckets(tmp_path: Path) -> None:
+async def test_build_summary_refuses_a_window_out_of_range_and_aligns_buckets(tmp_path: Path) -> None:
     store = SQLiteDecisionStore(str(tmp_path / "d.db"))
     await store.open()
     try:
@@ -125,8 +125,12 @@ async def test_build_summary_clamps_the_window_and_aligns_buckets(tmp_path: Path
             request_id="r1", created_at=now - 1, endpoint="chat.completions", route="auto", requested_model="auto",
             model="small", status=200, prompt_tokens=1000, completion_tokens=100, cost_usd=0.0012, latency_ms=40.0,
         )])
-        data = await build_summary(store, config(), None, 5, now=now)
-        assert data["window"] == 60 and data["bucket_seconds"] == 1 and len(data["series"]["t"]) == 60
+        for outside in (5, 59.9, 30 * 86400 + 1, float("inf"), float("nan")):  # no silent clamp
+            with pytest.raises(ValueError, match="window"):
+                await build_summary(store, config(), None, outside, now=now)
+        data = await build_summary(store, config(), None, 60, now=now)
+        assert data["window"] == 60.0 and isinstance(data["window"], float)
+        assert data["bucket_seconds"] == 1 and len(data["series"]["t"]) == 60
         assert data["since"] % 1 == 0 and data["since"] <= now < data["since"] + 60
         assert data["totals"]["requests"] == 1 and data["series"]["requests"][-2] == 1
         assert data["totals"]["baseline_cost_usd"] == pytest.approx(0.013)

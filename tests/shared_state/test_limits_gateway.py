@@ -11,8 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -21,7 +23,8 @@ from gateway.auth import hash_key
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 
-KEYS = {name: f"sk-{name}-0123456789" for name in ("rpm", "tpm", "budget", "free", "route-a", "route-b", "stream")}
+KEYS = {name: f"sk-{name}-0123456789" for name in ("rpm", "tpm", "budget", "free", "route-a", "route-b", "stream",
+                                                   "burst", "tok-reset")}
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
 
@@ -36,6 +39,8 @@ def quota_config(upstream: FakeUpstream, shared_state: dict[str, Any] | None = N
             {"name": "route-a", "sha256": hash_key(KEYS["route-a"])},
             {"name": "route-b", "sha256": hash_key(KEYS["route-b"])},
             {"name": "stream", "sha256": hash_key(KEYS["stream"]), "limits": {"tokens_per_minute": 200}},
+            {"name": "burst", "sha256": hash_key(KEYS["burst"]), "limits": {"requests_per_minute": 3}},
+            {"name": "tok-reset", "sha256": hash_key(KEYS["tok-reset"]), "limits": {"tokens_per_minute": 100}},
         ]},
         "limits": {"routes": {"limited": {"requests_per_minute": 3}}},
         "backends": [{
@@ -93,6 +98,47 @@ def test_a_key_over_its_request_rate_gets_429_naming_it_with_retry_after(gateway
     assert record["status"] == 429 and record["error_type"] == "rate_limit_exceeded"
     assert record["tenant"] == "rpm"
     ask(gateway, "free")  # other keys are not limited
+
+
+def _seconds(value: str) -> float:
+    assert value.endswith("s"), value
+    return float(value[:-1])
+
+
+def test_the_429_reports_when_the_bucket_is_full_again_within_the_window(gateway: GatewayProcess) -> None:
+    # Three a minute, four at once: the answers' resets are 20, 40, 60 s (one request holds 20 s of the
+    # bucket); the refused one took nothing, so its reset is the bucket's (~60 s), not its own 20 s more.
+    def one(_: int) -> httpx.Response:
+        return httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
+                          headers={"authorization": f"Bearer {KEYS['burst']}"},
+                          json={"model": "auto", "messages": MESSAGES, "max_tokens": 16})
+
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(one, range(4)))
+    assert sorted(r.status_code for r in replies) == [200, 200, 200, 429]
+    served = sorted(_seconds(r.headers["x-ratelimit-reset-requests"]) for r in replies if r.status_code == 200)
+    for got, want in zip(served, (20.0, 40.0, 60.0), strict=True):
+        assert want - 5 < got <= want
+    refused = next(r for r in replies if r.status_code == 429)
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    reset = _seconds(refused.headers["x-ratelimit-reset-requests"])
+    assert served[-1] - 5 < reset <= 60.0  # the bucket's TAT - now, never past the minute window
+    assert refused.headers["x-ratelimit-limit-requests"] == "3"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert 15 <= int(refused.headers["retry-after"]) <= 20  # one request frees every 20 s
+
+
+def test_a_token_429_reports_what_is_left_and_a_reset_within_the_window(gateway: GatewayProcess) -> None:
+    # 100 tokens a minute: the first request reserves all 100 (~prompt + 90 > 100), settles at its real
+    # usage (18); the second needs all 100 again and is refused while 82 are left.
+    tokens = client(gateway, "tok-reset").chat.completions
+    tokens.create(model="auto", messages=MESSAGES, max_tokens=90)  # settled in the background: 100 or 18 held
+    with pytest.raises(openai.RateLimitError) as info:
+        tokens.create(model="auto", messages=MESSAGES, max_tokens=90)
+    headers = info.value.response.headers
+    reset, left = _seconds(headers["x-ratelimit-reset-tokens"]), int(headers["x-ratelimit-remaining-tokens"])
+    assert 0 < reset <= 60.0 and headers["x-ratelimit-limit-tokens"] == "100"
+    assert 0 <= left < 100 and left == pytest.approx(100 - reset / 0.6, abs=1)  # one token is 0.6 s of bucket
 
 
 def test_a_route_limit_is_shared_by_every_key(gateway: GatewayProcess) -> None:
@@ -154,8 +200,6 @@ def test_a_budget_refuses_once_spent_with_retry_after_until_the_period_ends(gate
 
 
 def test_metrics_count_refusals(gateway: GatewayProcess) -> None:
-    import httpx
-
     text = httpx.get(f"{gateway.url}/metrics").text
     lines = [line for line in text.splitlines() if line.startswith("pointsman_quota_refused_total{")]
     assert any('reason="rate_limit_requests"' in line for line in lines), json.dumps(lines)

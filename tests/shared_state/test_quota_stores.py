@@ -11,7 +11,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from gateway.quota import Bucket, Correction, MemoryQuotaStore, QuotaStore, QuotaUnavailable, RedisQuotaStore, Spend
-from gateway.quota._types import NANO
+from gateway.quota._types import NANO, WINDOW_MS
 from tests.fakes.upstream import free_port
 from tests.shared_state.conftest import REDIS_URL
 
@@ -41,6 +41,20 @@ async def test_requests_per_minute_allow_a_minute_burst_then_refuse_with_retry_a
     refused = answers[3]
     assert refused.refused == 0
     assert 0 < refused.retry_after_ms <= 20_000  # one request frees every 60/3 s
+
+
+async def test_a_refusal_says_how_far_past_the_window_the_request_would_reach(store: tuple[QuotaStore, str]) -> None:
+    # The 429's x-ratelimit-reset is derived from this (gateway/quota/quotas.py): retry_after is the
+    # bucket's TAT plus the refused request's own interval, less now and the window; so TAT - now (when
+    # the bucket is full again) is retry_after + window - interval, within the window.
+    quotas, prefix = store
+    bucket = Bucket(prefix + "req", 3, 1, "requests", "API key 'k'")
+    for _ in range(3):
+        assert (await quotas.reserve([bucket], [])).allowed
+    refused = await quotas.reserve([bucket], [])
+    assert not refused.allowed
+    full_again_ms = refused.retry_after_ms + WINDOW_MS - bucket.interval_ms * bucket.cost
+    assert 55_000 < full_again_ms <= WINDOW_MS
 
 
 async def test_tokens_are_reserved_then_settled_with_the_real_usage(store: tuple[QuotaStore, str]) -> None:
