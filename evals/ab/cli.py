@@ -49,6 +49,15 @@ def check_text(label: str, value: str) -> None:
         raise UsageError(f"{label} {value!r}: not valid UTF-8 text") from None
 
 
+def shown_path(path: Path) -> str:
+    """``path`` for the terminal: a name's bytes that are not UTF-8 shown as ``\\xff`` escapes.
+
+    Such a name is a valid path (the report was written there), but printing its lone surrogates to
+    a UTF-8 stdout would raise after the work is done.
+    """
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``pointsman ab`` arguments (one sub-command: ``report``)."""
     p = argparse.ArgumentParser(prog="pointsman ab", description="A/B experiments between routing policies.")
@@ -167,5 +176,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print("\n".join(verdict_lines(result)))
     print(f"\n{result['rows']['served']} served requests, {result['rows']['shadow']} shadow decisions")
-    print("report: " + "\n        ".join(str(p) for k, p in paths.items() if k in FORMATS))
+    print("report: " + "\n        ".join(shown_path(p) for k, p in paths.items() if k in FORMATS))
     return 0

@@ -28,6 +28,17 @@ The guarantee is asymptotic (the plug-in variance must settle), so intervals bel
 :data:`MIN_SAMPLES` observations per arm are infinite rather than over-confident. Proportions use
 the same boundary with a smoothed Bernoulli variance, so 0/n never yields a zero-width interval.
 
+Means of a *bounded* metric (scores in [0, 1], or costs within the range an experiment saw) get the
+same protection when their ``bounds`` are given (:func:`bounded_variance`): the plug-in variance is
+that of the sample plus one pseudo-observation split evenly between the two bounds (a half at each:
+the distribution of largest variance on the range, a weak prior worth one observation). For 0/1 data
+this is exactly the proportions' ``(s + 0.5)/(n + 1)`` smoothing. Scores that did not vary in ``n``
+observations then have a variance of order ``(upper - lower)²/n`` instead of 0, so the interval has a
+positive width at every finite ``n`` and still shrinks as ``n`` grows (about as ``√log(n)/n`` then,
+faster than the ``1/√n`` of varied scores). The smoothed variance is never below the sample variance
+and tends to it as ``n`` grows, so the plug-in estimate stays consistent and the asymptotic
+guarantee keeps its form; bounds known in advance also clip the interval to what they allow.
+
 The sample-ratio check is Pearson's chi-square goodness-of-fit test of observed arm counts
 against the configured weights (Fabijan et al., "Diagnosing Sample Ratio Mismatch in Online
 Controlled Experiments", KDD 2019); the conventional threshold is ``p < 0.001``.
@@ -48,8 +59,12 @@ from scipy import special, stats
 DEFAULT_ALPHA = 0.05
 DEFAULT_PLANNED_N = 1000  # requests per arm the default ρ is tuned for
 MIN_SAMPLES = 2  # per arm; fewer gives an infinite interval (no variance to plug in)
+# Two means whose difference is within this fraction of their size are equal: the rest is the
+# rounding of summing n floats (about n x 1e-16 relative), not data (-$6.8e-21 between equal costs).
+ROUNDING = 1e-9
 
 ArrayLike = Sequence[float] | np.ndarray
+Bounds = tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -160,27 +175,46 @@ def mean_difference_path(
     *,
     alpha: float = DEFAULT_ALPHA,
     rho: float | None = None,
+    bounds: Bounds | None = None,
+    clip: bool = True,
 ) -> SequentialPath:
     """The CS for ``mean(treatment) - mean(control)`` from sufficient statistics, at many looks.
 
     Each argument is an array with one entry per look (counts, means and sample variances with
     ``ddof=1`` of the data seen so far); :func:`cumulative_stats` builds them from raw values.
-    Looks with fewer than :data:`MIN_SAMPLES` per arm get an infinite interval.
+    Looks with fewer than :data:`MIN_SAMPLES` per arm get an infinite interval. ``bounds``, the
+    range every observation lies in, smooths each arm's variance (:func:`bounded_variance`: no
+    zero-width interval from values that did not vary) and, with ``clip``, the interval is clipped to
+    ``±(upper - lower)``; without it the sample variances are plugged in as they are. Pass
+    ``clip=False`` when the bounds were read from the data rather than known in advance (a cost's
+    observed range): they then only set the smoothing's scale, and the true mean may lie outside.
     """
     nt = np.asarray(n_treatment, dtype=float)
     nc = np.asarray(n_control, dtype=float)
+    mt = np.asarray(mean_treatment, dtype=float)
+    mc = np.asarray(mean_control, dtype=float)
     vt = np.asarray(var_treatment, dtype=float)
     vc = np.asarray(var_control, dtype=float)
+    if bounds is not None:
+        vt = bounded_variance(nt, mt, vt, bounds)
+        vc = bounded_variance(nc, mc, vc, bounds)
     with np.errstate(divide="ignore", invalid="ignore"):
-        estimate = np.asarray(mean_treatment, dtype=float) - np.asarray(mean_control, dtype=float)
+        estimate = mt - mc
         v = vt / nt + vc / nc
+    # Equal means that differ only by float rounding are equal (else "-$6.8e-21 per request" is shown).
+    estimate = np.where(np.abs(estimate) <= ROUNDING * np.maximum(np.abs(mt), np.abs(mc)), 0.0, estimate)
     margin = normal_mixture_margin(v, vt + vc, alpha=alpha, rho=rho)
     enough = (nt >= MIN_SAMPLES) & (nc >= MIN_SAMPLES) & np.isfinite(estimate) & np.isfinite(v)
     margin = np.where(enough, margin, np.inf)
+    lower, upper = estimate - margin, estimate + margin
+    if bounds is not None and clip:
+        # A difference of two means in [a, b] lies in [-(b - a), b - a]: intersecting keeps the coverage.
+        span = _span(bounds)
+        lower, upper = np.maximum(lower, -span), np.minimum(upper, span)
     return SequentialPath(
         estimate=estimate,
-        lower=np.where(enough, estimate - margin, -np.inf),
-        upper=np.where(enough, estimate + margin, np.inf),
+        lower=np.where(enough, lower, -np.inf),
+        upper=np.where(enough, upper, np.inf),
         n_treatment=nt.astype(int),
         n_control=nc.astype(int),
         alpha=alpha,
@@ -194,15 +228,55 @@ def mean_path(
     *,
     alpha: float = DEFAULT_ALPHA,
     rho: float | None = None,
+    bounds: Bounds | None = None,
+    clip: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(lower, upper)`` of the one-sample CS for a mean at many looks (infinite below MIN_SAMPLES)."""
+    """``(lower, upper)`` of the one-sample CS for a mean at many looks (infinite below MIN_SAMPLES).
+
+    ``bounds`` (the range every observation lies in) smooths the variance as
+    :func:`bounded_variance` does and, with ``clip``, clips the interval to the range (see
+    :func:`mean_difference_path` for when not to).
+    """
     nn = np.asarray(n, dtype=float)
     m = np.asarray(mean, dtype=float)
     v = np.asarray(var, dtype=float)
+    if bounds is not None:
+        v = bounded_variance(nn, m, v, bounds)
     with np.errstate(divide="ignore", invalid="ignore"):
         margin = normal_mixture_margin(v / nn, v, alpha=alpha, rho=rho)
     enough = (nn >= MIN_SAMPLES) & np.isfinite(m) & np.isfinite(v)
-    return np.where(enough, m - margin, -np.inf), np.where(enough, m + margin, np.inf)
+    lower, upper = m - margin, m + margin
+    if bounds is not None and clip:
+        lower, upper = np.maximum(lower, min(bounds)), np.minimum(upper, max(bounds))
+    return np.where(enough, lower, -np.inf), np.where(enough, upper, np.inf)
+
+
+def bounded_variance(n: ArrayLike, mean: ArrayLike, var: ArrayLike, bounds: Bounds) -> np.ndarray:
+    """The plug-in variance of ``n`` observations within ``bounds``, smoothed so it is never 0.
+
+    The sample (``n`` values with this mean and ``ddof=1`` variance) gets one pseudo-observation,
+    half of it at each bound: the same weak prior as the proportions' ``(s + 0.5)/(n + 1)``, which
+    this reduces to for 0/1 data. The result is the larger of the augmented sample's variance and
+    the plain sample variance, so smoothing only ever widens an interval; the pseudo-observation's
+    share is ``1/(n + 1)``, so the result tends to the sample variance (the plug-in stays consistent).
+    Constant values give about ``(upper - lower)² (m² + (1 - m)²) / (2(n + 1))`` with ``m`` the mean's
+    position in the range. Where the variance is unknown (NaN) it stays NaN; bounds of zero width
+    leave the variance as it is (there is no range to be uncertain over).
+    """
+    nn = np.asarray(n, dtype=float)
+    v = np.asarray(var, dtype=float)
+    width = _span(bounds)
+    if not (width > 0 and math.isfinite(width)):
+        return v
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = (np.asarray(mean, dtype=float) - min(bounds)) / width  # the mean's position in [0, 1]
+        ss = (nn - 1) * v / width**2  # the sum of squared deviations, on the unit range
+        smoothed_mean = (nn * m + 0.5) / (nn + 1)
+        # Deviations about the augmented mean: the data's (moved by the shift of the mean) and the
+        # half-observations' at 0 and 1, over the total weight n + 1.
+        augmented = (ss + nn * (m - smoothed_mean) ** 2 + 0.5 * smoothed_mean**2
+                     + 0.5 * (1 - smoothed_mean) ** 2) / (nn + 1)
+    return np.asarray(np.maximum(augmented * width**2, v))  # NaN (unknown) stays NaN
 
 
 def samples_to_detect(
@@ -246,15 +320,15 @@ def cumulative_stats(values: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndar
     """Running ``(n, mean, variance)`` after each value (NaNs skipped; variance ``ddof=1``, nan below 2)."""
     x = np.asarray(values, dtype=float)
     present = np.isfinite(x)
-    x0 = np.where(present, x, 0.0)
     n = np.cumsum(present)
     with np.errstate(divide="ignore", invalid="ignore"):
-        mean = np.cumsum(x0) / n
-        # Shifted sums keep the variance accurate when the values sit far from zero.
+        # Shifted sums keep the mean and variance accurate when the values sit far from zero (and
+        # exact when every value is the same, where a plain running sum drifts in the last bits).
         shift = x[present][0] if present.any() else 0.0
         d = np.where(present, x - shift, 0.0)
         s1 = np.cumsum(d)
         s2 = np.cumsum(d * d)
+        mean = np.where(n > 0, shift + s1 / n, np.nan)
         var = (s2 - s1 * s1 / n) / (n - 1)
     var = np.where(n >= 2, np.maximum(var, 0.0), np.nan)
     return n, mean, var
@@ -266,25 +340,42 @@ def mean_difference_cs(
     *,
     alpha: float = DEFAULT_ALPHA,
     rho: float | None = None,
+    bounds: Bounds | None = None,
+    clip: bool = True,
 ) -> SequentialDiff:
     """Always-valid ``1 - alpha`` CS for ``mean(treatment) - mean(control)`` (NaNs ignored).
 
     ``rho`` is the mixing parameter (see :func:`rho_for_planned_n`); fewer than
     :data:`MIN_SAMPLES` values in an arm gives an infinite interval, never an exception.
+    ``bounds`` and ``clip``: the range every value lies in (see :func:`mean_difference_path`).
     """
     t = _finite(treatment)
     c = _finite(control)
     path = mean_difference_path(
         np.array([t.size]),
-        np.array([t.mean() if t.size else np.nan]),
+        np.array([shifted_mean(t)]),
         np.array([t.var(ddof=1) if t.size >= 2 else np.nan]),
         np.array([c.size]),
-        np.array([c.mean() if c.size else np.nan]),
+        np.array([shifted_mean(c)]),
         np.array([c.var(ddof=1) if c.size >= 2 else np.nan]),
         alpha=alpha,
         rho=rho,
+        bounds=bounds,
+        clip=clip,
     )
     return path.at(0)
+
+
+def shifted_mean(values: np.ndarray) -> float:
+    """The mean of finite ``values``, summed as offsets from the first: exact when they are all equal.
+
+    A plain sum of 22 costs of $2.5e-05 divided by 22 is off in the last bit, and two arms with the
+    same constant cost would then differ by a few 1e-21.
+    """
+    if not values.size:
+        return math.nan
+    shift = float(values[0])
+    return shift + float(np.mean(values - shift))
 
 
 def proportion_difference_path(
@@ -365,6 +456,11 @@ def sample_ratio_check(
     exp = np.array([expected_share[a] * total for a in weighted])
     p_value = float(stats.chisquare(obs, exp).pvalue)
     return SampleRatioCheck(observed, expected_share, p_value, p_value < alpha)
+
+
+def _span(bounds: Bounds) -> float:
+    """The width of ``bounds`` (given in either order)."""
+    return float(max(bounds) - min(bounds))
 
 
 def _finite(values: ArrayLike) -> np.ndarray:
