@@ -370,6 +370,14 @@ class SharedStateConfig(_Strict):
     def _redis_url(self) -> SharedStateConfig:
         if self.kind == "redis" and not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("shared_state.url must start with redis://, rediss:// or unix://")
+        if self.kind == "redis" and self.url.startswith(("redis://", "rediss://")):
+            try:
+                parts = urlsplit(self.url)
+                parts.port  # noqa: B018 - raises for a port out of range or not a number
+            except ValueError as exc:
+                raise ValueError(f"shared_state.url {_shown_url(self.url)!r} is not a valid URL ({exc})") from None
+            if not parts.hostname:  # redis-py would silently connect to localhost:6379
+                raise ValueError(f"shared_state.url {_shown_url(self.url)!r} names no host")
         return self
 
 

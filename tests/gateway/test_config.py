@@ -463,3 +463,12 @@ def test_cli_local_model_name_taken_fails_in_check_config_too(tmp_path: Path) ->
         result = _cli(*command)
         assert result.returncode == 2, result.stderr
         assert "the name 'local' belongs to the embedded local model's backend" in result.stderr
+
+
+def test_a_redis_url_without_a_host_is_refused() -> None:
+    # redis-py reads redis:///x as localhost:6379 db 0: a typo would silently share another Redis.
+    for url, problem in (("redis:///nohost", "names no host"), ("redis://h:99999/0", "is not a valid URL")):
+        message = _error({"backends": [_backend()], "shared_state": {"kind": "redis", "url": url}})
+        assert "shared_state.url" in message and problem in message
+    assert parse_config({"backends": [_backend()], "shared_state": {"kind": "redis", "url": "unix:///tmp/r.sock"}},
+                        env={}).shared_state.url == "unix:///tmp/r.sock"
