@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -213,6 +215,7 @@ class ScanPool:
             max_workers=self.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
+            initargs=(os.getpid(),),
         )
 
     def _replace_broken(self, broken: ProcessPoolExecutor, *, terminate: bool = False) -> None:
@@ -291,13 +294,29 @@ def _redact_file(path: str, kinds: tuple[str, ...], drop: tuple[str, ...]) -> st
     return _spool(os.path.dirname(path), with_model_first(redact_body(kept, kinds)))
 
 
-def _init_worker() -> None:
+def _init_worker(parent_pid: int) -> None:
     # The gateway handles signals and shuts the pool down itself once it has drained: a Ctrl-C or a
     # SIGTERM sent to the whole process group (systemd does) must not kill workers mid-scan.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
     with contextlib.suppress(OSError):
         os.nice(WORKER_NICENESS)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """On Linux, be killed when the gateway dies, however it dies: a worker ignores SIGTERM and SIGINT
+    (above), so after a ``kill -9`` of the gateway it (and multiprocessing's resource tracker, which
+    waits for it) lived on, re-parented to init, until someone found and killed it."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:  # the gateway died before the prctl: nobody would send the signal
+        os._exit(1)
 
 
 def _warm_up() -> int:

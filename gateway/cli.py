@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -57,12 +58,23 @@ class _DrainingServer(uvicorn.Server):
             self._drain_deadline = time.monotonic() + (self.config.timeout_graceful_shutdown or 0)
             self._draining = set(self.server_state.tasks)
             return
+        # A second signal: stop waiting. uvicorn's graceful wait gets no time, and whatever still runs is
+        # cancelled now (uvicorn's wait may already have started with the drain's remaining time). Done
+        # on the loop: a signal handler may interrupt the loop's own bookkeeping.
+        self.config.timeout_graceful_shutdown = 0
+        with contextlib.suppress(RuntimeError):  # no loop running (shutting down already)
+            loop = asyncio.get_event_loop()
+            loop.call_soon_threadsafe(self._cancel_requests)
         super().handle_exit(sig, frame)
         # uvicorn re-raises captured signals after serve() returns, which would kill the process
         # with SIGTERM's default action (exit -15) and skip our cleanup (the local model child).
         # A drained shutdown is a clean exit.
         if hasattr(self, "_captured_signals"):
             self._captured_signals.clear()
+
+    def _cancel_requests(self) -> None:
+        for task in list(self.server_state.tasks):
+            task.cancel(msg="a second shutdown signal: not waiting for requests to finish")
 
     async def on_tick(self, counter: int) -> bool:
         """uvicorn's 0.1 s tick; while draining, it ends the drain once its requests are done or time is up."""

@@ -150,11 +150,12 @@ class UpstreamTimeoutError(PointsmanError):
 
 
 class WorkflowCapError(PointsmanError):
-    """A workflow reached one of its caps before any of its sub-calls answered: 429
-    ``workflow_cap_reached`` (steps, tokens or cost: the request does not fit the workflow's budget),
-    or 504 ``workflow_timeout`` for ``max_seconds``."""
+    """A workflow reached one of its caps before any of its sub-calls answered: 400
+    ``workflow_cap_reached`` (steps, tokens or cost: the request does not fit the workflow's budget, so
+    a retry cannot succeed either: a 429 made the OpenAI SDK retry it twice), or 504 ``workflow_timeout``
+    for ``max_seconds``."""
 
-    status = 429
+    status = 400
     error_type = "workflow_error"
     code = "workflow_cap_reached"
 

@@ -16,6 +16,7 @@ import orjson
 
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, RequestTimeoutError
 from gateway.json_shape import MAX_JSON_DEPTH, check_json_shape
+from policies.echo import client_echo
 
 __all__ = ["MAX_JSON_DEPTH"]  # re-exported: the limit belongs to the protocol a client sees
 
@@ -107,6 +108,8 @@ def validate_request(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]
         raise InvalidRequestError("'stream' must be a boolean", param="stream")
     if stream and not endpoint.streams:
         raise InvalidRequestError(f"{endpoint.name} does not support streaming", param="stream")
+    if endpoint in (CHAT, COMPLETIONS):
+        _check_sampling(body)
     if endpoint is CHAT:
         _check_messages(body.get("messages"))
     elif endpoint is COMPLETIONS:
@@ -117,13 +120,50 @@ def validate_request(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]
     return body
 
 
+#: Roles OpenAI's chat API takes ("function" is the deprecated form of "tool").
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """The shapes OpenAI itself refuses, refused here as a 400 rather than forwarded: a backend that does not
+    check them (llama.cpp's server reads ``max_tokens: 0`` or ``-1`` as "no limit") would answer a 500
+    (retried, then a 502), or generate for as long as its context allows."""
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise InvalidRequestError(f"'{name}' must be an integer of at least 1", param=name)
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise InvalidRequestError(f"'{name}' must be a number", param=name)
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise InvalidRequestError("'tools' must be an array of tool objects", param="tools")
+
+
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("'messages' is required and must be a non-empty array", param="messages")
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequestError(f"messages[{index}] must be an object", param=f"messages.{index}")
-        if not isinstance(message.get("role"), str):
+        role = message.get("role")
+        if not isinstance(role, str):
             raise InvalidRequestError(
                 f"messages[{index}].role is required and must be a string", param=f"messages.{index}.role"
+            )
+        if role not in CHAT_ROLES:
+            raise InvalidRequestError(
+                f"messages[{index}].role must be one of {', '.join(sorted(CHAT_ROLES))}, not {client_echo(role)}",
+                param=f"messages.{index}.role",
+            )
+        content = message.get("content")
+        # null content is how an assistant turn that only calls tools is written; a list holds content parts.
+        if not (isinstance(content, str) or (content is None and role == "assistant") or (
+            isinstance(content, list) and all(isinstance(part, dict) for part in content)
+        )):
+            raise InvalidRequestError(
+                f"messages[{index}].content must be a string or an array of content parts"
+                + (" (null only for an assistant turn)" if content is None else ""),
+                param=f"messages.{index}.content",
             )

@@ -9,7 +9,7 @@ opened for the service to relay. How a run ends:
   run is cancelled at ``max_seconds``): the best answer so far, marked ``capped``;
 - a sub-call fails where the kind cannot go on: the best answer so far, marked ``degraded``;
 - nothing answered: an OpenAI-shaped error — a 4xx every path ended in is passed on as-is (the
-  request is at fault), a cap is 429 ``workflow_cap_reached`` (504 ``workflow_timeout`` for
+  request is at fault), a cap is 400 ``workflow_cap_reached`` (504 ``workflow_timeout`` for
   ``max_seconds``), a failure 502 naming the failed sub-calls — or 503 (no healthy replica) / 429
   (replicas saturated, rate-limited) when every failed sub-call ended so, as for a single call.
 """

@@ -193,3 +193,40 @@ def test_a_full_scan_queue_is_a_503_with_retry_after(upstream: FakeUpstream, tmp
 
 def _spool_files() -> list[Path]:
     return [*Path("/dev/shm").glob("pointsman-scan-*"), *Path(tempfile.gettempdir()).glob("pointsman-scan-*")]
+
+
+def _children(pid: int) -> set[int]:
+    """Every live process whose parent is ``pid`` (from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
+def test_scan_workers_die_with_a_killed_gateway(upstream: FakeUpstream, tmp_path: Path) -> None:
+    # The workers ignore SIGTERM/SIGINT (the gateway drains them itself): after a kill -9 of the gateway
+    # they lived on under init, with multiprocessing's resource tracker waiting on them.
+    proc = GatewayProcess(_config(upstream, scan_workers=1), tmp_path).start(timeout=60)
+    assert proc.proc is not None
+    workers = _children(proc.proc.pid)
+    assert workers, "the gateway started no worker process"
+    proc.proc.kill()
+    proc.proc.wait()
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in workers):
+        assert time.monotonic() < deadline, f"worker processes {workers} outlived the killed gateway"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -170,7 +170,8 @@ def _deep_body(where: str, model: str, depth: int) -> dict[str, Any]:
     if where == "metadata-objects":
         return {"model": model, "messages": [USER], "metadata": fz.nested(depth - 1, "object")}
     if where == "content":
-        return {"model": model, "messages": [{"role": "user", "content": fz.nested(depth - 3, "list")}]}
+        part = {"type": "text", "text": "hi", "annotations": fz.nested(depth - 5, "list")}  # deep inside a part
+        return {"model": model, "messages": [{"role": "user", "content": [part]}]}
     assert where == "tool-parameters"
     tool = {"type": "function", "function": {"name": "f", "parameters": fz.nested(depth - 4, "object")}}
     return {"model": model, "messages": [USER], "tools": [tool]}

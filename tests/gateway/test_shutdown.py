@@ -232,6 +232,48 @@ def test_a_drain_ends_at_drain_timeout_when_a_request_outlasts_it(upstream: Fake
     assert outcome and outcome[0] != 200, outcome
 
 
+def test_a_second_sigterm_stops_waiting_for_requests(upstream: FakeUpstream, tmp_path: Path) -> None:
+    """The second signal skips the drain: a request that would hold the gateway for drain_timeout (30 s)
+    is cut, and the gateway still exits 0 with the decision log flushed."""
+    config = _config(upstream, tmp_path)
+    config["server"] = {"drain_timeout": 30}
+    config["backends"][0]["models"].append({"name": "fake-hang", "upstream_name": "hang"})
+    config["backends"][0]["timeouts"]["first_byte"] = 60.0
+    config["backends"][0]["timeouts"]["total"] = 60.0
+    gateway = GatewayProcess(config, tmp_path).start()
+    user = uuid.uuid4().hex
+    outcome: list[int | str] = []
+
+    def hang() -> None:
+        try:
+            outcome.append(httpx.post(f"{gateway.base_url}/chat/completions", timeout=60,
+                                      json={"model": "fake-hang", "messages": MESSAGES, "user": user}).status_code)
+        except httpx.TransportError as exc:
+            outcome.append(type(exc).__name__)
+
+    waiter = threading.Thread(target=hang, daemon=True)
+    try:
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not upstream.state.requests[("hang", user)]:
+            assert time.monotonic() < deadline, "the hanging request never reached the upstream"
+            time.sleep(0.02)
+        assert gateway.proc is not None
+        gateway.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert gateway.proc.poll() is None  # the first signal waits for the request
+        gateway.proc.send_signal(signal.SIGTERM)
+        exit_code = gateway.proc.wait(timeout=20)  # well before the 30 s drain_timeout
+        waiter.join(10)
+    finally:
+        if gateway.proc is not None and gateway.proc.poll() is None:
+            gateway.proc.kill()
+            gateway.proc.wait()
+    assert exit_code == 0, gateway.log()[-2000:]
+    assert outcome and outcome[0] != 200, outcome
+    assert [r["requested_model"] for r in gateway.decisions()] == ["fake-hang"]  # the cut request is logged
+
+
 def test_sigterm_when_idle_exits_zero(upstream: FakeUpstream, tmp_path: Path) -> None:
     gateway = GatewayProcess(_config(upstream, tmp_path), tmp_path).start()
     code = gateway.terminate(timeout=20)

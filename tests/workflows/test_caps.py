@@ -69,9 +69,10 @@ def test_max_seconds_without_any_answer_is_a_504(sdk: OpenAI, wf_gateway: Gatewa
     assert row["status"] == 504 and row["workflow"]["capped"] == "max_seconds"
 
 
-def test_a_cost_cap_before_any_answer_is_a_429(sdk: OpenAI, upstream: FakeUpstream) -> None:
+def test_a_cost_cap_before_any_answer_is_a_400(sdk: OpenAI, upstream: FakeUpstream) -> None:
+    # Not a 429: the request does not fit the workflow's budget, so the SDK must not retry it.
     user = key()
-    with pytest.raises(openai.RateLimitError) as info:
+    with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(model="cascade/broke", messages=MESSAGES, user=user)
     body = info.value.body
     assert isinstance(body, dict) and body["code"] == "workflow_cap_reached" and "max_cost_usd" in body["message"]

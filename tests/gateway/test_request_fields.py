@@ -1,0 +1,81 @@
+"""Request fields OpenAI itself refuses are a 400 at the gateway, never forwarded.
+
+A backend that does not check them answers worse than OpenAI would: llama.cpp's server reads
+``max_tokens: 0`` or ``-1`` as "no limit" (one request then holds a core for as long as the context
+allows) and answers a bad role or a numeric ``content`` with a 500, which the gateway retried three
+times and turned into a 502. Valid shapes (an assistant turn that only calls tools, content parts) pass.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.upstream import FakeUpstream
+from tests.gatewayproc import GatewayProcess
+
+USER = {"role": "user", "content": "hello"}
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    config = {
+        "backends": [{
+            "name": "fake",
+            "base_url": upstream.base_url,
+            "health": {"enabled": False},
+            "models": [{"name": "fake-ok", "upstream_name": "ok"}],
+        }],
+    }
+    proc = GatewayProcess(config, tmp_path_factory.mktemp("gw-fields")).start()
+    yield proc
+    proc.terminate()
+
+
+def _post(gateway: GatewayProcess, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{gateway.base_url}/{path}", json=body, timeout=30)
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"n": 0}, "n"),
+    ({"n": True}, "n"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"top_p": [1]}, "top_p"),
+    ({"tools": "x"}, "tools"),
+    ({"tools": ["x"]}, "tools"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": ["text"]}]}, "messages.0.content"),
+])
+def test_a_field_openai_refuses_is_a_400_naming_it(
+    gateway: GatewayProcess, upstream: FakeUpstream, extra: dict[str, Any], param: str
+) -> None:
+    user = uuid.uuid4().hex
+    response = _post(gateway, "chat/completions", {"model": "fake-ok", "messages": [USER], "user": user, **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert not upstream.state.requests[("ok", user)]  # never forwarded
+
+
+def test_valid_shapes_pass(gateway: GatewayProcess, upstream: FakeUpstream) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "What is 6 x 7?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    body = {"model": "fake-ok", "messages": messages, "max_tokens": 5, "n": 1, "temperature": 0, "top_p": 1.0}
+    assert _post(gateway, "chat/completions", body).status_code == 200
+    completion = {"model": "fake-ok", "prompt": "hi", "max_tokens": 0}
+    assert _post(gateway, "completions", completion).json()["error"]["param"] == "max_tokens"
