@@ -46,6 +46,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._args import int_list  # noqa: E402
 from bench._procs import free_port, start, stop, wait_http  # noqa: E402
 from evals.data import load_routerbench, resolve_data_dir  # noqa: E402
 from evals.data.split import prompt_unit  # noqa: E402
@@ -285,13 +286,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="data directory (default: $POINTSMAN_DATA_DIR or ../shared/data)")
     parser.add_argument("--encoder", default="static", choices=("static", "minilm"))
-    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--sizes", type=int_list(), default=",".join(map(str, SIZES)))
     parser.add_argument("--repeats", type=int, default=1, help="traffic orders drawn (the table shows the mean)")
     parser.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=True,
                         help="train with the bundled data as a prior (pointsman train's default) or without")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    args.sizes = [int(s) for s in args.sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = load_rows(resolve_data_dir(args.data))
     heldout, pool = split(rows)

@@ -36,6 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._args import int_list  # noqa: E402
 from classifiers.heads import build_features, load_head  # noqa: E402
 from evals.data import load_routellm, load_routerbench, resolve_data_dir  # noqa: E402
 from evals.data.split import prompt_unit  # noqa: E402
@@ -505,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--data", default=None)
     ap.add_argument("--encoders", default="static,minilm")
     ap.add_argument("--draws", type=int, default=10)
-    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    ap.add_argument("--sizes", type=int_list(), default=",".join(map(str, SIZES)))
     ap.add_argument("--methods", default="", help="|-separated substrings of method names (default: all)")
     ap.add_argument("--chosen", default="", help="|-separated methods to compare with the shipped router")
     ap.add_argument("--no-prior", action="store_true", help="skip the RouteLLM prior (faster start)")
@@ -515,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     encoders = [e for e in args.encoders.split(",") if e]
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     d = load_data(
         resolve_data_dir(args.data),
         encoders,

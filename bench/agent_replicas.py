@@ -44,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._args import int_list  # noqa: E402
 from bench._procs import cpu_model  # noqa: E402
 from bench.replica_sim import plan  # noqa: E402
 from bench.replica_sim.profile import EngineProfile  # noqa: E402
@@ -56,7 +57,9 @@ RESULTS = ROOT / "bench" / "results" / "agent_replicas"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, 2 and 8 replicas, small sweeps (~3 min)")
-    parser.add_argument("--replicas", default=None, help="comma-separated replica counts (default 2,4,8,16)")
+    # An empty value means the default, as before.
+    parser.add_argument("--replicas", type=int_list(allow_empty=True), default=None,
+                        help="comma-separated replica counts (default 2,4,8,16)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per configuration (default 5; quick 2)")
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"output directory (default {RESULTS})")
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads((out / "results.json").read_text())
         return _finish(doc, out)
     quick = args.quick
-    replicas = [int(n) for n in (args.replicas or ("2,8" if quick else "2,4,8,16")).split(",")]
+    replicas = args.replicas or ([2, 8] if quick else [2, 4, 8, 16])
     seeds = args.seeds or (2 if quick else 5)
     rel_tol = args.rel_tol or (0.03 if quick else 0.01)
     mixes = [args.only] if args.only else list(plan.MIXES)

@@ -67,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import _procs  # noqa: E402
+from _args import int_list  # noqa: E402
 
 from classifiers.answer_confidence import final_answer  # noqa: E402
 from evals.cascade import (  # noqa: E402
@@ -950,7 +951,9 @@ def _thresholds(res: dict[str, Any], records: Sequence[dict[str, Any]]) -> dict[
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=150, help="synthetic prompts (default 150)")
-    parser.add_argument("--samples", default="3,5", help="agreement sample counts, comma-separated (default 3,5)")
+    # 2..16: what a cascade's agreement source takes (workflows: samples); checked before the gateway starts.
+    parser.add_argument("--samples", type=int_list(minimum=2, maximum=16), default="3,5",
+                        help="agreement sample counts, comma-separated (default 3,5)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--gsm8k", type=int, default=0, metavar="N", help="also N GSM8K prompts (needs ../shared/data)")
     parser.add_argument("--gsm8k-max-tokens", type=int, default=96)
@@ -970,7 +973,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_fake(args.serve_fake, args.answers)
         return 0
     started = time.perf_counter()
-    samples = [int(k) for k in args.samples.split(",") if k.strip()]
+    samples = args.samples
     if args.reanalyse:
         old = json.loads(args.reanalyse.read_text())
         meta, raw = old["meta"], old["records"]

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import _procs
+from _args import float_list, int_list
 from _cells import Gateway, run_cell, summarize
 from _cells import start_gateway as start_process
 
@@ -184,16 +185,17 @@ def measure(delay_ms: float, args: argparse.Namespace, tmp: Path, side: set[int]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="served p50 with comparisons at share 0.1 vs off")
-    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--concurrency", type=int_list(), default="1,16")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
-    parser.add_argument("--delays", default="50,0", help="fake upstream latencies to measure at, ms")
+    parser.add_argument("--delays", type=float_list(minimum=0), default="50,0",
+                        help="fake upstream latencies to measure at, ms")
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
-    args.concurrencies = [int(c) for c in args.concurrency.split(",")]
+    args.concurrencies = args.concurrency
 
     started = time.monotonic()
     load_at_start = os.getloadavg()[0]
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-compare-"))
     results: dict[float, dict[str, Any]] = {}
     try:
-        for delay in (float(d) for d in args.delays.split(",")):
+        for delay in args.delays:
             results[delay] = measure(delay, args, tmp, side, gateway_cpus)
     finally:
         if args.keep_logs:

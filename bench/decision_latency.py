@@ -60,6 +60,7 @@ from typing import Any
 
 import _procs
 import numpy as np
+from _args import int_list
 
 from classifiers.conversation import conversation_text
 from classifiers.heads import build_features
@@ -790,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: static, minilm, or minilm@RUNTIME (onnx, torchscript, torch) for a side-by-side "
         "run (default: static,minilm, plus minilm@onnx where the default MiniLM runtime is another one)",
     )
-    parser.add_argument("--concurrency", default="1,32", help="comma-separated concurrencies")
+    parser.add_argument("--concurrency", type=int_list(), default="1,32", help="comma-separated concurrencies")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds per cell (medians are reported)")
     parser.add_argument(
         "--decisions",
@@ -810,7 +811,8 @@ def main(argv: list[str] | None = None) -> int:
         help="keep sticky sessions in this Redis, as replicas do (default: in-process)",
     )
     parser.add_argument("--data", default=None, help="data directory (holds routellm/)")
-    parser.add_argument("--cpus", default="", help="pin this process to these cores, e.g. 0,1 (default: not pinned)")
+    parser.add_argument("--cpus", type=int_list(minimum=0, allow_empty=True), default="",
+                        help="pin this process to these cores, e.g. 0,1 (default: not pinned)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     from classifiers.encoders import MINILM_RUNTIMES
@@ -827,8 +829,7 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown encoder(s): {', '.join(sorted(unknown | bad_runtime))} "
             f"(static, minilm, minilm@{{{','.join(MINILM_RUNTIMES)}}})"
         )
-    args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
-    args.cpus = {int(c) for c in args.cpus.split(",") if c}
+    args.cpus = set(args.cpus)
     return _run(args)
 
 

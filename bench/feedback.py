@@ -33,6 +33,7 @@ from typing import Any
 import _procs
 import aiohttp
 import orjson
+from _args import int_list
 from loadgen import percentile
 
 MODEL = "fake-model"
@@ -209,7 +210,7 @@ def _median(values: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="POST /v1/feedback throughput with durable batched writes")
-    parser.add_argument("--concurrency", default="16,64,128")
+    parser.add_argument("--concurrency", type=int_list(), default="16,64,128")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=4.0, help="measured seconds per round")
     parser.add_argument("--warmup", type=float, default=0.5)
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = asyncio.run(issue_ids(base, args.ids))
         print(f"ready after {time.monotonic() - started:.1f}s; {len(ids)} request ids issued", flush=True)
         poster = Poster(base, ids)
-        for c in [int(x) for x in args.concurrency.split(",")]:
+        for c in args.concurrency:
             rounds = []
             for round_no in range(args.rounds):
                 cpu0, batches0 = _procs.cpu_seconds(gateway.pid), gateway_metric(base, "pointsman_feedback_batches")

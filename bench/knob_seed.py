@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._args import float_list
 from evals.data import resolve_data_dir
 from gateway.cli import main as pointsman
 from policies.brain import build_brain, explain_request, parse_routing_config
@@ -133,10 +134,11 @@ def report(out: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--splits", type=int, default=3)
-    parser.add_argument("--targets", default="0.1,0.3,0.5")
+    # [0, 1]: what a route's target_strong_share takes.
+    parser.add_argument("--targets", type=float_list(minimum=0, maximum=1), default="0.1,0.3,0.5")
     parser.add_argument("--data-dir", help="the shared data directory (default: $POINTSMAN_DATA_DIR or ../shared/data)")
     args = parser.parse_args(argv)
-    targets = [float(t) for t in args.targets.split(",")]
+    targets = args.targets
     print(report(run(resolve_data_dir(args.data_dir), args.splits, targets)))
     return 0
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import _procs
+from _args import int_list
 from _cells import Gateway, run_cell, summarize
 from _cells import start_gateway as start_process
 
@@ -116,7 +117,7 @@ def render(table: dict[int, dict[str, dict[str, Any]]], checks: list[dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="p50 with rate limits + budgets on Redis vs without")
-    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--concurrency", type=int_list(), default="1,16")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    concurrencies = args.concurrency
 
     started = time.monotonic()
     load_at_start = os.getloadavg()[0]

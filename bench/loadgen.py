@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
+from _args import int_list
 
 
 @dataclass
@@ -200,13 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--stream", action="store_true", help='send "stream": true')
     parser.add_argument("--timeout", type=float, default=30.0)
-    parser.add_argument("--cpus", default=None, help="pin to these cores, e.g. 0 or 0,1")
+    parser.add_argument("--cpus", type=int_list(minimum=0, allow_empty=True), default=None,
+                        help="pin to these cores, e.g. 0 or 0,1")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.duration is None and args.requests is None:
         args.duration = 3.0
     if args.cpus:
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+        os.sched_setaffinity(0, set(args.cpus))
     result: LoadResult = _run(
         run_load(
             args.url,

@@ -41,6 +41,7 @@ from typing import Any
 
 import _procs
 import litellm_env
+from _args import int_list
 
 MODEL = "fake-model"
 RESULTS_DIR = _procs.BENCH_DIR / "results"
@@ -363,7 +364,7 @@ def _litellm_version() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Start everything, measure, print and write the results."""
     parser = argparse.ArgumentParser(description="proxy overhead: direct vs Pointsman vs LiteLLM")
-    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--concurrency", type=int_list(), default="1,16,64")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=2.0, help="measured seconds per cell and round")
     parser.add_argument("--warmup", type=float, default=0.5, help="unrecorded seconds before each cell")
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = time.monotonic()
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    concurrencies = args.concurrency
     wanted = [t for t in args.targets.split(",") if t and not (args.no_litellm and t == "litellm")]
     pin = not args.no_pin and _procs.cpu_count() >= 2
     side_cpus, proxy_cpus = ({0}, {1}) if pin else (None, None)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import _procs
+from _args import int_list
 from loadgen import chat_body, percentile
 
 VARIANTS = ("aiohttp", "httpx", "httpx-bigpool", "httpx-sharded", "httpx2", "httpx2-bigpool")
@@ -171,7 +172,7 @@ def _run_cell(variant: str, url: str, c: int, duration: float, warmup: float, cp
 def main(argv: list[str] | None = None) -> int:
     """Start the fake upstream, measure every variant at every concurrency, print a table."""
     parser = argparse.ArgumentParser(description="compare upstream HTTP clients")
-    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--concurrency", type=int_list(), default="1,16,64")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--warmup", type=float, default=0.3)
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=max(110, Console().width))
     pin = not args.no_pin and _procs.cpu_count() >= 2
     upstream_cpus, client_cpu = ({0}, 1) if pin else (None, None)
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    concurrencies = args.concurrency
     variants = []
     for variant in (v for v in args.variants.split(",") if v):
         module = "aiohttp" if variant == "aiohttp" else variant.split("-")[0]
