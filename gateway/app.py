@@ -23,6 +23,7 @@ from starlette.routing import Route
 from gateway.config import Config
 from gateway.contain import ContainUnexpectedErrors
 from gateway.dashboard import DASHBOARD_ROUTES
+from gateway.defaults import LOCAL_BACKEND
 from gateway.errors import (
     MethodNotAllowedError,
     PointsmanError,
@@ -134,7 +135,12 @@ async def ready(request: Request) -> Response:
     service = _service(request)
     if service.draining:
         return error_response(ServiceUnavailableError("draining"))
-    usable = [r for r in service.pool.replicas() if r.healthy and r.breaker.available()]
+    local = getattr(request.app.state, "local_model", None)
+    local_down = local is not None and not local.running  # crashed, being restarted (or given up)
+    usable = [
+        r for r in service.pool.replicas()
+        if r.healthy and r.breaker.available() and not (local_down and r.backend.name == LOCAL_BACKEND)
+    ]
     if not usable:
         return error_response(ServiceUnavailableError("no healthy upstream replica"))
     return json_response({"status": "ready", "healthy_replicas": len(usable)})

@@ -111,6 +111,7 @@ async def serve(config: Config) -> None:
         config = with_local_backend(config, base_url, local.embedding_model_name)
     try:
         app = create_app(config)
+        app.state.local_model = local  # readiness counts the embedded model's replica only while it runs
         server = _DrainingServer(
             uvicorn.Config(
                 app,

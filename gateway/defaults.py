@@ -82,6 +82,10 @@ def embedded_default() -> Config:
     )
 
 
+#: The name of the backend the embedded local model is served as (``local_model.enabled``).
+LOCAL_BACKEND = "local"
+
+
 def with_local_backend(config: Config, base_url: str, embedding_model: str | None = None) -> Config:
     """``config`` plus a backend ``local`` for the running embedded model at ``base_url``."""
     local = config.local_model
@@ -103,7 +107,7 @@ def with_local_backend(config: Config, base_url: str, embedding_model: str | Non
     data["backends"] = [
         *data["backends"],
         {
-            "name": "local",
+            "name": LOCAL_BACKEND,
             "base_url": base_url,
             "models": models,
             # CPU inference: allow a slow first token, keep a bounded total.
