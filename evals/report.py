@@ -547,11 +547,18 @@ def report_dir(out: str | Path, files: Sequence[str] = ()) -> Path:
         raise ValueError(f"--out {out}: cannot create the report directory ({exc.strerror or exc})") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out}: the report directory is not writable")
-    for name in files:
-        target = path / name
-        if target.exists() and not target.is_file():
-            raise ValueError(f"--out {out}: {target} exists and is not a file (a directory?); remove it or give "
-                             "another --out")
-        if target.exists() and not os.access(target, os.W_OK):
-            raise ValueError(f"--out {out}: {target} is not writable")
+    refuse_taken_names(path, files, f"--out {out}: ")
     return path
+
+
+def refuse_taken_names(directory: Path, names: Iterable[str], prefix: str = "") -> None:
+    """``ValueError`` (``prefix`` + the path) for the first of ``names`` in ``directory`` that exists as
+    something other than a writable regular file: a name taken by a directory would only fail when
+    written, after the work and with part of the report already replaced."""
+    for name in names:
+        target = directory / name
+        if target.exists() and not target.is_file():
+            raise ValueError(f"{prefix}{target} exists and is not a regular file (a directory?); remove it or "
+                             "write the report elsewhere")
+        if target.exists() and not os.access(target, os.W_OK):
+            raise ValueError(f"{prefix}{target} is not writable")

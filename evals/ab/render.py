@@ -9,13 +9,12 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from evals.ab.plots import PLOT_TITLES, write_plots
-from evals.report import jsonable
+from evals.report import jsonable, refuse_taken_names
 from evals.report_render import _html_table, _md_table, _missing, _num, _pct
 
 FORMATS = ("md", "html", "json")
@@ -63,13 +62,7 @@ def check_outputs(out_dir: Path, formats: Iterable[str]) -> None:
     A name taken by a directory (or anything but a regular file), or a file that is not writable,
     would only fail when written: after the store was read and some files were already replaced.
     """
-    for name in report_files(formats):
-        target = out_dir / name
-        if target.exists() and not target.is_file():
-            raise ValueError(f"{target} exists and is not a regular file (a directory?); remove it or write the "
-                             "report elsewhere")
-        if target.exists() and not os.access(target, os.W_OK):
-            raise ValueError(f"{target} is not writable")
+    refuse_taken_names(out_dir, report_files(formats))
 
 
 # ----------------------------------------------------------------------------- formatting

@@ -543,7 +543,7 @@ def test_every_file_the_report_writes_is_checked_before_the_eval_starts(tmp_path
     report_dir(tmp_path / "all", REPORT_FILES)  # files from an earlier run are overwritten: fine
     (tmp_path / "all" / "report.md").unlink()
     (tmp_path / "all" / "report.md").mkdir()
-    with pytest.raises(ValueError, match=r"report\.md exists and is not a file"):
+    with pytest.raises(ValueError, match=r"report\.md exists and is not a regular file"):
         report_dir(tmp_path / "all", REPORT_FILES)
 
 
@@ -573,8 +573,8 @@ def test_bad_eval_options_are_usage_errors_before_any_work(
         (["--routers-dir", str(tmp_path / "missing")], f"--routers-dir {tmp_path / 'missing'}: no such directory"),
         (["--routers-dir", str(data)], f"--routers-dir {data}: is a file"),
         (["--routers-dir", str(tmp_path / "empty")], "holds no router"),
-        (["--out", str(tmp_path / "o-md")], f"{tmp_path / 'o-md' / 'report.md'} exists and is not a file"),
-        (["--out", str(tmp_path / "o-png")], f"{tmp_path / 'o-png' / 'pgr_curve.png'} exists and is not a file"),
+        (["--out", str(tmp_path / "o-md")], f"{tmp_path / 'o-md' / 'report.md'} exists and is not a regular file"),
+        (["--out", str(tmp_path / "o-png")], f"{tmp_path / 'o-png' / 'pgr_curve.png'} exists and is not a regular file"),
     ):
         assert pointsman([*base, *args]) == 2, args
         err = capsys.readouterr().err
