@@ -574,7 +574,8 @@ def test_bad_eval_options_are_usage_errors_before_any_work(
         (["--routers-dir", str(data)], f"--routers-dir {data}: is a file"),
         (["--routers-dir", str(tmp_path / "empty")], "holds no router"),
         (["--out", str(tmp_path / "o-md")], f"{tmp_path / 'o-md' / 'report.md'} exists and is not a regular file"),
-        (["--out", str(tmp_path / "o-png")], f"{tmp_path / 'o-png' / 'pgr_curve.png'} exists and is not a regular file"),
+        (["--out", str(tmp_path / "o-png")],
+         f"{tmp_path / 'o-png' / 'pgr_curve.png'} exists and is not a regular file"),
     ):
         assert pointsman([*base, *args]) == 2, args
         err = capsys.readouterr().err
