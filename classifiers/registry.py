@@ -557,12 +557,11 @@ class RouterRegistry:
         """
         if keep < 1:
             raise ValueError("keep must be at least 1: the newest version numbers the next one")
+        if dry_run:  # only reads: no lock, so a read-only registry (a mounted copy) can be asked too
+            return self._doomed(keep, protect)
         with self._locked():
-            ids = self.version_ids()
-            active = self.active() or {}
-            kept = set(ids[-keep:]) | {active.get("version"), active.get("previous")} | set(protect)
-            doomed = [v for v in ids if v not in kept]
-            if dry_run or not doomed:
+            doomed = self._doomed(keep, protect)
+            if not doomed:
                 return doomed
             for stale in (self.root / VERSIONS_DIR).glob(".pruned-*"):  # a prune that stopped part-way
                 shutil.rmtree(stale, ignore_errors=True)
@@ -585,6 +584,13 @@ class RouterRegistry:
                     raise _os_error(exc, directory, "delete the version") from None
             _fsync_dir(self.root / VERSIONS_DIR)
         return doomed
+
+    def _doomed(self, keep: int, protect: Iterable[str]) -> list[str]:
+        """The versions a prune with these settings deletes, oldest first."""
+        ids = self.version_ids()
+        active = self.active() or {}
+        kept = set(ids[-keep:]) | {active.get("version"), active.get("previous")} | set(protect)
+        return [v for v in ids if v not in kept]
 
     def _promote_locked(self, version: str, verdict: Mapping[str, Any]) -> None:
         self.version_dir(version)  # KeyError for an unknown id, before anything is written
