@@ -39,8 +39,7 @@ _log = logging.getLogger("pointsman.config")
 _YEAR = 365 * 24 * 3600.0  # the longest a replica-affinity entry may be remembered
 
 
-class _Strict(StrictModel):
-    """Unknown keys are errors: a typo in a config must never be silently ignored."""
+_Strict = StrictModel  # unknown keys, non-finite numbers and bools-for-numbers are errors
 
 
 class Timeouts(_Strict):

@@ -63,7 +63,7 @@ YEAR_SECONDS = 365 * 24 * 3600.0
 class _Strict(StrictModel):
     """Unknown keys are errors: a typo in a policy must never be silently ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # the rest comes from StrictModel
 
 
 class Condition(_Strict):

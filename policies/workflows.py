@@ -61,8 +61,7 @@ PAIRWISE_FIELDS: tuple[tuple[str, ...], tuple[str, ...]] = (
 FUSER_FIELDS: tuple[tuple[str, ...], tuple[str, ...]] = (("references",), ("references",))
 
 
-class _Strict(StrictModel):
-    """Unknown keys are errors: a typo in a workflow must never be silently ignored."""
+_Strict = StrictModel  # unknown keys, non-finite numbers and bools-for-numbers are errors
 
 
 def template_fields(text: str) -> list[str]:

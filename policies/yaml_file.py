@@ -22,22 +22,25 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """``SafeLoader`` that refuses a mapping with the same key twice."""
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, MappingNode):  # "!!map foo": SafeLoader says what is wrong
+            return super().construct_mapping(node, deep=deep)
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *defaults" may be repeated by design
                 continue
             key = self.construct_object(key_node, deep=deep)
             try:
-                first = seen.setdefault(key, key_node.start_mark)
+                first = seen.get(key)
             except TypeError:  # an unhashable key: let SafeLoader say so
                 break
-            if first is not key_node.start_mark:
+            if first is not None:
                 raise ConstructorError(
                     "while constructing a mapping",
                     node.start_mark,
                     f"found the key {key!r} twice (first on line {first.line + 1}); a later one would silently win",
                     key_node.start_mark,
                 )
+            seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
 

@@ -49,8 +49,7 @@ class RoutingConfigError(ValueError):
     """The routing part of a config is invalid. The message names the offending key."""
 
 
-class _Strict(StrictModel):
-    """Unknown keys are errors: a typo in a config must never be silently ignored."""
+_Strict = StrictModel  # unknown keys, non-finite numbers and bools-for-numbers are errors
 
 
 class ModelConfig(_Strict):
@@ -341,8 +340,9 @@ def substitute_env(value: Any, env: Mapping[str, str], path: str = "") -> Any:
                 return default
             raise RoutingConfigError(f"{path or '<root>'}: environment variable {name} is not set and has no default")
 
-        substituted = _ENV_PATTERN.sub(replace, value)
-        return EnvText(substituted) if substituted is not value and _ENV_PATTERN.search(value) else substituted
+        if not _ENV_PATTERN.search(value):
+            return value
+        return EnvText(_ENV_PATTERN.sub(replace, value))
     if isinstance(value, dict):
         return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
     if isinstance(value, list):

@@ -57,7 +57,7 @@ MissingKey = Literal["exclude", "conversation", "request"]
 class _Strict(StrictModel):
     """Unknown keys are errors: a typo in an experiment must never be silently ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # the rest comes from StrictModel
 
 
 _SHADOW_ONLY = ("call_backend", "budget_usd_per_hour", "max_concurrency", "share")

@@ -429,6 +429,10 @@ def test_a_key_written_twice_and_an_alias_bomb_are_refused(tmp_path: Path) -> No
     )
     with pytest.raises(ConfigError, match="x-defaults: unknown key"):
         load_config(merged, env={})
+    tagged = tmp_path / "tagged.yaml"  # a !!map tag on a scalar: still "not valid YAML", not a traceback
+    tagged.write_text("server: !!map foo\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tagged, env={})
 
 
 def test_a_builtin_signal_setting_that_nothing_reads_is_refused() -> None:
