@@ -20,10 +20,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.config import Config
+from gateway.config import LOCAL_BACKEND, Config
 from gateway.contain import ContainUnexpectedErrors
 from gateway.dashboard import DASHBOARD_ROUTES
-from gateway.defaults import LOCAL_BACKEND
 from gateway.errors import (
     MethodNotAllowedError,
     PointsmanError,

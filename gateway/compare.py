@@ -44,6 +44,7 @@ from gateway.trace import RequestTrace
 from gateway.usage import cost_usd
 from policies.config import Compare
 from policies.explore import sampled
+from store.outcomes import JUDGE_SOURCE, QUALITY_METRIC
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord, FeedbackRecord
 
@@ -503,7 +504,7 @@ class CompareRunner:
 
     def _feedback(self, record: DecisionRecord, model: str, score: float, metadata: dict[str, Any]) -> None:
         self._recorder.record_feedback(FeedbackRecord(
-            request_id=record.request_id, score=score, metric="quality", source="judge", model=model,
+            request_id=record.request_id, score=score, metric=QUALITY_METRIC, source=JUDGE_SOURCE, model=model,
             tenant=record.tenant, created_at=time.time(), metadata=metadata,
         ))
 

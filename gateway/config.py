@@ -37,6 +37,8 @@ from policies.yaml_file import load_yaml
 
 _log = logging.getLogger("pointsman.config")
 _YEAR = 365 * 24 * 3600.0  # the longest a replica-affinity entry may be remembered
+#: The name of the backend the embedded local model is served as (``local_model.enabled``).
+LOCAL_BACKEND = "local"
 
 
 _Strict = StrictModel  # unknown keys, non-finite numbers and bools-for-numbers are errors
@@ -545,10 +547,10 @@ def local_model_conflicts(config: Config) -> None:
         return
     local_names = set(config.local_model.served_names())
     for backend in config.backends:
-        if backend.name == "local":
+        if backend.name == LOCAL_BACKEND:
             raise ConfigError(
-                "backends: the name 'local' belongs to the embedded local model's backend (local_model.enabled); "
-                "rename the backend"
+                f"backends: the name {LOCAL_BACKEND!r} belongs to the embedded local model's backend "
+                "(local_model.enabled); rename the backend"
             )
         for model in backend.models:
             if model.name in local_names:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from classifiers.signals import PII_KINDS
-from gateway.config import Config, parse_config
+from gateway.config import LOCAL_BACKEND, Config, parse_config
 
 # Aliases of the local model: a fusion's candidates and a cascade's stages are distinct models, so
 # the embedded default shows each workflow kind over the one model it has by giving it more names.
@@ -81,9 +81,6 @@ def embedded_default() -> Config:
         env={},
     )
 
-
-#: The name of the backend the embedded local model is served as (``local_model.enabled``).
-LOCAL_BACKEND = "local"
 
 
 def with_local_backend(config: Config, base_url: str, embedding_model: str | None = None) -> Config:

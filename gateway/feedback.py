@@ -46,6 +46,7 @@ from gateway.protocol import ClientDisconnected, decode_body, read_body
 from gateway.responses import error_response, json_response
 from policies.echo import client_echo
 from store import DecisionRecord, DecisionStore, FeedbackRecord, FeedbackWriter, StoreUnavailable
+from store.outcomes import JUDGE_SOURCE, QUALITY_METRIC  # what the gateway's own judges write
 
 if TYPE_CHECKING:
     from gateway.service import ProxyService
@@ -57,8 +58,6 @@ MAX_REQUEST_ID_CHARS = 128
 MAX_MODEL_CHARS = 256
 _METRIC = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 _THUMBS = {"up": 1.0, "down": 0.0, True: 1.0, False: 0.0}
-#: The metric the gateway's own judge rows are written under (comparisons, ratings workflows).
-GATEWAY_JUDGE_METRIC = "quality"
 #: At most this many model names are listed in a 400 for an unknown ``model``.
 MAX_MODELS_LISTED = 20
 #: Seconds a client is told to wait before retrying when the store cannot write.
@@ -95,12 +94,9 @@ class IssuedIds:
 
     def remember(self, record: DecisionRecord) -> None:
         """Remember a finished request with its tenant and answer; O(1), for the request path."""
-        self._put(record.request_id, Issued.of(record))
-
-    def _put(self, request_id: str, entry: Issued) -> None:
         if self.capacity <= 0:
             return
-        self._ids[request_id] = entry
+        self._ids[record.request_id] = Issued.of(record)
         if len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
 
@@ -307,10 +303,10 @@ class FeedbackService:
                 f"the configured models ({listed}); leave it out for the model that answered",
                 param="model",
             )
-        if given.source == "judge" and given.metric == GATEWAY_JUDGE_METRIC and issued.judged:
+        if given.source == JUDGE_SOURCE and given.metric == QUALITY_METRIC and issued.judged:
             raise InvalidRequestError(
                 f"the gateway judges this request itself (a comparison or a ratings workflow): its 'judge' "
-                f"feedback under '{GATEWAY_JUDGE_METRIC}' is the gateway's verdict and cannot be replaced; "
+                f"feedback under '{QUALITY_METRIC}' is the gateway's verdict and cannot be replaced; "
                 f"send a judge's score under another metric, or as source 'rule' or 'import'",
                 param="source",
             )

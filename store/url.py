@@ -64,10 +64,7 @@ async def opened_store(url: str) -> AsyncIterator[DecisionStore]:
     fails (unreachable server, not a database file, ...), so commands print one line, not a traceback.
     """
     store = open_store_url(url, existing=True)
-    try:
-        await store.open()
-    except _DRIVER_ERRORS as exc:
-        raise _unavailable(url, exc) from exc
+    await _open(store, url)
     try:
         yield store
     except _DRIVER_ERRORS as exc:  # only the drivers' failures: a bug in the caller stays a bug
@@ -81,11 +78,17 @@ async def check_store(store: DecisionStore, name: str) -> None:
     (a password in it masked) when the driver fails: a gateway's start-up check, so an unreachable
     database or an unwritable file is one line before serving rather than a traceback from inside it."""
     try:
+        await _open(store, name)
+    finally:
+        await store.close()
+
+
+async def _open(store: DecisionStore, name: str) -> None:
+    """``store.open()``, a driver's failure translated into :class:`StoreUnavailable` naming ``name``."""
+    try:
         await store.open()
     except _DRIVER_ERRORS as exc:
         raise _unavailable(name, exc) from exc
-    finally:
-        await store.close()
 
 
 # What the drivers raise when a database cannot be reached or read (the store's methods raise these).

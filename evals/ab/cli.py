@@ -21,7 +21,7 @@ from typing import Any
 
 from evals.ab.analysis import Options, analyze
 from evals.ab.load import UnknownExperiment, load_experiment_url
-from evals.ab.render import FORMATS, check_outputs, verdict_lines, write_ab_report
+from evals.ab.render import FORMATS, report_files, verdict_lines, write_ab_report
 from evals.report import report_dir
 from evals.run_sync import run_sync
 from policies.experiments.sequential import DEFAULT_PLANNED_N
@@ -136,10 +136,9 @@ def report(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, Any]]:
     opts, formats = _options(args)
     since = parse_since(args.since)
     try:
-        check_outputs(report_dir(args.out), formats)
+        report_dir(args.out, report_files(formats))
     except ValueError as exc:
-        message = str(exc)
-        raise UsageError(message if message.startswith("--out") else f"--out {args.out}: {message}") from None
+        raise UsageError(str(exc)) from None
     from tqdm import tqdm
 
     bar = tqdm(total=3, desc="load from store", unit="step", disable=args.no_progress or not sys.stderr.isatty(),

@@ -31,7 +31,7 @@ def write_ab_report(report: Mapping[str, Any], out_dir: Path, formats: Iterable[
     if unknown:
         raise ValueError(f"unknown report format(s) {', '.join(sorted(unknown))}; expected {', '.join(FORMATS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    check_outputs(out_dir, wanted)  # before the first PNG: a bad target must not leave half a report
+    refuse_taken_names(out_dir, report_files(wanted))  # before the first PNG: never half a report
     data = jsonable(report)
     data["plots"] = write_plots(data, out_dir) if wanted & {"md", "html"} else {}
     paths: dict[str, Path] = {name: out_dir / file for name, file in data["plots"].items()}
@@ -54,15 +54,6 @@ def report_files(formats: Iterable[str]) -> list[str]:
     if wanted & {"md", "html"}:
         names += [f"{name}.png" for name in PLOT_TITLES]
     return names
-
-
-def check_outputs(out_dir: Path, formats: Iterable[str]) -> None:
-    """Raise ``ValueError`` naming the first file of the report that ``out_dir`` cannot take.
-
-    A name taken by a directory (or anything but a regular file), or a file that is not writable,
-    would only fail when written: after the store was read and some files were already replaced.
-    """
-    refuse_taken_names(out_dir, report_files(formats))
 
 
 # ----------------------------------------------------------------------------- formatting

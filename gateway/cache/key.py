@@ -143,7 +143,12 @@ class CacheKeys:
     tenant: str  # digest of the tenant alone (16 hex): Redis key names carry it, so a tenant can be forgotten
     bucket: str | None = None  # semantic mode, when the last user turn is plain text of at most max_chars
     text: str | None = None  # that last user turn (for the encoder; stored only with store_text)
-    guard: str = ""  # guard_digest of the last user turn: a semantic hit needs the same one
+
+    @property
+    def guard(self) -> str:
+        """:func:`guard_digest` of the last user turn (a semantic hit needs the same one); computed when
+        asked, since an exact hit never needs it."""
+        return guard_digest(self.text) if self.text is not None else ""
 
 
 def _digest(*parts: bytes) -> str:
@@ -219,4 +224,4 @@ def cache_keys(
     messages[index] = {**messages[index], "content": None}
     rest = orjson.dumps({**scope, "messages": messages}, option=orjson.OPT_SORT_KEYS)
     bucket = _digest(head, b"bucket", encoder.encode(), rest)
-    return CacheKeys(exact=exact, tenant=tenant_key, bucket=bucket, text=text, guard=guard_digest(text))
+    return CacheKeys(exact=exact, tenant=tenant_key, bucket=bucket, text=text)

@@ -58,6 +58,7 @@ class CacheLookup:
     keys: CacheKeys | None = None  # None: nothing will be stored (bypass, store unavailable)
     hit: CachedAnswer | None = None
     vector: np.ndarray | None = None  # the last turn's embedding (semantic), stored with the answer
+    guard: str = ""  # keys.guard, computed once with the embedding and stored with it
     stream_storable: bool = True  # a streamed answer loses logprobs: not stored when they were asked
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -142,8 +143,8 @@ class ResponseCache:
             hit, items = await store.lookup(keys)
             match, similarity = "exact", 1.0
             if hit is None and keys.bucket is not None and keys.text is not None:
-                lookup.vector = await self._embed(keys.text)
-                best = self._nearest(items, lookup.vector, keys.guard, settings)
+                lookup.vector, lookup.guard = await self._embed(keys.text), keys.guard
+                best = self._nearest(items, lookup.vector, lookup.guard, settings)
                 if best is not None:
                     hit = await store.get_for(keys, best[0].key)
                     match, similarity = "semantic", best[1]
@@ -255,7 +256,7 @@ class ResponseCache:
                               text=keys.text if settings.store_text else None)
         item = None
         if keys.bucket is not None and lookup.vector is not None:
-            item = BucketItem(key=keys.exact, created_at=now, guard=keys.guard, vector=lookup.vector)
+            item = BucketItem(key=keys.exact, created_at=now, guard=lookup.guard, vector=lookup.vector)
         store = self._stores[lookup.route]
         if isinstance(store, MemoryStore):
             store.put_now(keys, answer, item, settings.ttl)

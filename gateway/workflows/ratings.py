@@ -20,6 +20,7 @@ from gateway.workflows.judging import Judgement, judge_answers, judged_final
 from gateway.workflows.outcome import Final
 from gateway.workflows.runtime import Answer, Run
 from policies.workflows import RatingsWorkflow
+from store.outcomes import JUDGE_SOURCE, QUALITY_METRIC
 from store.records import FeedbackRecord
 
 
@@ -59,7 +60,7 @@ def _store(run: Run, workflow: RatingsWorkflow, answers: list[Answer], judgement
         if score is None:
             continue
         run.runner.recorder.record_feedback(FeedbackRecord(
-            request_id=trace.request_id, score=score, metric="quality", source="judge",
+            request_id=trace.request_id, score=score, metric=QUALITY_METRIC, source=JUDGE_SOURCE,
             model=answer.call.answered or answer.label, tenant=trace.tenant, created_at=now,
             metadata={"workflow": workflow.name, "judge": judgement.judge, "mode": judgement.mode,
                       "candidates": [a.call.answered or a.label for a in answers], "subcall": answer.call.index},
