@@ -52,6 +52,7 @@ the verdict could not be written into is refused before the held-out data is eve
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -78,7 +79,14 @@ from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
 from evals.metrics import QualityGap, quality_gap
 from evals.registry_cli import corrupt_file, error_line, int_at_least, os_error_line, unwritable
 from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
-from evals.trained_rows import TrainedRows, load_trained_rows, resolved_training_rows, trained_mask
+from evals.trained_rows import (
+    TrainedRows,
+    key_hashes,
+    load_trained_rows,
+    resolved_training_rows,
+    router_training_rows,
+    trained_mask,
+)
 
 Log = Callable[[str], None]
 MIN_RESAMPLES = 1000
@@ -348,6 +356,7 @@ def run_gate(
                                       "encoder": pair.get("encoder", "static")})
             log(f"  {pair['strong']} (strong) vs {pair['weak']} (weak) [{pair.get('encoder', 'static')}]: "
                 "not gated (not named by --pair)")
+    shipped_training_rows = functools.cache(lambda: router_training_rows(None))  # read once, if a pair needs it
     for encoder_name in sorted({p.get("encoder", "static") for p in gated}):
         encoder = get_encoder(encoder_name)
         data = embed_rows(rows, encoder, progress=progress)
@@ -368,7 +377,7 @@ def run_gate(
                 # The active version has no head for this pair, so the shipped one stands in for it: it
                 # must not be graded on the prompts it learnt from either.
                 if without_shipped is None:
-                    without_shipped = _without_shipped_training_rows(data)
+                    without_shipped = _without_shipped_training_rows(data, shipped_training_rows())
                 pair_data, fallback_excluded = without_shipped
             comparison = compare_pair(
                 candidate, base, base_name, pair_data, strong, weak, encoder_name,
@@ -454,9 +463,11 @@ def _baseline_trained_rows(baseline: ResolvedRouters) -> TrainedRows | None:
     return None if found is None else found[1]
 
 
-def _without_shipped_training_rows(data: Embedded) -> tuple[Embedded, int]:
-    """``data`` without the requests the shipped heads were trained on, and how many those were."""
-    shipped = resolved_training_rows(resolve_routers_dir(None))
+def _without_shipped_training_rows(
+    data: Embedded, shipped: tuple[str, TrainedRows] | None
+) -> tuple[Embedded, int]:
+    """``data`` without the requests the shipped heads were trained on (``shipped``:
+    :func:`router_training_rows` of the shipped heads), and how many those were."""
     if shipped is None:
         return data, 0
     trained = trained_mask(data.rows, shipped[1])
@@ -469,7 +480,16 @@ def _leave_out_training_rows(
     rows: list[LabelledRequest], candidate: TrainedRows | None, active: TrainedRows | None
 ) -> tuple[list[LabelledRequest], dict[str, Any]]:
     """``rows`` without those either router was trained on, and how many each accounted for."""
-    in_candidate, in_active = trained_mask(rows, candidate), trained_mask(rows, active)
+    hashed: dict[bool, np.ndarray] = {}  # each row hashed once per scheme, whichever record asks
+
+    def trained(record: TrainedRows | None) -> np.ndarray:
+        if record is None:
+            return np.zeros(len(rows), dtype=bool)
+        if record.normalised not in hashed:
+            hashed[record.normalised] = key_hashes(rows, normalised=record.normalised)
+        return record.contains_hashes(hashed[record.normalised])
+
+    in_candidate, in_active = trained(candidate), trained(active)
     kept = [r for r, drop in zip(rows, in_candidate | in_active, strict=True) if not drop]
     excluded = {
         "candidate": int(in_candidate.sum()),

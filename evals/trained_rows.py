@@ -51,7 +51,11 @@ class TrainedRows:
 
     def contains(self, rows: Sequence[KeyedRequest]) -> np.ndarray:
         """For each of ``rows``, whether the router was trained on it (hashed the way the record was)."""
-        return np.isin(key_hashes(rows, normalised=self.normalised), self.hashes)
+        return self.contains_hashes(key_hashes(rows, normalised=self.normalised))
+
+    def contains_hashes(self, hashes: np.ndarray) -> np.ndarray:
+        """:meth:`contains` for rows already hashed (:func:`key_hashes` with this record's ``normalised``)."""
+        return np.isin(hashes, self.hashes)
 
 
 def hash_key(key: str) -> int:
