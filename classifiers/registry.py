@@ -395,7 +395,7 @@ class RouterRegistry:
                 raise RegistryError(f"{ancestor}: not a directory, so the registry {root} cannot be created in it")
             if not os.access(ancestor, os.W_OK | os.X_OK):
                 raise RegistryError(
-                    f"{ancestor}: not writable ({_unwritable_reason(ancestor)}), so the registry {root} cannot be "
+                    f"{ancestor}: not writable ({unwritable_reason(ancestor)}), so the registry {root} cannot be "
                     "created in it"
                 )
             return
@@ -410,7 +410,7 @@ class RouterRegistry:
             self.version_ids()
         for directory in (root, versions):
             if directory.is_dir() and not os.access(directory, os.W_OK | os.X_OK):
-                raise RegistryError(f"{directory}: not writable ({_unwritable_reason(directory)})")
+                raise RegistryError(f"{directory}: not writable ({unwritable_reason(directory)})")
         if self.exists():  # an empty directory gets its lock file only once a run writes into it
             with self._locked():
                 pass
@@ -636,13 +636,14 @@ class RouterRegistry:
             held.close()
 
 
-def _unwritable_reason(directory: Path) -> str:
-    # os.access says no for both; which one it is tells the operator what to fix.
+def unwritable_reason(path: Path) -> str:
+    """Why ``path``, which ``os.access`` says cannot be written, cannot: a read-only file system or no
+    write permission (which one tells the operator what to fix)."""
     try:
-        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         read_only = False
-    return "read-only file system" if read_only else "permission denied"
+    return "read-only file system" if read_only else "no write permission"
 
 
 def _same_file(fd: int, path: Path) -> bool:

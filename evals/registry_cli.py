@@ -38,6 +38,7 @@ from classifiers.registry import (
     RouterRegistry,
     VersionInfo,
     is_registry,
+    unwritable_reason,
 )
 
 #: Pairs shown per version on the terminal (an 11-model file trains 55); ``--json`` has them all.
@@ -237,20 +238,11 @@ def unwritable(root: Path, *directories: Path) -> str | None:
     """
     for directory in (root, *directories):
         if directory.exists() and not os.access(directory, os.W_OK | os.X_OK):
-            return f"{directory} is not writable ({_why_not_writable(directory)})"
+            return f"{directory} is not writable ({unwritable_reason(directory)})"
     lock = root / LOCK_FILE
     if lock.exists() and not os.access(lock, os.W_OK):
-        return f"{lock} is not writable ({_why_not_writable(lock)})"
+        return f"{lock} is not writable ({unwritable_reason(lock)})"
     return None
-
-
-def _why_not_writable(path: Path) -> str:
-    try:
-        if os.statvfs(path).f_flag & os.ST_RDONLY:
-            return "read-only file system"
-    except OSError:
-        pass
-    return "no write permission"
 
 
 def registry_problem(root: Path, exc: BaseException) -> str:
