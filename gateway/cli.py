@@ -156,16 +156,20 @@ async def explain_route(
     config: Config, route: str, prompt: str, system: str | None, headers: dict[str, str]
 ) -> dict[str, Any]:
     """The routing decision for one prompt on ``route``, computed offline (no backend call)."""
+    from gateway.direct import direct_plans, explain_direct
     from gateway.routing import RoutingBrain
     from policies.brain import explain_request
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     body = {"model": route, "messages": messages}
     brain = RoutingBrain(config)
-    if route not in brain.policies:
+    direct = direct_plans(config).get(route)
+    if route not in brain.policies and direct is None:
         raise ConfigError(f"no route {route!r} in the config (routes: {', '.join(brain.policies) or 'none'})")
     await brain.start()
     try:
+        if direct is not None:  # a model or workflow named directly: what POST /v1/route answers for it
+            return explain_direct(direct, brain.router)
         return await explain_request(brain, route, body, headers=headers, request_id="cli")
     finally:
         await brain.close()
@@ -264,7 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_route = sub.add_parser("route", help="explain how a prompt would be routed (no backend is called)")
     p_route.add_argument("prompt", help="the last user message (use - to read it from stdin)")
     p_route.add_argument("--config", help="YAML config file (default: the embedded default)")
-    p_route.add_argument("--route", default="auto", help="route (virtual model) to ask; default auto")
+    p_route.add_argument("--route", default="auto",
+                         help="route to ask, or a model or workflow name (its fixed plan); default: auto")
     p_route.add_argument("--system", help="a system prompt to include in the conversation")
     p_route.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", type=_split_header,
                          help="request header, e.g. x-pointsman-threshold:0.3 (repeatable)")

@@ -25,6 +25,7 @@ from classifiers.offload import ScanPool, ScanUnavailable, redact, with_model_fi
 from gateway.auth import KeyChecker
 from gateway.cache import CacheLookup, ResponseCache, cache_headers
 from gateway.config import Config
+from gateway.direct import dedupe, direct_plans, explain_direct
 from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailableError
 from gateway.feedback import IssuedIds
 from gateway.followups import Followups, Served
@@ -112,21 +113,9 @@ class ProxyService:
         self.workflows = WorkflowRunner(config, self.forwarder, pool, metrics, recorder)
         # The routes' opt-in response cache (gateway/cache/): looked up once the forwarded body is known.
         self.cache = ResponseCache(config, metrics.registry)
-        # Plans for concrete model names never change: build them once (a workflow's virtual model
-        # is one more name a client may send).
-        self._direct_plans = {
-            name: Plan(
-                candidates=_dedupe((name, *target.model.fallbacks)),
-                policy="direct",
-                reason="model requested by name",
-            )
-            for name, target in pool.models.items()
-        }
-        for workflow in config.workflows:
-            self._direct_plans[workflow.model_name] = Plan(
-                candidates=(workflow.model_name,), policy="direct", reason="workflow requested by name",
-                workflow=workflow.name,
-            )
+        # Plans for concrete model names never change: built once (a workflow's virtual model is one
+        # more name a client may send).
+        self._direct_plans = direct_plans(config)
 
     def use_quotas(self, quotas: Quotas) -> None:
         """Reserve every request's rate limits and budgets before forwarding, settle them after."""
@@ -367,10 +356,7 @@ class ProxyService:
             model = body["model"]
             direct = self._direct_plans.get(model)
             if direct is not None:
-                explanation: dict[str, Any] = {"route": None, "policy": "direct", "plan": direct.describe(),
-                                               "model": direct.candidates[0], "reason": direct.reason}
-                if self.router is not None:
-                    explanation["router_version"] = self.router.version
+                explanation: dict[str, Any] = explain_direct(direct, self.router)
             else:
                 policy = self.policies.get(model)
                 if policy is None:
@@ -414,7 +400,7 @@ class ProxyService:
         for name in plan.candidates:
             direct = self._direct_plans.get(name)
             expanded.extend(direct.candidates if direct else (name,))
-        candidates = _dedupe(expanded)
+        candidates = dedupe(expanded)
         if candidates == plan.candidates:
             return plan
         return dataclasses.replace(plan, candidates=candidates)
@@ -632,6 +618,3 @@ def _policy_error(exc: PolicyError) -> PointsmanError:
     error_type = "invalid_request_error" if exc.status < 500 else "server_error"
     return PointsmanError(exc.message, code=exc.code, status=exc.status, error_type=error_type)
 
-
-def _dedupe(names: Any) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(names))

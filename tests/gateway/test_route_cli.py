@@ -45,3 +45,24 @@ def test_bad_route_input_is_a_usage_error_not_a_traceback(config: str, capsys: p
     assert "Traceback" not in err
     assert main(["route", "--config", config, "--route", "nope", "hi"]) == 2
     assert "pointsman: no route 'nope' in the config (routes: auto)" in capsys.readouterr().err
+
+
+def test_a_model_or_workflow_named_directly_is_explained_as_the_gateway_serves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # /v1/route answers a model's or a workflow's name with its fixed plan; the CLI said "no route".
+    config = dict(CONFIG)
+    models = [{"name": "big"}, {"name": "small", "fallbacks": ["big"]}]
+    config["backends"] = [{**CONFIG["backends"][0], "models": models}]
+    config["workflows"] = [{"name": "up", "kind": "cascade", "stages": ["small", "big"],
+                            "confidence": {"source": "logprobs", "threshold": 0.5}}]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["route", "--config", str(path), "--route", "small", "hi"]) == 0
+    model = json.loads(capsys.readouterr().out)
+    assert (model["policy"], model["model"], model["plan"]["candidates"]) == ("direct", "small", ["small", "big"])
+    assert model["route"] is None and model["router_version"]
+    assert main(["route", "--config", str(path), "--route", "cascade/up", "hi"]) == 0
+    workflow = json.loads(capsys.readouterr().out)
+    assert (workflow["model"], workflow["plan"]["workflow"]) == ("cascade/up", "up")
+    assert workflow["reason"] == "workflow requested by name"
