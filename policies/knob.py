@@ -22,7 +22,9 @@ from policies.echo import client_echo
 
 REQUEST_FIELD = "pointsman"  # the gateway's namespace in a request body
 THRESHOLD_HEADER = "x-pointsman-threshold"
-_DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")  # 0.3, .3, 1, 1., 3e-1
+#: A plain unsigned decimal (0.3, .3, 1, 1., 3e-1): not Python's float() syntax, which also reads
+#: "nan", "inf", "1_000" and other scripts' digits. Numbers read from headers and query strings use it.
+PLAIN_DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +191,7 @@ def threshold_override(headers: Mapping[str, str], body: Mapping[str, Any] | Non
         return None
     try:
         # float() also takes "0_0.5" and " 1e-1 "; a header holds a plain decimal number or is wrong.
-        if isinstance(raw, str) and not _DECIMAL.fullmatch(raw):
+        if isinstance(raw, str) and not PLAIN_DECIMAL.fullmatch(raw):
             raise ValueError(raw)
         value = float(raw) if not isinstance(raw, bool) else math.nan
     except (TypeError, ValueError):

@@ -23,6 +23,7 @@ from gateway.dashboard.auth import DashboardAuth
 from gateway.dashboard.summary import MAX_WINDOW, MIN_WINDOW, build_summary
 from gateway.errors import InvalidRequestError, PointsmanError, RouteNotFoundError, ServiceUnavailableError
 from gateway.responses import error_response, gateway_headers, json_response
+from policies.knob import PLAIN_DECIMAL
 
 if TYPE_CHECKING:
     from gateway.service import ProxyService
@@ -78,9 +79,9 @@ async def static(request: Request) -> Response:
     return _file_response(name)
 
 
-#: A plain decimal number of seconds, as the page sends it (60, 3600.5, 6e1): not Python's float() syntax,
-#: which also reads "nan", "inf", "1_000" and other scripts' digits.
-_SECONDS = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+#: A plain decimal number of seconds, as the page sends it (60, 3600.5, 6e1); a sign is read so that
+#: "-60" is "below the minimum" rather than "not a number".
+_SECONDS = re.compile(r"[-+]?" + PLAIN_DECIMAL.pattern)
 _RANGE = f"a number of seconds from {MIN_WINDOW} (1 minute) to {MAX_WINDOW} (30 days)"
 
 
@@ -101,6 +102,15 @@ def parse_window(raw: str) -> float:
     return window
 
 
+def _one_param(request: Request, name: str, default: str) -> str:
+    """Query parameter ``name`` given at most once: ``?window=60&window=70`` is a 400, not whichever wins."""
+    values = request.query_params.getlist(name)
+    if len(values) > 1:
+        raise InvalidRequestError(f"Invalid '{name}': given {len(values)} times; give it once.", param=name,
+                                  code="invalid_value")
+    return values[0] if values else default
+
+
 def _auth(request: Request) -> DashboardAuth:
     auth: DashboardAuth | None = getattr(request.app.state, "dashboard_auth", None)
     if auth is None:
@@ -114,7 +124,7 @@ async def summary(request: Request) -> Response:
     version and recent decisions (admin key required when keys are configured)."""
     try:
         _auth(request).admin_for(request.headers.get("authorization"))
-        window = parse_window(request.query_params.get("window", "3600"))
+        window = parse_window(_one_param(request, "window", "3600"))
     except PointsmanError as error:
         return error_response(error)
     service: ProxyService = request.app.state.service

@@ -92,6 +92,13 @@ def test_the_window_comes_back_as_asked_and_always_a_float(gateway: GatewayProce
     assert '"window":' + repr(expected) in reply.text.replace(" ", "")  # 60.0 on the wire, never 60
 
 
+def test_a_window_given_twice_is_a_400_not_whichever_wins(gateway: GatewayProcess) -> None:
+    reply = summary(gateway, window=["60", "3600"])  # was: answered for 3600 s, the last one
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert (error["param"], error["code"]) == ("window", "invalid_value") and "2 times" in error["message"]
+
+
 def test_the_numbers_match_the_traffic_sent(gateway: GatewayProcess, sent: Sent) -> None:
     reply = summary(gateway, window=900)
     assert reply.status_code == 200 and reply.headers["cache-control"] == "no-store"
