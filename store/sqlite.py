@@ -6,11 +6,17 @@ WAL mode with ``synchronous=NORMAL`` makes each decision batch one cheap fsync-f
 readers (evals, ``sqlite3`` on the command line) can read concurrently. Feedback is acknowledged to
 clients only once durable, so its transactions run with ``synchronous=FULL`` (the WAL is fsynced at
 their commit): they survive a power cut, not only a crash of the process.
+
+An open connection keeps writing to its file's inode even after the path stops naming it (deleted by a
+clean-up job, replaced by a restored backup): every commit would succeed into a file nobody can open
+again. So each call first checks that the path still names the opened file, and otherwise reconnects
+(creating and migrating the file again) and logs it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 import time
@@ -62,8 +68,19 @@ from store.schema import (
 
 T = TypeVar("T")
 
+logger = logging.getLogger(__name__)
+
 #: How long a writer waits for another process's lock before failing (ms).
 BUSY_TIMEOUT_MS = 5000
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file ``path`` names now, or None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -80,6 +97,8 @@ class SQLiteDecisionStore:
         self.path = path
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        # (device, inode) of the file the connection has open; None for ":memory:" and file: URIs.
+        self._identity: tuple[int, int] | None = None
         self._insert_sql = insert_decisions_sql("sqlite")
         self._conversation_sql = insert_conversation_sql("sqlite")
         self._feedback_sql = upsert_feedback_sql("sqlite")
@@ -105,7 +124,11 @@ class SQLiteDecisionStore:
             raise
 
     def _open_sync(self) -> None:
-        if self.path != ":memory:" and not self.path.startswith("file:"):
+        self._conn, self._identity = self._connect_sync()
+
+    def _connect_sync(self) -> tuple[sqlite3.Connection, tuple[int, int] | None]:
+        on_disk = self.path != ":memory:" and not self.path.startswith("file:")
+        if on_disk:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
         # isolation_level=None: transactions are explicit (BEGIN/COMMIT below), nothing implicit.
@@ -116,14 +139,16 @@ class SQLiteDecisionStore:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             self._migrate_sync(conn)
+            # Taken after connecting: the file exists now (connect created it when it did not).
+            identity = _file_identity(self.path) if on_disk else None
         except BaseException:
             conn.close()
             raise
-        self._conn = conn
+        return conn, identity
 
     async def migrate(self) -> None:
         """Create missing tables and indexes; safe to call any number of times."""
-        await self._run(self._migrate_sync, self._require_conn())
+        await self._run(lambda: self._migrate_sync(self._require_conn()))
 
     @staticmethod
     def _migrate_sync(conn: sqlite3.Connection) -> None:
@@ -160,9 +185,33 @@ class SQLiteDecisionStore:
             executor.shutdown(wait=False)
 
     def _require_conn(self) -> sqlite3.Connection:
+        """The connection, on the file the path names now (called in the worker thread)."""
         if self._conn is None:
             raise RuntimeError("SQLiteDecisionStore is not open")
+        if self._identity is not None and _file_identity(self.path) != self._identity:
+            self._reconnect_sync()
         return self._conn
+
+    def _reconnect_sync(self) -> None:
+        """The path no longer names the opened file: empty its WAL into it, close it and connect to
+        whatever the path names, creating it if needed.
+
+        The WAL is found by name (``<path>-wal``) and SQLite does not delete it on closing a file that
+        was moved or unlinked: left full, the next connection would replay the old file's pages onto
+        the new one. TRUNCATE checkpoints every frame into the old file and leaves the WAL empty.
+        """
+        logger.error(
+            "the SQLite decision store %s was deleted or replaced while open; reopening it "
+            "(what was written before is in the old file)", self.path,
+        )
+        old, self._conn = self._conn, None
+        if old is not None:
+            try:
+                old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                logger.error("could not empty the old file's WAL before reopening: %s", type(exc).__name__)
+            old.close()
+        self._conn, self._identity = self._connect_sync()
 
     # --- writes --------------------------------------------------------------------------------
 
