@@ -3,7 +3,8 @@
 The request path calls :meth:`DecisionRecorder.record`, which only appends to an in-memory deque: it
 never awaits, never does I/O and never raises. One background task writes batches; a failed batch
 stays queued and is retried with exponential backoff, so a database outage costs memory (bounded by
-``queue_limit``, oldest records dropped first), not requests. :meth:`DecisionRecorder.stop` writes
+``queue_limit`` records and ``queue_bytes_limit`` bytes of them, oldest records dropped first), not
+requests. :meth:`DecisionRecorder.stop` writes
 everything still queued before closing the store, so a graceful shutdown loses nothing it answered.
 
 Fire-and-forget feedback (judge scores, implicit signals) goes through the same queue with
@@ -32,6 +33,20 @@ logger = logging.getLogger(__name__)
 
 #: Minimum seconds between two "queue full, dropping" warnings.
 _DROP_LOG_INTERVAL = 10.0
+#: What a record costs in memory besides its conversation (its fields, signals, decision), roughly.
+_RECORD_OVERHEAD_BYTES = 2048
+
+
+def record_size(rec: DecisionRecord | FeedbackRecord) -> int:
+    """Roughly what a queued record holds in memory: a fixed overhead plus its conversation (the text a
+    route keeps can be as large as the request body, megabytes)."""
+    if isinstance(rec, FeedbackRecord):
+        return _RECORD_OVERHEAD_BYTES + len(rec.comment or "")
+    size = _RECORD_OVERHEAD_BYTES + len(rec.error_message or "")
+    conversation = rec.conversation
+    if conversation is not None:
+        size += len(conversation.text or "") + len(conversation.embedding or b"")
+    return size
 
 
 def describe_error(exc: BaseException) -> str:
@@ -67,7 +82,10 @@ class DecisionRecorder:
 
     A batch is written as soon as ``batch_size`` records wait, or ``flush_interval`` seconds after the
     previous flush, whichever comes first. At most ``queue_limit`` records are held; beyond that the
-    oldest are dropped and counted in :attr:`dropped`. Failed writes are retried after
+    oldest are dropped and counted in :attr:`dropped`, and so are they while the queued records hold more
+    than ``queue_bytes_limit`` bytes (:func:`record_size`; the newest record is always kept): records
+    that keep the conversation's text are as large as their requests, and during a database outage
+    100 000 of them would exhaust the process's memory. Failed writes are retried after
     ``retry_initial`` seconds, doubling up to ``retry_max``. :meth:`stop` keeps retrying for at most
     ``drain_timeout`` seconds before giving up on what is left (counted as dropped).
 
@@ -81,13 +99,14 @@ class DecisionRecorder:
         flush_interval: float = 0.5,
         queue_limit: int = 100_000,
         *,
+        queue_bytes_limit: int = 256 * 1024 * 1024,
         retry_initial: float = 0.1,
         retry_max: float = 5.0,
         drain_timeout: float = 20.0,
         purge_interval: float | None = 600.0,
     ) -> None:
-        if batch_size < 1 or queue_limit < 1:
-            raise ValueError("batch_size and queue_limit must be at least 1")
+        if batch_size < 1 or queue_limit < 1 or queue_bytes_limit < 1:
+            raise ValueError("batch_size, queue_limit and queue_bytes_limit must be at least 1")
         if flush_interval <= 0 or retry_initial <= 0 or retry_max <= 0:
             raise ValueError("flush_interval, retry_initial and retry_max must be positive")
         if drain_timeout < 0:
@@ -99,13 +118,17 @@ class DecisionRecorder:
         self.batch_size = min(batch_size, queue_limit)
         self.flush_interval = flush_interval
         self.queue_limit = queue_limit
+        self.queue_bytes_limit = queue_bytes_limit
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.drain_timeout = drain_timeout
         self.purge_interval = purge_interval
 
         self._queue: deque[DecisionRecord | FeedbackRecord] = deque()
+        self._sizes: deque[int] = deque()  # record_size() of each queued record, in step with _queue
+        self._queued_bytes = 0  # sum of _sizes
         self._inflight = 0  # records taken off the queue by a write still in progress
+        self._inflight_bytes = 0
         self._written = 0
         self._feedback_written = 0
         self._purged = 0
@@ -174,7 +197,10 @@ class DecisionRecorder:
             if self._closed:
                 self._drop(1, "recorder is stopped")
                 return
+            size = record_size(rec)
             self._queue.append(rec)
+            self._sizes.append(size)
+            self._queued_bytes += size
             self._trim()
             if len(self._queue) >= self.batch_size and not self._wake.is_set():
                 self._wake.set()
@@ -183,11 +209,23 @@ class DecisionRecorder:
 
     def _trim(self) -> None:
         over = len(self._queue) + self._inflight - self.queue_limit
-        if over > 0:
-            n = min(over, len(self._queue))
-            for _ in range(n):
-                self._queue.popleft()
+        n = 0
+        while self._queue and (
+            n < over or (self._queued_bytes + self._inflight_bytes > self.queue_bytes_limit and len(self._queue) > 1)
+        ):
+            self._popleft()
+            n += 1
+        if n:
             self._drop(n, "queue limit reached")
+
+    def _popleft(self) -> DecisionRecord | FeedbackRecord:
+        self._queued_bytes -= self._sizes.popleft()
+        return self._queue.popleft()
+
+    def _clear(self) -> None:
+        self._queue.clear()
+        self._sizes.clear()
+        self._queued_bytes = 0
 
     def _drop(self, n: int, why: str) -> None:
         self._dropped += n
@@ -253,7 +291,7 @@ class DecisionRecorder:
             self._closed = True
             left = len(self._queue)
             if left:
-                self._queue.clear()
+                self._clear()
                 self._dropped += left
                 logger.error("decision store unavailable at shutdown: %d decision records lost", left)
             try:
@@ -284,8 +322,9 @@ class DecisionRecorder:
         succeed, and left at the front of the queue it would block every record behind it for good.
         """
         n = min(self.batch_size, len(self._queue))
-        batch = [self._queue.popleft() for _ in range(n)]
-        self._inflight = n
+        sizes = [self._sizes[i] for i in range(n)]
+        batch = [self._popleft() for _ in range(n)]
+        self._inflight, self._inflight_bytes = n, sum(sizes)
         try:
             try:
                 await self._write(batch)
@@ -296,9 +335,12 @@ class DecisionRecorder:
                 self._write_errors += 1
                 await self._write_one_by_one(batch)
         except BaseException as exc:
-            self._inflight = 0
+            self._inflight, self._inflight_bytes = 0, 0
             unwritten = exc.left if isinstance(exc, _Unwritten) else batch
             self._queue.extendleft(reversed(unwritten))
+            back = sizes[len(sizes) - len(unwritten):]  # the unwritten records are the batch's tail
+            self._sizes.extendleft(reversed(back))
+            self._queued_bytes += sum(back)
             # Records that arrived during the write may have pushed the total over the limit.
             self._trim()
             if isinstance(exc, _Unwritten):
@@ -306,7 +348,7 @@ class DecisionRecorder:
             if isinstance(exc, Exception):
                 self._write_errors += 1
             raise
-        self._inflight = 0
+        self._inflight, self._inflight_bytes = 0, 0
 
     async def _write(self, batch: list[DecisionRecord | FeedbackRecord]) -> None:
         decisions = [r for r in batch if isinstance(r, DecisionRecord)]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import asyncpg
 import pytest
 
-from store import DecisionRecord, DecisionRecorder, PostgresDecisionStore, SQLiteDecisionStore
+from store import ConversationRecord, DecisionRecord, DecisionRecorder, PostgresDecisionStore, SQLiteDecisionStore
 from tests.polling import eventually_async
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -316,3 +316,48 @@ async def test_an_outage_during_the_one_by_one_retry_keeps_the_rest(sqlite_path:
     finally:
         await recorder.stop()
     assert stored_ids(sqlite_path) == ["req-000000", "req-000002", "req-000003"]
+
+
+async def test_an_outage_with_large_conversations_is_bounded_in_bytes(
+    sqlite_path: str, make_record: MakeRecord
+) -> None:
+    # Routes that keep the conversation's text record requests as large as their bodies (megabytes):
+    # an outage must cost bounded memory, not queue_limit such records.
+    store = FlakySQLiteStore(sqlite_path)
+    store.down = True
+    mib = 1024 * 1024
+    recorder = DecisionRecorder(
+        store, batch_size=4, flush_interval=0.01, queue_bytes_limit=10 * mib, retry_initial=0.01, retry_max=0.02
+    )
+    await recorder.start()
+    try:
+        for i in range(40):
+            text = chr(ord("a") + i % 26) * mib
+            recorder.record(make_record(i, conversation=ConversationRecord(f"req-{i:06d}", 1.0, text=text)))
+        await eventually_async(lambda: recorder.write_errors >= 2)
+        assert recorder.pending < 10 and recorder.dropped == 40 - recorder.pending
+        store.down = False
+        kept = recorder.pending
+        await eventually_async(lambda: recorder.written == kept)
+    finally:
+        await recorder.stop()
+    # The newest records were kept, whole.
+    assert stored_ids(sqlite_path) == [f"req-{i:06d}" for i in range(40 - kept, 40)]
+    conn = sqlite3.connect(sqlite_path)
+    try:
+        assert conn.execute("SELECT length(text) FROM conversations").fetchall() == [(mib,)] * kept
+    finally:
+        conn.close()
+
+
+async def test_one_record_larger_than_the_byte_limit_is_still_written(
+    sqlite_path: str, make_record: MakeRecord
+) -> None:
+    recorder = DecisionRecorder(SQLiteDecisionStore(sqlite_path), flush_interval=0.01, queue_bytes_limit=1000)
+    await recorder.start()
+    try:
+        recorder.record(make_record(1, conversation=ConversationRecord("req-000001", 1.0, text="x" * 5000)))
+        await eventually_async(lambda: recorder.written == 1)
+        assert recorder.dropped == 0
+    finally:
+        await recorder.stop()
