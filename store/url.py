@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -96,14 +97,20 @@ _DRIVER_ERRORS = (OSError, TimeoutError, sqlite3.Error, asyncpg.PostgresError, a
 
 
 def masked_store_url(url: str) -> str:
-    """``url`` with a password in it replaced by ``***`` (for messages and logs)."""
+    """``url`` with a password in it replaced by ``***`` (for messages and logs): the one in its user
+    part and a ``password=`` query parameter, which asyncpg (like libpq) accepts as well."""
     if "://" not in url:
         return url
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    if parts.password is not None:
+        host = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+    if parts.query:
+        parts = parts._replace(query=_QUERY_PASSWORD.sub(r"\1=***", parts.query))
+    return urlunsplit(parts)
+
+
+_QUERY_PASSWORD = re.compile(r"(?<![^&;])(password)=[^&;]*", re.IGNORECASE)
 
 
 def _unavailable(url: str, exc: Exception) -> StoreUnavailable:
