@@ -455,7 +455,7 @@ class CacheSettings(_Strict):
     ``mode: exact`` hits only a byte-identical request (after block and redact rules; canonical JSON);
     ``semantic`` also hits when the last user turn's embedding (the routing encoder's) is at least
     ``similarity`` alike to a cached one's whose scope is identical, with the same guard in it (numbers with the
-    signs and units around them, negations: ``gateway.cache.key.guard_tokens``).
+    signs and units around them, spelled-out units and languages, negations: ``gateway.cache.key.guard_tokens``).
     The scope (never crossed) is the tenant, the route, the chosen model and every request field but
     ``stream``, ``stream_options`` and ``user`` (``per_user: true`` adds ``user``): the whole
     conversation before the last user turn, system prompt, tools, tool_choice, response_format and

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from classifiers.messages import last_user_index
+from gateway.cache.guard_words import GUARD_WORDS
 from policies.config import CacheSettings
 
 #: Fields that change how an answer is delivered, not what it is.
@@ -40,7 +41,7 @@ DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
 
 #: Bumped whenever the guard's rule changes: an item stored under another rule has another digest, so it
 #: never matches semantically (a miss until it expires, never a wrong hit).
-_GUARD_RULE = b"guard-2"
+_GUARD_RULE = b"guard-3"
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-", strict=True))
 _SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
 _SIGN_SPELLINGS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "⋅": "*", "⁄": "/",
@@ -71,8 +72,8 @@ UNIT_STOPWORDS = frozenset({
 _UNIT_MAX_LETTERS = 3  # "C", "km", "mph", "°F"; longer words after a number are the encoder's to see
 
 
-def guard_tokens(text: str) -> tuple[list[str], int]:
-    """What a semantic hit must share with the stored entry: ``(tokens, negations)``.
+def guard_tokens(text: str) -> tuple[list[str], list[str], int]:
+    """What a semantic hit must share with the stored entry: ``(tokens, words, negations)``.
 
     The tokens, in order, are
 
@@ -85,6 +86,12 @@ def guard_tokens(text: str) -> tuple[list[str], int]:
       or a word of at most three letters one space after it or its ° (30 C, 5 km, 2 x 3, 30° F), unless it is a
       function word (:data:`UNIT_STOPWORDS`).
 
+    ``words`` are the spelled-out units, currencies and languages
+    (:data:`~gateway.cache.guard_words.GUARD_WORDS`) anywhere else, as their short forms ("kilometers" ->
+    km, "Celsius" -> c, "French"; right after a number they are its unit, a token), in order among
+    themselves: "Celsius to Fahrenheit" is
+    not "Fahrenheit to Celsius", but "in Python, is 0.1 + 0.2 ..." is "is 0.1 + 0.2 ... in Python".
+
     ``negations`` counts the words of :data:`NEGATIONS` and the words ending in ``n't``: as many negations,
     in any place ("Why isn't it working?" = "Why is it not working?").
     """
@@ -92,6 +99,7 @@ def guard_tokens(text: str) -> tuple[list[str], int]:
     text = unicodedata.normalize("NFKC", text).translate(_SIGN_SPELLINGS)
     parts = [(m.lastgroup or "other", m.group()) for m in _GUARD_TOKEN.finditer(text)]
     tokens: list[str] = []
+    words: list[str] = []
     negations = 0
     for i, (kind, value) in enumerate(parts):
         before = parts[i - 1] if i > 0 else ("", "")
@@ -114,9 +122,11 @@ def guard_tokens(text: str) -> tuple[list[str], int]:
             glued = before[0] == "number" or after[0] == "number"
             # One space after a number, or after its degree sign: "30 C", "30° C".
             spaced = before[0] == "gap" and i > 1 and (parts[i - 2][0] == "number" or parts[i - 2][1] == "°")
-            if glued or (spaced and len(word.lstrip("°")) <= _UNIT_MAX_LETTERS and word not in UNIT_STOPWORDS):
+            if word in GUARD_WORDS:  # spelled out: a number's unit like its short form ("5 kilometers" = "5 km")
+                (tokens if glued or spaced else words).append(GUARD_WORDS[word])
+            elif glued or (spaced and len(word.lstrip("°")) <= _UNIT_MAX_LETTERS and word not in UNIT_STOPWORDS):
                 tokens.append(word)
-    return tokens, negations
+    return tokens, words, negations
 
 
 def _joins_words(parts: list[tuple[str, str]], i: int) -> bool:
@@ -130,8 +140,10 @@ def _joins_words(parts: list[tuple[str, str]], i: int) -> bool:
 
 def guard_digest(text: str) -> str:
     """The digest of :func:`guard_tokens` (16 hex), which a semantic hit must share with the entry."""
-    tokens, negations = guard_tokens(text)
-    payload = b"\x1f".join([_GUARD_RULE, *(t.encode() for t in tokens), b"neg=%d" % negations])
+    tokens, words, negations = guard_tokens(text)
+    payload = b"\x1f".join(
+        [_GUARD_RULE, *(t.encode() for t in tokens), b"\x1e", *(w.encode() for w in words), b"neg=%d" % negations]
+    )
     return hashlib.blake2b(payload, digest_size=8).hexdigest()
 
 

@@ -32,6 +32,15 @@ MUST_MISS: list[tuple[str, str]] = [
     ("Convert 10 kg to lb", "Convert 10 lb to kg"), ("Convert 5 km to miles", "Convert 5 miles to km"),
     ("Is 100 km far?", "Is 100 m far?"), ("How much is $100 in euros?", "How much is €100 in dollars?"),
     ("Can I take 2 pills?", "Can I take 20 pills?"),
+    # Units, currencies and languages spelled out: a conversion's or translation's direction.
+    ("Convert 30 degrees Celsius to Fahrenheit", "Convert 30 degrees Fahrenheit to Celsius"),
+    ("How many hours are in 7 days?", "How many days are in 7 hours?"),
+    ("How many meters are in a mile?", "How many miles are in a meter?"),
+    ("Convert 5 kilograms to pounds", "Convert 5 pounds to kilograms"),
+    ("Translate 'good morning' from English to French", "Translate 'good morning' from French to English"),
+    ("Port this Python function to JavaScript", "Port this JavaScript function to Python"),
+    ("How many euros is 50 dollars?", "How many dollars is 50 euros?"),
+    ("How many megabytes are in a gigabyte?", "How many gigabytes are in a megabyte?"),
     # Negations: the encoders score these 0.96-0.99 alike.
     ("Which foods are safe for dogs?", "Which foods are not safe for dogs?"),
     ("Is 91 a prime number?", "Is 91 not a prime number?"), ("Is 10 equal to 5?", "Is 10 not equal to 5?"),
@@ -86,6 +95,11 @@ MUST_HIT: list[tuple[str, str]] = [
     ("Explain the e-mail policy", "Explain the e-mail policy please"), ("Is it and/or?", "Is it and / or?"),
     ("Python - how do I sort a list?", "Python-how do I sort a list?"), ("Paris - the guide", "Paris: the guide"),
     ("Write a haiku about autumn", "Write me a haiku about autumn"),
+    ("Convert 30 degrees Celsius to Fahrenheit", "convert 30 degrees celsius to fahrenheit please"),
+    ("How far is 5 kilometers in miles?", "How far is 5 km in miles?"),
+    ("Translate 'good morning' from English to French", "Translate 'good morning' from English into French"),
+    ("Is 0.1 + 0.2 equal to 0.3 in Python?", "In Python, is 0.1 + 0.2 equal to 0.3?"),
+    ("Rewrite this Python loop in JavaScript", "Rewrite this Python loop as JavaScript"),
 ]
 
 # Paraphrases the guard does cost: a short word moved next to a number reads as its unit.
@@ -104,18 +118,21 @@ def test_a_paraphrase_keeping_its_numbers_signs_and_units_keeps_its_guard(one: s
     assert guard_digest(one) == guard_digest(other), (guard_tokens(one), guard_tokens(other))
 
 
-@pytest.mark.parametrize(("text", "tokens", "negations"), [
-    ("Is -7 prime?", ["-", "7"], 0),
-    ("What is 12²?", ["12", "^", "2"], 0),  # superscripts are powers, not more digits (NFKC would say 122)
-    ("Add ½ cup", ["1", "/", "2", "cup"], 0),
-    ("Is 10 ≥ 5 and 3 ≠ 4?", ["10", ">", "=", "5", "3", "!=", "4"], 0),
-    ("Hi! What is 5!", ["5", "!"], 0),  # a factorial; the greeting's "!" is punctuation
-    ("Read the e-mail and/or the TCP/IP guide", ["-"], 0),  # "e" is one letter: e-mail keeps its hyphen
-    ("Convert 30 °C, 5km and 2 x 3 to 7 of them", ["30", "°c", "5", "km", "2", "x", "3", "7"], 0),
-    ("Why isn't it, why won’t it, and why not?", [], 3),
+@pytest.mark.parametrize(("text", "tokens", "words", "negations"), [
+    ("Is -7 prime?", ["-", "7"], [], 0),
+    ("What is 12²?", ["12", "^", "2"], [], 0),  # superscripts are powers, not more digits (NFKC would say 122)
+    ("Add ½ cup", ["1", "/", "2", "cup"], [], 0),
+    ("Add a cup of ½ liter", ["1", "/", "2", "l"], ["cup"], 0),
+    ("Is 10 ≥ 5 and 3 ≠ 4?", ["10", ">", "=", "5", "3", "!=", "4"], [], 0),
+    ("Hi! What is 5!", ["5", "!"], [], 0),  # a factorial; the greeting's "!" is punctuation
+    ("Read the e-mail and/or the TCP/IP guide", ["-"], [], 0),  # "e" is one letter: e-mail keeps its hyphen
+    ("Convert 30 °C, 5km and 2 x 3 to 7 of them", ["30", "°c", "5", "km", "2", "x", "3", "7"], [], 0),
+    ("Convert 5 kilometres, 3 Miles and 2 cups from English to French",
+     ["5", "km", "3", "mi", "2", "cup"], ["english", "french"], 0),
+    ("Why isn't it, why won’t it, and why not?", [], [], 3),
 ])
-def test_guard_tokens(text: str, tokens: list[str], negations: int) -> None:
-    assert guard_tokens(text) == (tokens, negations)
+def test_guard_tokens(text: str, tokens: list[str], words: list[str], negations: int) -> None:
+    assert guard_tokens(text) == (tokens, words, negations)
 
 
 @pytest.mark.parametrize("encoder_name", ["static", "minilm"])
@@ -132,9 +149,9 @@ def test_the_guard_stops_the_encoders_wrong_hits_and_keeps_their_paraphrase_hits
         return guard_digest(pair[0]) == guard_digest(pair[1])
 
     wrong = [pair for pair in MUST_MISS if alike(pair)]
-    # The encoder alone would answer these with each other's answers (measured: static 30 of the 37
-    # pairs, MiniLM 10): the guard is what stops them, all of them.
-    assert len(wrong) >= (25 if encoder_name == "static" else 8)
+    # The encoder alone would answer these with each other's answers (measured: static 38 of the 47
+    # pairs, MiniLM 18): the guard is what stops them, all of them.
+    assert len(wrong) >= (32 if encoder_name == "static" else 14)
     assert [pair for pair in wrong if same_guard(pair)] == []
     # Of the paraphrases the encoder matches, the guard keeps all but the known losses: at least 95%.
     hits = [pair for pair in paraphrases if alike(pair)]
