@@ -4,10 +4,18 @@ The gateway's view of a replica's load is its own requests in flight; other gate
 that bypass it) load the same engine. When ``balancing.engine_metrics.kind`` is set, each health check
 also reads the engine's running and waiting requests and its KV-cache usage, and the replica's
 ``external_load`` becomes what the engine reports beyond this gateway's own requests at that moment.
+
+What an engine reports is not trusted: a sample that is not a finite, non-negative number (``NaN``,
+``+Inf``, ``-1``) is skipped, and a total that does not stay finite makes the whole reading unusable.
+Load is compared between replicas, so one ``+Inf`` beside a ``-Inf`` (a NaN load) would otherwise break
+every replica choice of the backend.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from functools import lru_cache
 from typing import NamedTuple
 
 #: Metric names per engine kind: (running requests, waiting requests, KV-cache usage 0..1). Each is a
@@ -30,35 +38,40 @@ class EngineLoad(NamedTuple):
     kv_cache_usage: float | None
 
 
+@lru_cache(maxsize=8)
+def _sample_lines(kind: str) -> tuple[re.Pattern[str], dict[str, int]]:
+    """A pattern for the wanted metrics' sample lines (name, optional labels, value) and each name's slot.
+
+    The scan runs in the regex engine, not a Python loop per character: a 1 MiB body costs
+    milliseconds of the event loop, whatever it holds. The labels run to the line's last ``}`` (a label
+    value may hold one)."""
+    names = METRIC_NAMES[kind]
+    slots = {name: i for i, group in enumerate(names) for name in group}
+    alternatives = "|".join(re.escape(name) for name in slots)
+    pattern = re.compile(rf"^({alternatives})(?:\{{[^\n]*\}})?[ \t]+([^ \t\r\n]+)", re.MULTILINE)
+    return pattern, slots
+
+
 def parse_engine_metrics(text: str, kind: str) -> EngineLoad | None:
     """The load in a Prometheus text exposition, summed over label sets (one engine may serve several
-    models); None when the running-requests metric is absent (not that engine, or not its metrics)."""
-    running_names, waiting_names, usage_names = METRIC_NAMES[kind]
-    wanted = {name: i for i, names in enumerate((running_names, waiting_names, usage_names)) for name in names}
+    models); None when the running-requests metric is absent (not that engine, or not its metrics) or
+    the numbers are unusable (see the module's docstring)."""
+    pattern, slots = _sample_lines(kind)
     sums: list[float | None] = [None, None, None]
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name_end = len(line) - 1
-        for i, char in enumerate(line):
-            if char in "{ ":
-                name_end = i
-                break
-        slot = wanted.get(line[:name_end])
-        if slot is None:
-            continue
-        rest = line.rsplit("}", 1)[-1] if line[name_end] == "{" else line[name_end:]
+    for match in pattern.finditer(text):
         try:
-            value = float(rest.split()[0])  # "value [timestamp]"
-        except (ValueError, IndexError):
+            value = float(match.group(2))
+        except ValueError:
             continue
-        if value != value:  # NaN
+        if not math.isfinite(value) or value < 0:
             continue
+        slot = slots[match.group(1)]
         current = sums[slot]
         sums[slot] = value if current is None else (max(current, value) if slot == 2 else current + value)
-    if sums[0] is None:
+    running, waiting, usage = sums
+    if running is None or not all(math.isfinite(v) for v in (running, waiting or 0.0)):
         return None
-    return EngineLoad(sums[0], sums[1] or 0.0, sums[2])
+    return EngineLoad(running, waiting or 0.0, usage)
 
 
 def origin_of(base_url: str) -> str:

@@ -120,7 +120,7 @@ def client(gateway: GatewayProcess) -> openai.OpenAI:
 def engines_reset(engines: tuple[FakeEngine, FakeEngine], gateway: GatewayProcess) -> Iterator[None]:
     yield
     for engine in engines:
-        httpx.post(engine.origin + "/control", json={"healthy": True, "waiting": 0, "release": True})
+        httpx.post(engine.origin + "/control", json={"healthy": True, "waiting": 0, "release": True, "metrics": None})
     eventually(lambda: all(_metric(gateway, "pointsman_replica_healthy", e) == 1 for e in engines), "replicas healthy")
 
 
@@ -255,6 +255,24 @@ def test_a_queue_the_engine_reports_moves_the_session(
     assert (replica, reason) == (engines[1 - home].base_url, "imbalance")
     httpx.post(engines[home].origin + "/control", json={"waiting": 0})
     eventually(lambda: _metric(gateway, "pointsman_replica_engine_external_load", engines[home]) == 0, "queue gone")
+
+
+def test_an_engine_reporting_garbage_load_is_balanced_as_if_it_reported_none(
+    gateway: GatewayProcess, engines: tuple[FakeEngine, FakeEngine], client: openai.OpenAI
+) -> None:
+    """Numbers an engine's /metrics may hold (+Inf running beside -Inf waiting made the load NaN) are not
+    load: requests are still served by both replicas, never answered with a 500."""
+    garbage = (
+        'vllm:num_requests_running{model_name="m"} +Inf\n'
+        'vllm:num_requests_waiting{model_name="m"} -Inf\n'
+        'vllm:kv_cache_usage_perc{model_name="m"} NaN\n'
+    )
+    reads = engines[0].state.metrics_reads
+    httpx.post(engines[0].origin + "/control", json={"metrics": garbage})
+    eventually(lambda: engines[0].state.metrics_reads >= reads + 2, "the garbage read by the gateway")
+    ids = [AgentSession(30 + k).turn(client)[0] for k in range(4)]  # first turns: placed by load
+    assert {_replica_reason(gateway, i)[0] for i in ids} == {e.base_url for e in engines}
+    assert _metric(gateway, "pointsman_replica_engine_external_load", engines[0]) == 0
 
 
 def test_an_unhealthy_replica_loses_its_sessions_at_once(

@@ -293,6 +293,13 @@ def test_engine_metrics_are_read_from_vllm_and_sglang() -> None:
     assert parse_engine_metrics(sglang, "sglang") == (4.0, 1.0, None)
     assert parse_engine_metrics("<html>not metrics</html>", "vllm") is None
     assert parse_engine_metrics("vllm:num_requests_running NaN\n", "vllm") is None
+    # Not load: non-finite or negative samples are skipped, a total past float range is unusable.
+    assert parse_engine_metrics("vllm:num_requests_running +Inf\nvllm:num_requests_waiting -Inf\n", "vllm") is None
+    assert parse_engine_metrics("vllm:num_requests_running 2\nvllm:num_requests_waiting -3\n", "vllm") == (2, 0, None)
+    assert parse_engine_metrics("vllm:num_requests_running 1e308\n" * 2, "vllm") is None
+    # A label value may hold a brace; a timestamp may follow the value; a longer name is another metric.
+    odd = 'vllm:num_requests_running{a="}"} 3 1700000000\nvllm:num_requests_running_x 9\n'
+    assert parse_engine_metrics(odd, "vllm") == (3, 0, None)
     assert origin_of("http://10.0.0.5:8000/v1") == "http://10.0.0.5:8000"
 
 

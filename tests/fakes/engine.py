@@ -14,6 +14,8 @@ Controls (``POST /control`` with a JSON object; each key optional):
 * ``forget``: true empties the prefix cache (a restarted engine).
 * ``release``: true lets every request held so far finish (a request whose last user message
   contains ``[hold]`` waits for this before answering).
+* ``metrics``: a text ``GET /metrics`` answers instead of the engine's own numbers (an engine that
+  reports garbage); null goes back to the real ones. ``state.metrics_reads`` counts the reads.
 
 ``GET /stats`` returns ``{"requests": [{"session", "cached_chars", "uncached_chars", "ttft_s", "at"}...]}``
 (``session``: the text after ``session=`` in the first user message, if any).
@@ -53,6 +55,8 @@ class EngineState:
     cache: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     release: asyncio.Event | None = None
+    metrics_text: str | None = None
+    metrics_reads: int = 0
 
     def cached_chars(self, messages: list[Any]) -> tuple[int, int]:
         """(characters of the longest cached message prefix, characters of the whole prompt)."""
@@ -125,6 +129,9 @@ def build_engine_app(state: EngineState) -> Starlette:
         return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     async def metrics(request: Request) -> Response:
+        state.metrics_reads += 1
+        if state.metrics_text is not None:
+            return PlainTextResponse(state.metrics_text)
         return PlainTextResponse(
             "# TYPE vllm:num_requests_running gauge\n"
             f'vllm:num_requests_running{{model_name="m"}} {float(state.running)}\n'
@@ -138,6 +145,8 @@ def build_engine_app(state: EngineState) -> Starlette:
             state.healthy = bool(change["healthy"])
         if "waiting" in change:
             state.waiting = int(change["waiting"])
+        if "metrics" in change:
+            state.metrics_text = change["metrics"]
         if change.get("forget"):
             state.cache.clear()
         if change.get("release") and state.release is not None:
