@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 
-from store.url import opened_store
+from store.errors import StoreSchemaNewer
+from store.schema import SCHEMA_VERSION
+from store.url import masked_store_url, opened_store
 
 
 async def forget(
@@ -21,10 +23,20 @@ async def forget(
     Returns rows deleted per table (``decisions``, ``feedback``, ``conversations``, ``subcalls``)
     when a tenant or request id is given, plus ``purged_text`` (conversations whose text was deleted) when
     ``purge_expired``.
+
+    Raises :class:`StoreSchemaNewer` (deleting nothing) for a store a newer release migrated: its newer
+    steps may keep a tenant's data in tables this code does not know, and a forget that reports success
+    while leaving them would be worse than one that refuses.
     """
     if tenant is None and request_id is None and not purge_expired:
         raise ValueError("nothing to do: give a tenant, a request id or purge_expired")
     async with opened_store(url) as store:
+        if store.schema_version > SCHEMA_VERSION:
+            raise StoreSchemaNewer(
+                f"store {masked_store_url(url)} has schema version {store.schema_version}, newer than this "
+                f"pointsman knows ({SCHEMA_VERSION}): it may keep data in tables this release cannot find; "
+                "run forget with the release that migrated it"
+            )
         counts: dict[str, int] = {}
         if tenant is not None or request_id is not None:
             counts.update(await store.forget(tenant=tenant, request_id=request_id))

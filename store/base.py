@@ -29,6 +29,10 @@ class DecisionStore(Protocol):
     per (request_id, metric, source, model): a repeat replaces the row, never adds one.
     """
 
+    #: The newest migration step the database records, known once :meth:`open` ran: above
+    #: :data:`store.schema.SCHEMA_VERSION` when a newer release migrated it.
+    schema_version: int
+
     async def open(self) -> None:
         """Connect and create or migrate the schema."""
         ...

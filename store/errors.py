@@ -17,6 +17,11 @@ class StoreUnavailable(StoreError):
     read-only, full, or did not answer in time. Retrying later may succeed; nothing was acknowledged."""
 
 
+class StoreSchemaNewer(StoreError):
+    """The database was migrated by a newer release (a schema step this code does not know): a command
+    that must find every row of a tenant (``pointsman forget``) could miss the tables that step added."""
+
+
 class StoreNotFound(StoreError):
     """A command was pointed at a store that does not exist (a SQLite file that is not there): reading
     or deleting from it would create an empty database and report success on the wrong file."""

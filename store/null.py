@@ -16,11 +16,13 @@ from store.records import (
     SubCallRecord,
     TrafficWindow,
 )
-from store.schema import FORGET_TABLES
+from store.schema import FORGET_TABLES, SCHEMA_VERSION
 
 
 class NullDecisionStore:
     """Accepts every batch and discards it; reads find nothing."""
+
+    schema_version = SCHEMA_VERSION
 
     async def open(self) -> None:
         return None

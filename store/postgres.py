@@ -46,6 +46,7 @@ from store.schema import (
     insert_subcalls_sql,
     logged_filter,
     migrations,
+    note_newer_schema,
     purge_text_sql,
     select_conversations_sql,
     select_decisions_sql,
@@ -78,6 +79,9 @@ class PostgresDecisionStore:
         self._server_settings = dict(server_settings or {})
         self._command_timeout = command_timeout
         self._pool: asyncpg.Pool | None = None
+        #: The newest migration step the database records (set by open; above SCHEMA_VERSION when a
+        #: newer release migrated it).
+        self.schema_version = 0
         self._insert_sql = insert_decisions_sql("postgres")
         self._conversation_sql = insert_conversation_sql("postgres")
         self._feedback_sql = upsert_feedback_sql("postgres")
@@ -102,18 +106,22 @@ class PostgresDecisionStore:
             server_settings=self._server_settings or None,
         )
         try:
-            await self._migrate(pool)
+            self.schema_version = await self._migrate(pool)
         except BaseException:
             await pool.close()
             raise
         self._pool = pool
+        from store.url import masked_store_url  # here: store.url imports this module
+
+        note_newer_schema(self.schema_version, masked_store_url(self.dsn) if "://" in self.dsn else "store.dsn")
 
     async def migrate(self) -> None:
         """Create missing tables and indexes; safe to call any number of times, from many replicas."""
-        await self._migrate(self._require_pool())
+        self.schema_version = await self._migrate(self._require_pool())
 
     @staticmethod
-    async def _migrate(pool: asyncpg.Pool) -> None:
+    async def _migrate(pool: asyncpg.Pool) -> int:
+        """Apply the missing steps under the migration lock; returns the newest step the database records."""
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK_KEY)
             await conn.execute(version_table_ddl("postgres"))
@@ -129,6 +137,7 @@ class PostgresDecisionStore:
                     version,
                     time.time(),
                 )
+        return max(done | {version for version, _statements in migrations("postgres")})
 
     async def close(self) -> None:
         """Close the pool (waits for in-flight queries)."""

@@ -14,6 +14,7 @@ dialects keep one shape: timestamps are unix seconds as floating point, JSON col
 
 from __future__ import annotations
 
+import logging
 import types
 import typing
 from typing import Any, Literal
@@ -21,6 +22,8 @@ from typing import Any, Literal
 from store.records import COLUMNS, JSON_COLUMNS, DecisionRecord
 
 Dialect = Literal["sqlite", "postgres"]
+
+logger = logging.getLogger(__name__)
 
 #: The newest schema version this code writes.
 SCHEMA_VERSION = 5
@@ -323,6 +326,21 @@ def _step5(dialect: Dialect) -> list[str]:
     if dialect == "sqlite":
         return ["ALTER TABLE decisions ADD COLUMN trace_id TEXT"]
     return ["ALTER TABLE decisions ADD COLUMN IF NOT EXISTS trace_id text"]
+
+
+def note_newer_schema(found: int, where: str) -> None:
+    """Warn when the database was migrated by a newer release than this code (``found`` > SCHEMA_VERSION).
+
+    Serving goes on (steps only add tables and columns, and during a rolling upgrade older replicas
+    keep writing to a database the first new one migrated), but the operator should know: what the
+    newer steps added is neither written nor read by this release.
+    """
+    if found > SCHEMA_VERSION:
+        logger.warning(
+            "the decision store %s has schema version %d, newer than this release's %d: it was migrated by a "
+            "newer pointsman; continuing with the tables this release knows",
+            where, found, SCHEMA_VERSION,
+        )
 
 
 def version_table_ddl(dialect: Dialect) -> str:

@@ -57,6 +57,7 @@ from store.schema import (
     insert_subcalls_sql,
     logged_filter,
     migrations,
+    note_newer_schema,
     purge_text_sql,
     select_conversations_sql,
     select_decisions_sql,
@@ -99,6 +100,9 @@ class SQLiteDecisionStore:
         self._conn: sqlite3.Connection | None = None
         # (device, inode) of the file the connection has open; None for ":memory:" and file: URIs.
         self._identity: tuple[int, int] | None = None
+        #: The newest migration step the database records (set by open; above SCHEMA_VERSION when a
+        #: newer release migrated it).
+        self.schema_version = 0
         self._insert_sql = insert_decisions_sql("sqlite")
         self._conversation_sql = insert_conversation_sql("sqlite")
         self._feedback_sql = upsert_feedback_sql("sqlite")
@@ -138,7 +142,8 @@ class SQLiteDecisionStore:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            self._migrate_sync(conn)
+            self.schema_version = self._migrate_sync(conn)
+            note_newer_schema(self.schema_version, self.path)
             # Taken after connecting: the file exists now (connect created it when it did not).
             identity = _file_identity(self.path) if on_disk else None
         except BaseException:
@@ -148,10 +153,11 @@ class SQLiteDecisionStore:
 
     async def migrate(self) -> None:
         """Create missing tables and indexes; safe to call any number of times."""
-        await self._run(lambda: self._migrate_sync(self._require_conn()))
+        self.schema_version = await self._run(lambda: self._migrate_sync(self._require_conn()))
 
     @staticmethod
-    def _migrate_sync(conn: sqlite3.Connection) -> None:
+    def _migrate_sync(conn: sqlite3.Connection) -> int:
+        """Apply the missing steps; returns the newest step the database records."""
         # BEGIN IMMEDIATE takes the write lock up front, so two processes starting together
         # apply each step once instead of racing.
         conn.execute("BEGIN IMMEDIATE")
@@ -171,6 +177,7 @@ class SQLiteDecisionStore:
         except BaseException:
             _rollback(conn)
             raise
+        return max(done | {version for version, _statements in migrations("sqlite")})
 
     async def close(self) -> None:
         """Close the connection and stop the worker thread."""

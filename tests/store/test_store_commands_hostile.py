@@ -3,12 +3,18 @@ in the query string, a database a newer release has migrated."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+from collections.abc import Callable
 
+import asyncpg
 import pytest
 
+from store import SCHEMA_VERSION, DecisionRecord, open_store_url
 from tests.fakes.upstream import free_port
+
+MakeRecord = Callable[..., DecisionRecord]
 
 
 def forget_command(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,3 +44,65 @@ def test_masked_store_url(url: str, masked: str) -> None:
     from store.url import masked_store_url
 
     assert masked_store_url(url) == masked
+
+
+async def _migrated_by_a_newer_release(url: str, make_record: MakeRecord) -> None:
+    """A store with one decision of tenant acme, then a step this release does not know recorded (as a
+    newer release would, with a table of its own holding the tenant's data)."""
+    store = open_store_url(url)
+    await store.open()
+    try:
+        await store.write_batch([make_record(1, tenant="acme")])
+    finally:
+        await store.close()
+    newer = SCHEMA_VERSION + 1
+    if url.startswith("postgresql://"):
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("CREATE TABLE tenant_notes (tenant text)")
+            await conn.execute("INSERT INTO schema_version VALUES ($1, 0)", newer)
+        finally:
+            await conn.close()
+    else:
+        import sqlite3
+
+        db = sqlite3.connect(url.removeprefix("sqlite://"))
+        with db:
+            db.execute("CREATE TABLE tenant_notes (tenant TEXT)")
+            db.execute("INSERT INTO schema_version VALUES (?, 0)", (newer,))
+        db.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, sqlite_path: str) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{sqlite_path}"
+    dsn: str = request.getfixturevalue("pg_dsn")
+    return dsn
+
+
+async def test_a_store_a_newer_release_migrated_serves_with_a_warning_but_forget_refuses(
+    store_url: str, make_record: MakeRecord, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _migrated_by_a_newer_release(store_url, make_record)
+    store = open_store_url(store_url)
+    with caplog.at_level(logging.WARNING, logger="store"):
+        await store.open()
+    try:
+        assert store.schema_version == SCHEMA_VERSION + 1
+        await store.write_batch([make_record(2)])  # a replica of the older release still records
+        assert await store.count() == 2
+    finally:
+        await store.close()
+    assert f"schema version {SCHEMA_VERSION + 1}, newer than this release's {SCHEMA_VERSION}" in caplog.text
+    assert "s3cret" not in caplog.text
+
+    done = forget_command("--store", store_url, "--tenant", "acme")
+    assert done.returncode == 2, done.stdout
+    assert f"schema version {SCHEMA_VERSION + 1}, newer than this pointsman knows" in done.stderr
+    store = open_store_url(store_url)
+    await store.open()
+    try:
+        assert await store.fetch("req-000001") is not None, "forget deleted part of the tenant's data"
+    finally:
+        await store.close()
