@@ -1,16 +1,19 @@
 """Byte-faithful SSE passthrough with idle/total deadlines and immediate cancel on client disconnect.
 
-The upstream's bytes are forwarded exactly as they arrive (tool-call deltas, usage chunks and
-``[DONE]`` included), unless a ``rewrite`` is given: a workflow's final stage passes its bytes through
-one that puts the workflow's totals into the stream's last chunk (``gateway/workflows/sse.py``).
-If the upstream breaks mid-stream the client gets one OpenAI-shaped error event and the stream
-ends; if the client leaves, the upstream connection is dropped at once so the model stops generating.
+The upstream's bytes are forwarded unchanged (tool-call deltas, usage chunks and ``[DONE]``
+included), a whole event at a time (``gateway/sse_frames.py``), unless a ``rewrite`` is given: a
+workflow's final stage passes its bytes through one that puts the workflow's totals into the
+stream's last chunk (``gateway/workflows/sse.py``). If the upstream breaks mid-stream, sends an
+event that is not JSON or one that never ends, the client gets one OpenAI-shaped error event (never
+glued to half an event) and the stream ends; if the client leaves, the upstream connection is
+dropped at once so the model stops generating.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,12 +21,14 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from gateway.forward import OpenedStream
+from gateway.sse_frames import EventTooLarge, SSEFramer, event_data
 from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamFailure
 from gateway.upstream_log import failure_log
 from gateway.usage import SSEUsageScanner
 
-_SETTLE_SECONDS = 0.1
+_SETTLE_SECONDS = 0.1  # how long the upstream may take to end its body after [DONE]
+_SETTLE_BYTES = 64 << 10  # and how much it may send meanwhile
 
 
 def error_event(message: str, error_type: str, code: str) -> bytes:
@@ -88,45 +93,61 @@ class ProxyStream:
             self._on_done(self._trace, self._scanner)
 
     async def _settle_upstream(self) -> None:
+        """After ``[DONE]``: give the upstream a moment to end its body so its connection can be
+        reused; one that keeps sending (keep-alives after [DONE]) is dropped rather than read on: the
+        client has its answer, and the request's record and replica slot must not wait for it."""
         opened = self._opened
+        deadline = time.perf_counter() + _SETTLE_SECONDS
+        read = 0
         try:
-            while await opened.response.next_chunk(timeout=_SETTLE_SECONDS):
-                pass
+            while (left := deadline - time.perf_counter()) > 0 and read <= _SETTLE_BYTES:
+                chunk = await opened.response.next_chunk(timeout=left)
+                if not chunk:
+                    opened.finish(ok=True)
+                    return
+                read += len(chunk)
         except UpstreamFailure:
-            opened.finish(ok=True, reuse=False)
-            return
-        opened.finish(ok=True)
+            pass
+        opened.finish(ok=True, reuse=False)
 
     async def _pump(self, send: Send) -> None:
         opened, scanner, trace = self._opened, self._scanner, self._trace
-        first = opened.first_chunk
-        scanner.feed(first)
+        framer = SSEFramer()
         trace.ttft_ms = trace.elapsed_ms()
+        chunk = opened.first_chunk
         try:
-            chunk = first
-            while not scanner.saw_done:
-                out = chunk if self._rewrite is None else self._rewrite(chunk)
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            while True:
+                ready, failure = self._whole_events(framer, chunk)
+                if ready and self._rewrite is not None:
+                    ready = self._rewrite(ready)
+                if failure is not None:
+                    if ready:
+                        await send({"type": "http.response.body", "body": ready, "more_body": True})
+                    raise failure
+                if scanner.upstream_error is not None:
+                    # The upstream streamed an error object (the client's SDK raises it): the answer
+                    # has failed, whatever may follow it.
+                    self._client_done = True
+                    await send({"type": "http.response.body", "body": ready, "more_body": False})
+                    self._failed("upstream_error", f"the upstream streamed an error (code {scanner.upstream_error})")
+                    opened.finish(ok=False, failure=UpstreamFailure("status", "error event", status=500))
+                    return
+                if scanner.saw_done:
+                    # [DONE] is terminal: finish the client's response now instead of waiting for the
+                    # upstream to close (some servers keep the stream open after it).
+                    self._client_done = True
+                    await send({"type": "http.response.body", "body": ready, "more_body": False})
+                    await self._settle_upstream()
+                    return
+                if ready:
+                    await send({"type": "http.response.body", "body": ready, "more_body": True})
                 chunk = await opened.response.next_chunk()
                 if not chunk:
                     break
-                scanner.feed(chunk)
-            if scanner.saw_done:
-                # [DONE] is terminal: finish the client's response now instead of waiting for the
-                # upstream to close (some servers keep the stream open after it), then give the
-                # upstream a moment to end its body so the connection can be reused.
-                self._client_done = True
-                out = chunk if self._rewrite is None else self._rewrite(chunk)
-                await send({"type": "http.response.body", "body": out, "more_body": False})
-                await self._settle_upstream()
-                return
         except UpstreamFailure as failure:
             failure_log.note(failure, backend=opened.target.backend.name, replica=opened.replica.base_url,
                              model=opened.target.name, phase="stream")
-            trace.outcome = "stream_error"
-            trace.error_type = failure.kind
-            trace.error_message = failure.message
+            self._failed(failure.kind, failure.message)
             opened.finish(ok=False, failure=failure)
             event = error_event(f"upstream stream failed: {failure.message}", "upstream_error", failure.kind)
             await send({"type": "http.response.body", "body": event, "more_body": False})
@@ -136,17 +157,46 @@ class ProxyStream:
             trace.outcome = "client_disconnected"
             opened.finish(ok=False)
             return
-        if not scanner.saw_done and scanner.events:
-            # A chat/completions stream that ends without [DONE] was cut short upstream.
-            trace.outcome = "stream_error"
-            trace.error_type = "truncated"
-            trace.error_message = "upstream stream ended without [DONE]"
-            opened.finish(ok=False, failure=UpstreamFailure("reset", "stream ended without [DONE]"))
-            event = error_event("upstream stream ended without [DONE]", "upstream_error", "truncated")
-            await send({"type": "http.response.body", "body": event, "more_body": False})
+        rest = framer.rest()
+        if (event_data(rest) or b"").strip() == b"[DONE]":
+            # "data: [DONE]" as the body's last line, without the blank line after it: the answer is
+            # whole (an SSE reader drops an unterminated event at the end anyway).
+            scanner.saw_done = True
+            opened.finish(ok=True)
+            await send({"type": "http.response.body", "body": rest, "more_body": False})
             return
-        opened.finish(ok=True)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # The body ended without [DONE] (an event cut short is dropped, never half-sent): the answer was
+        # cut short upstream, or never began (a stream of keep-alives only).
+        self._failed("truncated", "upstream stream ended without [DONE]")
+        opened.finish(ok=False, failure=UpstreamFailure("reset", "stream ended without [DONE]"))
+        event = error_event("upstream stream ended without [DONE]", "upstream_error", "truncated")
+        await send({"type": "http.response.body", "body": event, "more_body": False})
+
+    def _whole_events(self, framer: SSEFramer, chunk: bytes) -> tuple[bytes, UpstreamFailure | None]:
+        """The bytes of the whole events ``chunk`` completes, up to ``[DONE]`` or an upstream error
+        event (included), and the failure that stops the stream there (an event that is not JSON,
+        or one that will not end), if any."""
+        scanner = self._scanner
+        try:
+            events = framer.feed(chunk)
+        except EventTooLarge as exc:
+            return b"", UpstreamFailure("malformed", str(exc))
+        taken = 0
+        for event in events:
+            scanner.scan(event)
+            if scanner.malformed:
+                ready = b"".join(events[:taken])
+                return ready, UpstreamFailure("malformed", "the upstream sent an event that is not JSON")
+            taken += 1
+            if scanner.saw_done or scanner.upstream_error is not None:
+                break
+        return (events[0] if taken == 1 else b"".join(events[:taken])), None
+
+    def _failed(self, error_type: str, message: str) -> None:
+        trace = self._trace
+        trace.outcome = "stream_error"
+        trace.error_type = error_type
+        trace.error_message = message
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

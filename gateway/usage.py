@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from gateway.config import ModelConfig
+from gateway.sse_frames import EventTooLarge, SSEFramer, event_data
 
 _FINISH_LENGTH = re.compile(rb'"finish_reason"\s*:\s*"length"')
 
@@ -53,13 +54,13 @@ class SSEUsageScanner:
     """Watches a passthrough SSE byte stream for the ``usage`` chunk (``stream_options.include_usage``)
     and for an answer cut at the token limit (``finish_reason: "length"``).
 
-    The bytes forwarded to the client are never touched; this only looks at complete events that
-    mention a non-null usage, so the per-chunk cost stays a couple of substring searches. With
-    ``collect_text`` it also keeps the first choice's text (for a comparison of the answer).
+    The bytes forwarded to the client are never touched. Every data event is parsed once (orjson,
+    about a microsecond for a chunk): an upstream's event that is not JSON must not reach a client
+    whose SDK would fail on it with a JSON error. With ``collect_text`` it also keeps the first
+    choice's text (for a comparison of the answer).
     """
 
     def __init__(self, *, collect_text: bool = False) -> None:
-        self._buffer = bytearray()
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.saw_done = False
@@ -70,6 +71,11 @@ class SSEUsageScanner:
         # (tool calls, a refusal, another choice): the response cache stores only plain text answers.
         self.finish_reason: str | None = None
         self.other_deltas = False
+        # What a stream's events said that makes it a failed answer, for the record (the events
+        # themselves reach the client as they came, or not at all when they were malformed).
+        self.upstream_error: str | None = None  # the code of an error object the upstream streamed
+        self.malformed = False  # an event's data was neither JSON nor [DONE]
+        self._framer = SSEFramer()
 
     def keep_text(self) -> None:
         """Collect the text from now on (call before the first chunk)."""
@@ -82,44 +88,49 @@ class SSEUsageScanner:
         return None if self._parts is None else "".join(self._parts)
 
     def feed(self, chunk: bytes) -> None:
-        self._buffer += chunk
-        if b"\n\n" not in self._buffer and b"\r\n\r\n" not in self._buffer:
+        """Scan the events ``chunk`` completes (any split of the stream; an oversized event is skipped)."""
+        try:
+            events = self._framer.feed(chunk)
+        except EventTooLarge:
+            self._framer = SSEFramer()
             return
-        text = bytes(self._buffer).replace(b"\r\n", b"\n")
-        *events, rest = text.split(b"\n\n")
-        self._buffer = bytearray(rest)
         for event in events:
-            self._scan(event)
+            self.scan(event)
 
-    def _scan(self, event: bytes) -> None:
-        for line in event.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            self.events += 1
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                self.saw_done = True
-                continue
-            if b'"length"' in data and _FINISH_LENGTH.search(data) is not None:
-                self.finish_length = True
-            if self._parts is not None:
-                self._collect(data)
-            if b'"usage"' in data and b'"usage":null' not in data and b'"usage": null' not in data:
-                try:
-                    parsed = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(parsed, dict):
-                    prompt, completion = usage_from_body(parsed)
-                    if prompt is not None:
-                        self.prompt_tokens, self.completion_tokens = prompt, completion
-
-    def _collect(self, data: bytes) -> None:
+    def scan(self, event: bytes) -> None:
+        """Read one whole event (as :class:`gateway.sse_frames.SSEFramer` cuts them): ``[DONE]``, a usage
+        chunk, an upstream's error object (``upstream_error``), data that is not JSON (``malformed``)."""
+        data = event_data(event)
+        if data is None:
+            return
+        self.events += 1
+        data = data.strip()
+        if data == b"[DONE]":
+            self.saw_done = True
+            return
         try:
             parsed = orjson.loads(data)
         except orjson.JSONDecodeError:
+            self.malformed = True  # the client's SDK would fail on it with a JSON error, not an API error
             return
-        choices = parsed.get("choices") if isinstance(parsed, dict) else None
+        if not isinstance(parsed, dict):
+            return
+        if b'"error"' in data and parsed.get("error"):
+            error = parsed["error"]
+            code = error.get("code") if isinstance(error, dict) else None
+            self.upstream_error = str(code)[:64] if isinstance(code, (str, int)) else "error"
+            return
+        if b'"length"' in data and _FINISH_LENGTH.search(data) is not None:
+            self.finish_length = True
+        if self._parts is not None:
+            self._collect(parsed)
+        if b'"usage"' in data:
+            prompt, completion = usage_from_body(parsed)
+            if prompt is not None:
+                self.prompt_tokens, self.completion_tokens = prompt, completion
+
+    def _collect(self, parsed: dict[str, Any]) -> None:
+        choices = parsed.get("choices")
         if not isinstance(choices, list):
             return
         for choice in choices:
