@@ -37,8 +37,11 @@ rating, strictly in this format: "[[rating]]", for example "[[5]]".
 {answer}
 [End of the assistant's response]"""
 
-_BRACKETED = re.compile(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]")
-_RATING = re.compile(r"(?i:rating|score)\W{0,3}(\d+(?:\.\d+)?)|^\W*(\d+(?:\.\d+)?)\s*(?:/\s*10)?\W*$")
+# A minus sign belongs to the number: "-5" or "[[-5]]" is an out-of-range rating (no score), not 5.
+_BRACKETED = re.compile(r"\[\[\s*(-?\d+(?:\.\d+)?)\s*\]\]")
+_RATING = re.compile(
+    r"(?i:rating|score)[^\w-]{0,3}(-?\d+(?:\.\d+)?)|^[^\w-]*(-?\d+(?:\.\d+)?)\s*(?:/\s*10)?\W*$"
+)
 
 
 def parse_rating(text: str) -> float | None:

@@ -85,6 +85,7 @@ def test_verifier_confidence() -> None:
 @pytest.mark.parametrize(("text", "score"), [
     ("[[8]]", 7 / 9), ("Rating: [[10]]", 1.0), ("[[1]]", 0.0), ("Rating: 5", 4 / 9), ("7/10", 6 / 9),
     ("[[3]] or [[9]]", None), ("[[11]]", None), ("It is great", None),
+    ("-5", None), ("[[-5]]", None), ("Rating: -3", None), ("Score: -2/10", None),  # below the scale, not 5
 ])
 def test_parse_rating(text: str, score: float | None) -> None:
     assert parse_rating(text) == (None if score is None else pytest.approx(score))

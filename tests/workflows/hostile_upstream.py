@@ -1,0 +1,83 @@
+"""An upstream that answers workflow sub-calls the way broken or unusual servers do: a real uvicorn
+server on loopback. The model a request names is its script:
+
+=================  =============================================================================
+model              behaviour
+=================  =============================================================================
+say:<text>         answers ``text`` (one choice, whatever ``n`` is)
+refuse-n           a 400 naming ``n`` when ``n`` > 1 (as the embedded local model and many small
+                   servers do), else ``The answer is 42.``
+blank              one choice per ``n`` whose message has ``content: null`` and no tool call
+holes              choices ``[42, 7, 7]`` for ``n`` = 3: the first a real answer, the others not
+                   even objects (one choice when ``n`` is not given)
+refuse             a 400 in OpenAI's shape (``the request is refused``), whatever is asked
+probabilities      the answer's tokens carry "logprobs" of 0.9 (a server sending probabilities
+                   where log-probabilities belong)
+n-honouring        ``n`` choices of ``The answer is 42.``
+=================  =============================================================================
+
+Every answer's usage is 11 prompt and 7 completion tokens a choice. ``bodies`` keeps every request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tests.fakes.upstream import LoopbackServer
+
+REFUSAL = "the request is refused"
+
+
+def _completion(body: dict[str, Any], choices: list[Any]) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-hostile", "object": "chat.completion", "created": 1700000000,
+        "model": body.get("model", ""), "choices": choices,
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7 * max(len(choices), 1),
+                  "total_tokens": 11 + 7 * max(len(choices), 1)},
+    }
+
+
+def _choice(index: int, content: str | None, logprobs: Any = None) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": content}, "finish_reason": "stop",
+            "logprobs": logprobs}
+
+
+def _answer(body: dict[str, Any]) -> Response:
+    model = str(body.get("model", ""))
+    n = body.get("n") if isinstance(body.get("n"), int) else 1
+    if model.startswith("say:"):
+        return JSONResponse(_completion(body, [_choice(0, model[4:])]))
+    if model == "refuse-n" and n > 1:
+        return JSONResponse({"error": {"message": "n > 1 is not supported", "type": "invalid_request_error",
+                                       "param": "n", "code": None}}, status_code=400)
+    if model in ("refuse-n", "n-honouring"):
+        return JSONResponse(_completion(body, [_choice(i, "The answer is 42.") for i in range(n)]))
+    if model == "blank":
+        return JSONResponse(_completion(body, [_choice(i, None) for i in range(n)]))
+    if model == "holes":
+        return JSONResponse(_completion(body, [_choice(0, "42"), 7, 7][:n]))
+    if model == "probabilities":
+        tokens = [{"token": word, "logprob": 0.9, "top_logprobs": []} for word in ("The", " answer", ".")]
+        return JSONResponse(_completion(body, [_choice(0, "The answer.", {"content": tokens})]))
+    return JSONResponse({"error": {"message": REFUSAL, "type": "invalid_request_error", "param": None,
+                                   "code": None}}, status_code=400)
+
+
+class HostileUpstream(LoopbackServer):
+    """The scripted hostile upstream on a loopback port; ``bodies`` holds every request it got."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+        async def chat(request: Request) -> Response:
+            body = orjson.loads(await request.body())
+            self.bodies.append(body)
+            return _answer(body)
+
+        super().__init__(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))

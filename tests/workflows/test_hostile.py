@@ -1,0 +1,89 @@
+"""Workflows against upstreams that answer the way broken or unusual servers do (``hostile_upstream``),
+through the real gateway and the official SDK: what the client gets must be a real answer or the
+upstream's own refusal, never a blank answer voted in, a misread verdict or a 502 for a bad request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from tests.fakes.upstream import FakeUpstream
+from tests.gatewayproc import GatewayProcess
+from tests.workflows.conftest import CHEAP, MESSAGES, STRONG, STRONG_TEXT, key
+from tests.workflows.helpers import extension, feedback
+from tests.workflows.hostile_upstream import HostileUpstream
+
+HOSTILE: dict[str, str] = {  # gateway model -> the hostile script
+    "refuse-n": "refuse-n", "blank": "blank", "holes": "holes", "refuse-a": "refuse", "refuse-b": "refuse",
+    "probabilities": "probabilities", "n-honouring": "n-honouring",
+    "cand-a": "say:Answer A", "cand-b": "say:Answer B",
+    "judge-negative": "say:-5", "judge-negative-bracketed": "say:[[-5]]", "judge-rating-negative": "say:Rating: -3",
+}
+AGREE = {"source": "agreement", "threshold": 0.6, "samples": 3}
+
+
+def _cascade(name: str, first: str, confidence: dict[str, Any], **caps: Any) -> dict[str, Any]:
+    return {"name": name, "kind": "cascade", "stages": [first, "strong"], "confidence": confidence, "caps": caps}
+
+
+WORKFLOWS: list[dict[str, Any]] = [
+    _cascade("n-refused", "refuse-n", AGREE),
+    _cascade("blank-votes", "blank", AGREE),
+    _cascade("holey-votes", "holes", AGREE),
+    _cascade("probabilities", "probabilities", {"source": "logprobs", "threshold": 0.7}),
+    _cascade("n-budget", "n-honouring", AGREE, max_tokens=400),
+    {"name": "refused", "kind": "fusion", "candidates": ["refuse-a", "refuse-b"], "combine": {"fuser": "strong"}},
+    {"name": "refusals", "kind": "ratings", "candidates": ["refuse-a", "refuse-b"], "judge": "judge-negative"},
+    *({"name": judge, "kind": "ratings", "candidates": ["cand-a", "cand-b"], "judge": judge}
+      for judge in ("judge-negative", "judge-negative-bracketed", "judge-rating-negative")),
+]
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[HostileUpstream]:
+    server = HostileUpstream().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    hostile: HostileUpstream, upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    timeouts = {"connect": 2, "first_byte": 30, "total": 60, "idle": 10}
+    config = {
+        "backends": [
+            {"name": "hostile", "base_url": hostile.base_url, "health": {"enabled": False}, "timeouts": timeouts,
+             "models": [{"name": name, "upstream_name": script, **CHEAP} for name, script in HOSTILE.items()]},
+            {"name": "fake", "base_url": upstream.base_url, "health": {"enabled": False}, "timeouts": timeouts,
+             "models": [{"name": "strong", "upstream_name": f"say:{STRONG_TEXT}", **STRONG}]},
+        ],
+        "workflows": WORKFLOWS,
+        "retry": {"attempts": 1},
+        "classifiers": {"encoder": "static"},
+    }
+    proc = GatewayProcess(config, tmp_path_factory.mktemp("workflows-hostile")).start(timeout=60)
+    yield proc
+    proc.terminate()
+
+
+@pytest.fixture
+def sdk(gateway: GatewayProcess) -> OpenAI:
+    return OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=30)
+
+
+def _sent(hostile: HostileUpstream, user: str) -> list[dict[str, Any]]:
+    return [body for body in hostile.bodies if body.get("user") == user]
+
+
+@pytest.mark.parametrize("judge", ["judge-negative", "judge-negative-bracketed", "judge-rating-negative"])
+def test_a_negative_rating_is_no_rating(sdk: OpenAI, gateway: GatewayProcess, judge: str) -> None:
+    """"-5" is out of the 1-10 scale: no score (it was read as 5), no judge feedback stored."""
+    raw = sdk.chat.completions.with_raw_response.create(model=f"ratings/{judge}", messages=MESSAGES, user=key())
+    info = extension(raw.parse())
+    assert [rating["score"] for rating in info["ratings"]] == [None, None]
+    assert info["degraded"] == "the judge scored no answer"
+    assert feedback(gateway, raw.headers["x-pointsman-request-id"], 1, timeout=0.5) == []
