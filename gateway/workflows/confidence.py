@@ -99,9 +99,17 @@ def _content_tokens(completion: Mapping[str, Any]) -> list[Mapping[str, Any]] | 
     return kept or None
 
 
+#: How far above 0 a logprob may be and still be read (as 0: float rounding in the server). Beyond it
+#: the value is no log-probability (a server sending probabilities, say): clipping it to 0 would read
+#: every answer as certain and never escalate.
+_LOGPROB_ROUNDING = 1e-3
+
+
 def _logprob(entry: Mapping[str, Any]) -> float | None:
     value = entry.get("logprob")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    if value > _LOGPROB_ROUNDING:
         return None
     return min(float(value), 0.0)
 
@@ -149,14 +157,20 @@ def normalise_final(text: str) -> str:
 
 def agreement(texts: Sequence[str]) -> tuple[int, float] | None:
     """(index of the first answer of the majority, the majority's share) over sampled answers;
-    None with fewer than two answers (one sample agrees with itself: that says nothing)."""
+    None with fewer than two answers (one sample agrees with itself: that says nothing).
+
+    An empty sample (no text, no tool call: a choice without a message, a null content) is no
+    answer: it agrees with nothing, so blank samples never vote an empty answer in. When every
+    sample is empty the share is 0 (the first sample is named, and it escalates)."""
     if len(texts) < 2:
         return None
-    keys = [normalise_final(text) for text in texts]
-    counts = Counter(keys)
+    keys = [normalise_final(text) if text.strip() else None for text in texts]
+    counts = Counter(key for key in keys if key is not None)
+    if not counts:
+        return 0, 0.0
     best = max(counts.values())
     # Ties go to the answer seen first: deterministic for the same samples.
-    winner = next(key for key in keys if counts[key] == best)
+    winner = next(key for key in keys if key is not None and counts[key] == best)
     return keys.index(winner), best / len(keys)
 
 

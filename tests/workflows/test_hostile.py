@@ -79,6 +79,32 @@ def _sent(hostile: HostileUpstream, user: str) -> list[dict[str, Any]]:
     return [body for body in hostile.bodies if body.get("user") == user]
 
 
+def test_blank_samples_do_not_agree_on_an_empty_answer(sdk: OpenAI) -> None:
+    raw = sdk.chat.completions.with_raw_response.create(model="cascade/blank-votes", messages=MESSAGES, user=key())
+    completion = raw.parse()
+    assert completion.choices[0].message.content == STRONG_TEXT
+    assert raw.headers["x-pointsman-stage"] == "1:strong"
+    info = extension(completion)
+    assert info["escalated"] is True and info["steps"][0]["confidence"] == 0.0
+
+
+def test_samples_that_are_not_choices_are_no_votes(sdk: OpenAI) -> None:
+    """Two of three "choices" are not objects: they agree on nothing (no 500, no empty answer)."""
+    raw = sdk.chat.completions.with_raw_response.create(model="cascade/holey-votes", messages=MESSAGES, user=key())
+    completion = raw.parse()
+    assert completion.choices[0].message.content == STRONG_TEXT
+    assert extension(completion)["steps"][0]["confidence"] == pytest.approx(1 / 3, abs=1e-6)
+
+
+def test_probabilities_sent_as_logprobs_are_no_confidence(sdk: OpenAI) -> None:
+    """A server that puts 0.9 where a log-probability belongs: that is not "certain" (it was clipped
+    to logprob 0, confidence 1, and the cheap answer never escalated)."""
+    completion = sdk.chat.completions.create(model="cascade/probabilities", messages=MESSAGES, user=key())
+    assert completion.choices[0].message.content == STRONG_TEXT
+    info = extension(completion)
+    assert info["escalated"] is True and "confidence" not in info["steps"][0]
+
+
 @pytest.mark.parametrize("judge", ["judge-negative", "judge-negative-bracketed", "judge-rating-negative"])
 def test_a_negative_rating_is_no_rating(sdk: OpenAI, gateway: GatewayProcess, judge: str) -> None:
     """"-5" is out of the 1-10 scale: no score (it was read as 5), no judge feedback stored."""
