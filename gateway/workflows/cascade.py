@@ -110,8 +110,15 @@ async def _agreement(run: Run, workflow: CascadeWorkflow, stage: Stage, position
     base = bodies.buffered(run.body, temperature=settings.temperature)
     samples: list[tuple[Answer, int]] = []  # (sub-call's answer, index of its choice)
     if settings.use_n:
-        first = await run.call("sample", stage.model, {**base, "n": wanted}, position=position, label=stage.label)
-        samples += [(first, i) for i in range(min(_choices(first), wanted))]
+        try:
+            first = await run.call("sample", stage.model, {**base, "n": wanted}, position=position, label=stage.label)
+        except SubCallFailed as exc:
+            if not _refused(exc):
+                raise
+            # A backend that refuses ``n`` (a 4xx: the embedded local model, many small servers) did
+            # not return the choices: ask for them one at a time, as for a backend that ignores it.
+        else:
+            samples += [(first, i) for i in range(min(_choices(first), wanted))]
     missing = wanted - len(samples)
     if missing > 0:
         results = await run.settle([
@@ -127,6 +134,13 @@ async def _agreement(run: Run, workflow: CascadeWorkflow, stage: Stage, position
     chosen = _only_choice(winner, choice)
     chosen.call.confidence = None if agreed is None else agreed[1]
     return chosen
+
+
+def _refused(failure: SubCallFailed) -> bool:
+    """Whether the upstream refused the call itself (a 4xx other than a rate limit), as a backend
+    that does not take ``n`` > 1 does."""
+    completed = failure.completed
+    return completed is not None and 400 <= completed.status < 500 and completed.status != 429
 
 
 def _nth_sample(body: dict[str, Any], index: int) -> dict[str, Any]:

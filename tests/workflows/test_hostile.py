@@ -79,6 +79,20 @@ def _sent(hostile: HostileUpstream, user: str) -> list[dict[str, Any]]:
     return [body for body in hostile.bodies if body.get("user") == user]
 
 
+def test_agreement_samples_one_at_a_time_when_the_backend_refuses_n(sdk: OpenAI, hostile: HostileUpstream) -> None:
+    user = key()
+    raw = sdk.chat.completions.with_raw_response.create(model="cascade/n-refused", messages=MESSAGES, user=user)
+    completion = raw.parse()
+    # The three single samples agree: the cheap stage answers, with no escalation.
+    assert completion.choices[0].message.content == "The answer is 42."
+    assert raw.headers["x-pointsman-stage"] == "0:refuse-n"
+    info = extension(completion)
+    assert info["escalated"] is False
+    assert [(s["step"], s["outcome"], s.get("status")) for s in info["steps"]] == [
+        ("sample", "error", 400), ("sample", "ok", 200), ("sample", "ok", 200), ("sample", "ok", 200)]
+    assert [body.get("n") for body in _sent(hostile, user)] == [3, None, None, None]
+
+
 def test_blank_samples_do_not_agree_on_an_empty_answer(sdk: OpenAI) -> None:
     raw = sdk.chat.completions.with_raw_response.create(model="cascade/blank-votes", messages=MESSAGES, user=key())
     completion = raw.parse()
