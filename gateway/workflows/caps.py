@@ -56,16 +56,19 @@ class Budget:
         self._reserved_tokens = 0
         self._reserved_usd = 0.0
 
-    def reserve(self, model: ModelConfig, prompt_tokens: int, max_tokens: int | None) -> tuple[Reservation, int | None]:
+    def reserve(
+        self, model: ModelConfig, prompt_tokens: int, max_tokens: int | None, *, choices: int = 1
+    ) -> tuple[Reservation, int | None]:
         """Reserve one sub-call of ``model`` with an estimated ``prompt_tokens``; returns the
         reservation and the ``max_tokens`` the call may use (``max_tokens`` itself when no cap binds
-        it, None when nothing does). Raises :class:`CapReached` when the call does not fit."""
+        it, None when nothing does). ``choices`` (a call with ``n``) each write up to that bound, so
+        what is left is shared between them. Raises :class:`CapReached` when the call does not fit."""
         caps = self.caps
         if self.steps + 1 > caps.max_steps:
             raise CapReached("max_steps", f"{self.steps} sub-calls made, the cap is {caps.max_steps}")
         bound = max_tokens
         if caps.max_tokens is not None:
-            left = caps.max_tokens - self.tokens - self._reserved_tokens - prompt_tokens
+            left = (caps.max_tokens - self.tokens - self._reserved_tokens - prompt_tokens) // choices
             if left < 1:
                 raise CapReached(
                     "max_tokens",
@@ -76,7 +79,8 @@ class Budget:
         price_out = model.output_cost_per_mtok / 1_000_000
         if caps.max_cost_usd is not None:
             left_usd = caps.max_cost_usd - self.cost_usd - self._reserved_usd - prompt_tokens * price_in
-            affordable = math.floor(left_usd / price_out) if price_out > 0 else (math.inf if left_usd >= 0 else 0)
+            affordable = (math.floor(left_usd / price_out / choices) if price_out > 0
+                          else (math.inf if left_usd >= 0 else 0))
             if affordable < 1:
                 raise CapReached(
                     "max_cost_usd",
@@ -85,7 +89,7 @@ class Budget:
                 )
             if affordable != math.inf:
                 bound = int(affordable) if bound is None else min(bound, int(affordable))
-        expected = EXPECTED_COMPLETION_TOKENS if bound is None else min(bound, EXPECTED_COMPLETION_TOKENS)
+        expected = choices * (EXPECTED_COMPLETION_TOKENS if bound is None else min(bound, EXPECTED_COMPLETION_TOKENS))
         reservation = Reservation(
             prompt_tokens=prompt_tokens,
             tokens=prompt_tokens + expected,

@@ -256,8 +256,12 @@ class Run:
         request = {**request, "model": model}
         requested = request.get("max_completion_tokens", request.get("max_tokens"))
         requested = requested if isinstance(requested, int) and not isinstance(requested, bool) else None
+        choices = request.get("n")  # an agreement stage's samples in one call: each writes up to the bound
+        choices = choices if isinstance(choices, int) and not isinstance(choices, bool) and choices > 1 else 1
         try:
-            reservation, bound = self.budget.reserve(target.model, estimate_prompt_tokens(request), requested)
+            reservation, bound = self.budget.reserve(
+                target.model, estimate_prompt_tokens(request), requested, choices=choices
+            )
         except CapReached as cap:
             call.outcome, call.error = "capped", str(cap)
             self.note_cap(cap)

@@ -119,6 +119,15 @@ def test_probabilities_sent_as_logprobs_are_no_confidence(sdk: OpenAI) -> None:
     assert info["escalated"] is True and "confidence" not in info["steps"][0]
 
 
+def test_a_call_with_n_shares_the_token_cap_between_its_choices(sdk: OpenAI, hostile: HostileUpstream) -> None:
+    user = key()
+    sdk.chat.completions.create(model="cascade/n-budget", messages=MESSAGES, user=user, max_tokens=1000)
+    [sampled] = _sent(hostile, user)
+    assert sampled["n"] == 3
+    # Each of the 3 choices may write max_tokens: together they stay within the run's 400 tokens.
+    assert 3 * sampled["max_tokens"] < 400
+
+
 @pytest.mark.parametrize("judge", ["judge-negative", "judge-negative-bracketed", "judge-rating-negative"])
 def test_a_negative_rating_is_no_rating(sdk: OpenAI, gateway: GatewayProcess, judge: str) -> None:
     """"-5" is out of the 1-10 scale: no score (it was read as 5), no judge feedback stored."""
