@@ -42,7 +42,9 @@ Responses from models:
 async def fan_out(run: Run, workflow: FusionWorkflow | RatingsWorkflow) -> list[Answer]:
     """Every candidate's answer (in configured order; failed and timed-out ones left out), at least
     ``min_answers`` of them; raises 502 naming the failures otherwise (503 / 429 when every failed
-    candidate found no healthy replica / saturated replicas: :func:`no_answer_error`)."""
+    candidate found no healthy replica / saturated replicas: :func:`no_answer_error`), or, when
+    every candidate's upstream refused the request (a 4xx), the first refusal, which the runner
+    passes on as it came."""
 
     async def ask(position: int, model: str) -> Answer:
         answer = await run.call("candidate", model, bodies.buffered(run.body), position=position, label=model,
@@ -58,6 +60,12 @@ async def fan_out(run: Run, workflow: FusionWorkflow | RatingsWorkflow) -> list[
     if run.capped is not None:
         # A cap stopped candidates: the run ends with what it has, saying so.
         raise CapReached(run.capped.cap, run.capped.detail)
+    refusals = [r for r in results if isinstance(r, SubCallFailed) and r.completed is not None]
+    if not answers and refusals and len(refusals) == len(results):
+        # Every candidate's upstream answered with an error of its own (a 4xx: the request is at
+        # fault, so every path ended there): the client gets it as it came, as for a single call,
+        # not a 502 that the SDK would retry into the same refusal.
+        raise refusals[0]
     failed = "; ".join(
         f"{model}: {result}" for model, result in zip(workflow.candidates, results, strict=True)
         if not isinstance(result, Answer)

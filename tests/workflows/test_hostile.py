@@ -7,14 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from openai import OpenAI
 
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 from tests.workflows.conftest import CHEAP, MESSAGES, STRONG, STRONG_TEXT, key
-from tests.workflows.helpers import extension, feedback
-from tests.workflows.hostile_upstream import HostileUpstream
+from tests.workflows.helpers import extension, feedback, record
+from tests.workflows.hostile_upstream import REFUSAL, HostileUpstream
 
 HOSTILE: dict[str, str] = {  # gateway model -> the hostile script
     "refuse-n": "refuse-n", "blank": "blank", "holes": "holes", "refuse-a": "refuse", "refuse-b": "refuse",
@@ -126,6 +127,22 @@ def test_a_call_with_n_shares_the_token_cap_between_its_choices(sdk: OpenAI, hos
     assert sampled["n"] == 3
     # Each of the 3 choices may write max_tokens: together they stay within the run's 400 tokens.
     assert 3 * sampled["max_tokens"] < 400
+
+
+@pytest.mark.parametrize("model", ["fusion/refused", "ratings/refusals"])
+def test_candidates_that_all_refuse_the_request_pass_the_refusal_on(
+    sdk: OpenAI, gateway: GatewayProcess, model: str
+) -> None:
+    """Every candidate's upstream answered 400: the client gets that 400 (as for a single call and a
+    cascade), not a 502 the SDK retries into the same refusal."""
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.with_raw_response.create(model=model, messages=MESSAGES, user=key())
+    response = info.value.response
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == REFUSAL
+    assert response.headers["x-pointsman-workflow"] == model
+    row = record(gateway, response.headers["x-pointsman-request-id"])
+    assert row["status"] == 400 and [s["outcome"] for s in row["workflow"]["steps"]] == ["error", "error"]
 
 
 @pytest.mark.parametrize("judge", ["judge-negative", "judge-negative-bracketed", "judge-rating-negative"])
