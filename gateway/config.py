@@ -578,7 +578,7 @@ def parse_config(data: Any, env: dict[str, str] | None = None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from exc
+        raise ConfigError(_describe(exc, data)) from exc
 
 
 def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
@@ -596,8 +596,8 @@ def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
     return parse_config(data, env)
 
 
-def _describe(exc: ValidationError) -> str:
-    return _routing.describe_validation_error(exc, Config)
+def _describe(exc: ValidationError, data: dict[str, Any]) -> str:
+    return _routing.describe_validation_error(exc, Config, data)
 
 
 def _require_http_url(url: str) -> str:

@@ -287,7 +287,8 @@ def parse_routing_config(data: Any, env: Mapping[str, str] | None = None) -> Rou
     backends = data.get("backends")
     if isinstance(backends, list):
         sections["backends"] = [
-            {"models": substitute_env(b.get("models"), values, f"backends.{i}.models")} if isinstance(b, dict) else b
+            {"models": substitute_env(b.get("models"), values, f"backends.{item_label(backends, i)}.models")}
+            if isinstance(b, dict) else b
             for i, b in enumerate(backends)
         ]
     elif backends is not None:
@@ -295,7 +296,7 @@ def parse_routing_config(data: Any, env: Mapping[str, str] | None = None) -> Rou
     try:
         parsed = _RoutingSections.model_validate(sections)
     except ValidationError as exc:
-        raise RoutingConfigError(describe_validation_error(exc, _RoutingSections)) from exc
+        raise RoutingConfigError(describe_validation_error(exc, _RoutingSections, data)) from exc
     return RoutingConfig(
         routes=parsed.routes,
         classifiers=parsed.classifiers,
@@ -346,7 +347,8 @@ def substitute_env(value: Any, env: Mapping[str, str], path: str = "") -> Any:
     if isinstance(value, dict):
         return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [substitute_env(v, env, f"{path}.{i}") for i, v in enumerate(value)]
+        labels = [item_label(value, i) if path in _NAMED_SECTIONS else i for i in range(len(value))]
+        return [substitute_env(v, env, f"{path}.{label}") for label, v in zip(labels, value, strict=True)]
     return value
 
 
@@ -405,12 +407,42 @@ def _did_you_mean(key: Any, known: set[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def describe_validation_error(exc: ValidationError, root: type[BaseModel] | None = None) -> str:
+#: Sections whose items the cross-checks name by their ``name`` (workflows and experiments keep their index).
+_NAMED_SECTIONS = ("routes", "backends")
+
+
+def _by_name(loc: tuple[Any, ...], data: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """``loc`` with a route's or backend's list index replaced by its name, when it has a usable one."""
+    if data is None or len(loc) < 2 or loc[0] not in _NAMED_SECTIONS or not isinstance(loc[1], int):
+        return loc
+    items = data.get(loc[0])
+    if not isinstance(items, list) or not 0 <= loc[1] < len(items):
+        return loc
+    return (loc[0], item_label(items, loc[1]), *loc[2:])
+
+
+def item_label(items: list[Any], index: int) -> str | int:
+    """How an error names ``items[index]`` of ``routes`` or ``backends``: its ``name``, or its index when
+    the name is missing, not a plain string, or given twice (it would not say which item is meant)."""
+    item = items[index]
+    name = item.get("name") if isinstance(item, dict) else None
+    if not isinstance(name, str) or not name or "." in name or name.isdigit():
+        return index
+    if sum(isinstance(other, dict) and other.get("name") == name for other in items) > 1:
+        return index
+    return name
+
+
+def describe_validation_error(
+    exc: ValidationError, root: type[BaseModel] | None = None, data: Mapping[str, Any] | None = None
+) -> str:
     """A pydantic error as ``invalid config:`` lines of ``dotted.key: message``; with the ``root``
-    model that was validated, an unknown key also names the closest key its section accepts."""
+    model that was validated, an unknown key also names the closest key its section accepts; with the
+    ``data`` validated, a route or backend is named by its ``name`` as the cross-checks name it
+    (``routes.auto.cost_quality.threshold``, not ``routes.0...``)."""
     lines = []
     for error in exc.errors():
-        loc = describe_location(tuple(error["loc"]))
+        loc = describe_location(_by_name(tuple(error["loc"]), data))
         key = ".".join(str(part) for part in loc) or "<root>"
         message = error["msg"].removeprefix("Value error, ")
         nested = _NESTED_KEY.match(message) if loc[:1] in (("workflows",), ("experiments",)) else None

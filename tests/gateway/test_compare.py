@@ -327,8 +327,8 @@ def test_pair_scores_average_both_orders() -> None:
 
 @pytest.mark.parametrize(("compare", "message"), [
     ({"share": 0.1, "judge": "jugde"}, "routes.auto.compare.judge: unknown model 'jugde' (did you mean 'judge'?)"),
-    ({"share": 1.5, "judge": "judge"}, "routes.0.compare.share"),
-    ({"share": 0.1, "judge": "judge", "max_concurrency": 0}, "routes.0.compare.max_concurrency"),
+    ({"share": 1.5, "judge": "judge"}, "routes.auto.compare.share"),
+    ({"share": 0.1, "judge": "judge", "max_concurrency": 0}, "routes.auto.compare.max_concurrency"),
     ({"share": 0.1, "judge": "judge", "prompt": "Compare {answer_a} and {answer_b}"},
      "the judge prompt needs the placeholder(s) {conversation}"),
 ])

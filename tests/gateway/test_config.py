@@ -72,7 +72,7 @@ def test_substituted_value_is_not_substituted_again() -> None:
 def test_missing_env_var_without_default_names_the_key_and_the_variable() -> None:
     message = _error({"backends": [_backend(), _backend(name="second", api_key="Bearer ${MISSING_TOKEN}",
                                                         models=[{"name": "m2"}])]})
-    assert "backends.1.api_key" in message
+    assert "backends.second.api_key" in message
     assert "MISSING_TOKEN" in message
 
 
@@ -115,7 +115,7 @@ def test_load_config_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 
 def test_unknown_nested_key_is_named() -> None:
     message = _error({"backends": [_backend(timeouts={"conect": 1.0})]})
-    assert "backends.0.timeouts.conect: unknown key" in message
+    assert "backends.main.timeouts.conect: unknown key" in message
 
 
 def test_unknown_top_level_key_is_named() -> None:
@@ -125,7 +125,7 @@ def test_unknown_top_level_key_is_named() -> None:
 
 def test_wrong_type_is_named() -> None:
     message = _error({"backends": [_backend(timeouts={"connect": "fast"})]})
-    assert "backends.0.timeouts.connect" in message
+    assert "backends.main.timeouts.connect" in message
 
 
 def test_minilm_bf16_on_the_onnx_runtime_is_named() -> None:
@@ -167,12 +167,12 @@ def test_model_fallback_to_unknown_model_is_named() -> None:
 
 def test_base_url_and_replicas_both_set_is_named() -> None:
     message = _error({"backends": [_backend(replicas=["http://127.0.0.1:10/v1"])]})
-    assert "backends.0" in message and "not both" in message
+    assert "backends.main" in message and "not both" in message
 
 
 def test_neither_base_url_nor_replicas_is_named() -> None:
     message = _error({"backends": [_backend(base_url=None)]})
-    assert "backends.0" in message and "base_url" in message and "replicas" in message
+    assert "backends.main" in message and "base_url" in message and "replicas" in message
 
 
 def test_postgres_without_dsn_is_named() -> None:
@@ -182,18 +182,18 @@ def test_postgres_without_dsn_is_named() -> None:
 
 def test_non_http_url_is_named() -> None:
     message = _error({"backends": [_backend(base_url="localhost:8000/v1")]})
-    assert "backends.0.base_url" in message
+    assert "backends.main.base_url" in message
 
 
 def test_every_error_is_reported_at_once() -> None:
     message = _error({"backends": [_backend(timeouts={"conect": 1}, max_concurency=3)]})
-    assert "backends.0.timeouts.conect: unknown key" in message
-    assert "backends.0.max_concurency: unknown key" in message
+    assert "backends.main.timeouts.conect: unknown key" in message
+    assert "backends.main.max_concurency: unknown key" in message
 
 
 def test_a_wrong_shape_says_what_yaml_expected_and_got() -> None:
     message = _error({"backends": [_backend(models={"name": "m1"})], "routes": {"auto": {"model": "m1"}}})
-    assert "backends.0.models: expected a list, got a mapping" in message
+    assert "backends.main.models: expected a list, got a mapping" in message
     assert "routes: expected a list, got a mapping" in message
     assert "expected a mapping (key: value), got a number (3)" in _error({"backends": [_backend(timeouts=3)]})
     assert "tuple" not in message and "dictionary" not in message  # pydantic's Python words stay out
@@ -206,16 +206,16 @@ def test_an_unknown_key_names_the_closest_key_of_its_own_section() -> None:
         "routes": [{"name": "auto", "policy": "rules", "cost_quality": {"strong": "m1", "weak": "m1", "treshold": 1}}],
     })
     assert "server.prot: unknown key (did you mean port?)" in message
-    assert "backends.0.url: unknown key (did you mean base_url?)" in message
-    assert "backends.0.timeouts.conect: unknown key (did you mean connect?)" in message
-    assert "routes.0.cost_quality.treshold: unknown key (did you mean threshold?)" in message
+    assert "backends.main.url: unknown key (did you mean base_url?)" in message
+    assert "backends.main.timeouts.conect: unknown key (did you mean connect?)" in message
+    assert "routes.auto.cost_quality.treshold: unknown key (did you mean threshold?)" in message
     assert "store.zzz: unknown key\n" in _error({"backends": [_backend()], "store": {"zzz": 1}}) + "\n"  # no guess
 
 
 def test_a_model_can_be_given_by_its_name_alone() -> None:
     config = parse_config({"backends": [_backend(models=["m1", {"name": "m2", "upstream_name": "x"}])]}, env={})
     assert [(m.name, m.wire_name) for m in config.backends[0].models] == [("m1", "m1"), ("m2", "x")]
-    assert "backends.0.models.0: expected a mapping (key: value), got a number (7)" in _error(
+    assert "backends.main.models.0: expected a mapping (key: value), got a number (7)" in _error(
         {"backends": [_backend(models=[7])]}
     )
 
@@ -255,7 +255,7 @@ def test_cli_serve_with_bad_config_exits_2_naming_the_key(tmp_path: Path) -> Non
     started = time.monotonic()
     result = _cli("serve", "--config", str(bad))
     assert result.returncode == 2, result.stderr
-    assert "backends.0.timeouts.conect: unknown key" in result.stderr
+    assert "backends.main.timeouts.conect: unknown key" in result.stderr
     assert time.monotonic() - started < 20, "a bad config must fail at start-up, not after serving"
 
 
@@ -263,7 +263,7 @@ def test_cli_serve_with_missing_env_var_exits_2(tmp_path: Path) -> None:
     bad = _write(tmp_path / "bad.yaml", {"backends": [_backend(api_key="${POINTSMAN_TEST_UNSET_VAR}")]})
     result = _cli("serve", "--config", str(bad))
     assert result.returncode == 2
-    assert "backends.0.api_key" in result.stderr and "POINTSMAN_TEST_UNSET_VAR" in result.stderr
+    assert "backends.main.api_key" in result.stderr and "POINTSMAN_TEST_UNSET_VAR" in result.stderr
 
 
 def test_cli_check_config(tmp_path: Path) -> None:
@@ -319,9 +319,9 @@ def test_non_finite_numbers_and_booleans_for_numbers_are_named() -> None:
     route = {"name": "auto", "cost_quality": {"strong": "m1", "weak": "m2", "threshold": True}}
     two = [_backend(models=[{"name": "m1"}, {"name": "m2"}])]
     message = _error({"backends": two, "routes": [route]})
-    assert "routes.0.cost_quality: threshold: expected a number, got true" in message
+    assert "routes.auto.cost_quality: threshold: expected a number, got true" in message
     route["cost_quality"]["threshold"] = float("nan")
-    assert "routes.0.cost_quality.threshold: Input should be a finite number" in _error(
+    assert "routes.auto.cost_quality.threshold: Input should be a finite number" in _error(
         {"backends": two, "routes": [route]}
     )
     # A bool is still a bool where a bool belongs, and an int still a number.
@@ -333,7 +333,7 @@ def test_ttls_and_waits_beyond_any_use_are_refused() -> None:
     two = [_backend(models=[{"name": "m1"}, {"name": "m2"}])]
     route = {"name": "auto", "model": "m1", "cache": {"ttl": 1e300}}
     message = _error({"backends": two, "routes": [route]})
-    assert "routes.0.cache.ttl: Input should be less than or equal to 31536000" in message
+    assert "routes.auto.cache.ttl: Input should be less than or equal to 31536000" in message
     assert "shared_state.timeout" in _error({"backends": two, "shared_state": {"kind": "redis", "timeout": 1e9}})
 
 
@@ -356,7 +356,7 @@ def test_knob_that_could_never_calibrate_is_named() -> None:
 )
 def test_a_base_url_no_request_could_reach_is_refused(url: str, problem: str) -> None:
     message = _error({"backends": [_backend(base_url=url)]})
-    assert "backends.0.base_url" in message and problem in message
+    assert "backends.main.base_url" in message and problem in message
 
 
 def test_an_upper_case_scheme_is_a_url() -> None:
@@ -377,9 +377,9 @@ def test_config_errors_never_show_a_secret() -> None:
         ]
     }
     message = _error(data, env=env)
-    assert "backends.0.base_url: 'htps://***@api.example.com/v1' is not an http(s) URL" in message
-    assert "backends.0.timeouts: expected a mapping (key: value), got a text of 30 characters from an env" in message
-    assert "backends.1.replicas: expected a list, got a text of" in message
+    assert "backends.main.base_url: 'htps://***@api.example.com/v1' is not an http(s) URL" in message
+    assert "backends.main.timeouts: expected a mapping (key: value), got a text of 30 characters from an env" in message
+    assert "backends.b.replicas: expected a list, got a text of" in message
     assert "Sup3rSecretPW" not in message and "ABCDEF1234567890" not in message
     # Written in the file, a wrong text is still quoted back (it is the operator's own typo).
     assert "got the text 'fast'" in _error({"backends": [_backend(timeouts="fast")]})
@@ -476,3 +476,20 @@ def test_a_redis_url_without_a_host_is_refused() -> None:
         assert "shared_state.url" in message and problem in message
     assert parse_config({"backends": [_backend()], "shared_state": {"kind": "redis", "url": "unix:///tmp/r.sock"}},
                         env={}).shared_state.url == "unix:///tmp/r.sock"
+
+
+def test_routes_and_backends_are_named_alike_by_shape_and_cross_reference_errors() -> None:
+    # A shape error said routes.0..., a cross-reference error routes.auto...: one config, two names.
+    backend = _backend(models=[{"name": "m1"}, {"name": "m2"}])
+    message = _error({"backends": [backend], "routes": [
+        {"name": "auto", "cost_quality": {"strong": "m1", "weak": "nope", "threshold": 0.5}},
+        {"name": "other", "cost_quality": {"strong": "m1", "weak": "m2", "threshold": 2}},
+    ]})
+    assert "routes.other.cost_quality.threshold: Input should be less than or equal to 1" in message
+    shape_error = _error({"backends": [backend], "routes": [
+        {"name": "auto", "cost_quality": {"strong": "m1", "weak": "nope", "threshold": 0.5}}]})
+    assert "routes.auto.cost_quality.weak: unknown model 'nope'" in shape_error
+    # A name that could not say which item is meant keeps the index.
+    twice = _error({"backends": [backend], "routes": [{"name": "r", "model": "m1"}, {"name": "r", "model": "m1",
+                                                                                    "sticky": 7}]})
+    assert "routes.1.sticky" in twice
