@@ -49,6 +49,12 @@ class HealthChecker:
             passed = status < 500
         except UpstreamFailure:
             passed = False
+        self._note(replica, passed)
+        return passed
+
+    def _note(self, replica: Replica, passed: bool) -> None:
+        """Count one probe's result and mark the replica up or down when its run is long enough."""
+        settings = replica.backend.config.health
         if passed:
             replica.consecutive_health_failures = 0
             replica.consecutive_health_successes += 1
@@ -64,7 +70,6 @@ class HealthChecker:
                 replica.healthy = False
                 replica.backend.lost(replica)
                 log.warning("replica %s of backend %s failed health checks", replica.base_url, replica.backend.name)
-        return passed
 
     async def read_engine_load(self, replica: Replica) -> bool:
         """Read the engine's own load into ``replica`` (``balancing.engine_metrics``); False when it
@@ -91,7 +96,18 @@ class HealthChecker:
     async def _run(self, replica: Replica) -> None:
         interval = replica.backend.config.health.interval
         engine = replica.backend.config.balancing.engine_metrics.kind != "none"
+        raised = False  # the last round raised: logged once per run of such rounds
         while True:
-            if await self.check_once(replica) and engine:
-                await self.read_engine_load(replica)
+            try:
+                if await self.check_once(replica) and engine:
+                    await self.read_engine_load(replica)
+                raised = False
+            except Exception:
+                # Not a failed probe (those are UpstreamFailure) but one that could not be made: the
+                # loop must go on, or the replica's state would freeze as it is (up, for ever).
+                if not raised:
+                    log.exception("health check of replica %s of backend %s raised", replica.base_url,
+                                  replica.backend.name)
+                raised = True
+                self._note(replica, False)
             await asyncio.sleep(interval)

@@ -30,6 +30,10 @@ FailureKind = Literal[
 
 RETRYABLE_STATUSES: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504})
 
+#: Bytes of a health check's body read (and dropped) so its connection can be reused; a longer body
+#: closes the connection instead (a model list is a few KiB).
+DRAIN_BYTES = 1 << 16
+
 
 class UpstreamFailure(Exception):
     """One failed upstream attempt, classified for the retry/fallback logic."""
@@ -206,19 +210,22 @@ class UpstreamClient:
         max_bytes: int = 1 << 20,
     ) -> tuple[int, bytes]:
         """Status and (at most ``max_bytes`` of the) body of a GET: health checks, engine metrics.
-        Raises :class:`UpstreamFailure` on any transport error."""
+
+        At most ``max_bytes`` (:data:`DRAIN_BYTES` when 0) are read: a longer body drops the
+        connection instead of being read to the end, so a replica answering a probe with an endless
+        or huge body costs neither memory nor the deadline. Raises :class:`UpstreamFailure` on any
+        transport error."""
+        limit = max_bytes or DRAIN_BYTES
         try:
             async with asyncio.timeout(timeout):
                 async with self.session.get(url, headers=headers) as resp:
-                    if not max_bytes:
-                        await resp.read()
-                        return resp.status, b""
                     chunks: list[bytes] = []
                     size = 0
                     async for chunk in resp.content.iter_chunked(65536):
-                        chunks.append(chunk)
                         size += len(chunk)
-                        if size >= max_bytes:  # a runaway body: keep the head, drop the connection
+                        if max_bytes:
+                            chunks.append(chunk)
+                        if size >= limit:  # a runaway body: keep the head, drop the connection
                             resp.close()
                             break
                     return resp.status, b"".join(chunks)[:max_bytes]

@@ -3,6 +3,7 @@ subprocess against fake upstreams on loopback (and ports where nothing listens).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -13,6 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from gateway.config import BackendConfig, BreakerConfig
+from gateway.health import HealthChecker
+from gateway.pool import BackendPool
+from gateway.upstream import UpstreamClient
 from tests.fakes.upstream import BrokenUpstream, FakeUpstream, free_port
 from tests.gatewayproc import GatewayProcess
 from tests.polling import eventually
@@ -435,3 +440,49 @@ def test_without_health_checks_a_probe_after_the_cooldown_decides(
     assert probe.status_code == 200, probe.text
     assert state() == 0.0, "a successful probe closes the circuit"
     assert all(_chat(gateway, "unchecked-ok", user).status_code == 200 for _ in range(3))
+
+
+# A health check's body is drained only so far: a replica answering it with a huge or endless body
+# costs neither memory nor the check.
+
+HUGE_BODY = 128 << 20
+
+
+async def test_a_health_check_reads_a_bounded_part_of_a_huge_body() -> None:
+    sent = 0
+
+    async def huge_models(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % HUGE_BODY)
+        chunk = b" " * (1 << 20)
+        try:
+            while sent < HUGE_BODY:
+                writer.write(chunk)
+                await writer.drain()  # raises once the checker has dropped the connection
+                sent += len(chunk)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(huge_models, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = BackendConfig.model_validate({
+        "name": "b", "base_url": f"http://127.0.0.1:{port}/v1", "models": [{"name": "m"}],
+        "health": {"timeout": 60, "unhealthy_after": 1},
+    })
+    pool = BackendPool([config], BreakerConfig())
+    client = UpstreamClient()
+    await client.start()
+    try:
+        replica = pool.backends[0].replicas[0]
+        assert await HealthChecker(pool, client).check_once(replica)
+        assert replica.healthy
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+    # What the kernel's socket buffers took before the connection was dropped, not the body.
+    assert sent < 32 << 20, f"the health check read {sent >> 20} MiB of the body"
