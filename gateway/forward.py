@@ -57,6 +57,7 @@ class OpenedStream:
     target: ModelTarget
     replica: Replica
     load_tokens: int = 0  # what this request added to the replica's tokens in flight
+    content_type: str = "text/event-stream"  # the upstream's, when it can be sent on as a header
     _finished: bool = False
 
     def finish(self, *, ok: bool, failure: UpstreamFailure | None = None, reuse: bool = True) -> None:
@@ -220,7 +221,7 @@ class Forwarder:
         response: UpstreamResponse | None = None
         handed_over = False
         try:
-            response = await self._client.post(replica.base_url + path, payload, headers, timeouts)
+            response = await self._client.post(replica.request_url + path, payload, headers, timeouts)
             if stream and response.status == 200:
                 if not response.content_type.lower().startswith("text/event-stream"):
                     # Passing it on would hand the client a "stream" with no events and no error.
@@ -231,18 +232,22 @@ class Forwarder:
                     raise UpstreamFailure("malformed", "upstream closed the stream before sending any data")
                 handed_over = True
                 return OpenedStream(
-                    response=response, first_chunk=first, target=target, replica=replica, load_tokens=tokens
+                    response=response, first_chunk=first, target=target, replica=replica, load_tokens=tokens,
+                    content_type=_content_type(response.content_type, "text/event-stream"),
                 )
-            data = await response.read_all()
+            data = raw_data = await response.read_all()
             prompt_tokens = completion_tokens = None
-            if response.status == 200:
+            if 200 <= response.status < 300:
                 prompt_tokens, completion_tokens = _parse_success(data)
+            else:
+                data = _client_error_body(response.status, data)
             response.release()
             replica.breaker.record_success()
             return Completed(
                 status=response.status,
                 body=data,
-                content_type=response.content_type,
+                content_type=(_content_type(response.content_type, "application/json")
+                              if data is raw_data else "application/json"),
                 target=target,
                 replica=replica,
                 prompt_tokens=prompt_tokens,
@@ -267,8 +272,8 @@ class Forwarder:
 
     async def _backoff(self, attempt: int, failure: UpstreamFailure, trace: RequestTrace) -> bool:
         """Sleep before the next attempt on the same model; False means move on to the next model."""
-        if attempt + 1 >= self._retry.attempts:
-            return False
+        if attempt + 1 >= self._retry.attempts or not failure.retryable:
+            return False  # a 401 from this model's backend will not change: try the next model
         if failure.retry_after is not None and failure.retry_after > self._retry.respect_retry_after_max:
             return False  # the upstream asked for a longer pause than we will hold a client for
         delay = min(self._retry.backoff_max, self._retry.backoff_base * (2**attempt))
@@ -304,13 +309,57 @@ def _upstream_headers(target: ModelTarget) -> dict[str, str]:
 
 
 def _parse_success(data: bytes) -> tuple[int | None, int | None]:
+    """Usage from a 2xx answer, which must be a JSON object that is not an error object (some proxies
+    answer 200 with ``{"error": ...}``; passed on, the SDK built an empty completion from it)."""
     try:
         parsed = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise UpstreamFailure("malformed", "upstream returned a body that is not valid JSON") from exc
     if not isinstance(parsed, dict):
         raise UpstreamFailure("malformed", "upstream returned JSON that is not an object")
+    if parsed.get("error"):
+        raise UpstreamFailure("malformed", "upstream answered a success status with an error object")
     return usage_from_body(parsed)
+
+
+#: Statuses that are about the gateway's own credentials for the backend, never about the client.
+_CREDENTIAL_STATUSES = frozenset({401, 403, 407})
+
+
+def _client_error_body(status: int, data: bytes) -> bytes:
+    """The body to pass on with a non-2xx answer (a 4xx: 429 and 408 are retried before this), or
+    an :class:`UpstreamFailure` for one that must not reach the client.
+
+    A 401/403/407 refuses the gateway's key for the backend: passed on, it told the client its own
+    key was wrong, and its message can quote part of the backend's key; it goes to the next model,
+    if any, then ends in a 502. Any other status that is not a 4xx (a redirect) is no answer either.
+    A 4xx whose body is not an OpenAI error object (an HTML page from a proxy, a framework's
+    ``{"detail": ...}``) keeps its status with the gateway's OpenAI-shaped error instead of a body
+    the client's SDK cannot read.
+    """
+    if status in _CREDENTIAL_STATUSES:
+        raise UpstreamFailure("status", f"the upstream refused the gateway's credentials (HTTP {status})",
+                              status=status)
+    if not 400 <= status < 500:
+        raise UpstreamFailure("status", f"upstream answered HTTP {status}", status=status)
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return data
+    message = f"the upstream refused the request with HTTP {status} and no OpenAI error object"
+    return PointsmanError(message, status=status, error_type="upstream_error", code=f"upstream_{status}").to_json()
+
+
+def _content_type(value: str, default: str) -> str:
+    """The upstream's Content-Type if it can be sent on as a header (latin-1), else ``default``:
+    one with other characters failed the response with a 500 and lost its record."""
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return default
+    return value
 
 
 def _client_error(failure: UpstreamFailure, attempts: int) -> PointsmanError:

@@ -60,7 +60,7 @@ class ProxyStream:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         trace = self._trace
-        content_type = self._opened.response.content_type.encode("latin-1")
+        content_type = self._opened.content_type.encode("latin-1")
         await send(
             {
                 "type": "http.response.start",

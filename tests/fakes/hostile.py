@@ -100,3 +100,12 @@ class HostileUpstream:
         finally:
             self.closed[model] += 1
             writer.close()
+
+
+def answer(status: int, content_type: str, body: bytes, extra: bytes = b"") -> Script:
+    """A script answering one whole response: ``status``, ``content_type`` (any characters), ``body``."""
+
+    async def script(writer: asyncio.StreamWriter, request: dict[str, Any]) -> None:
+        writer.write(head(status, content_type, extra, len(body)) + body)
+
+    return script
