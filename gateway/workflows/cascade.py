@@ -81,6 +81,9 @@ async def check_stage(run: Run, workflow: CascadeWorkflow, stage: Stage, positio
         # The head reads the conversation as the routing heads render it (its training data did too).
         answer.call.confidence = await head.score(conversation_text(run.body), answer.text)
     else:
+        # The answer is here before its verdict: when a cap (steps, cost, max_seconds) stops the
+        # verifier, the run ends with this answer, not with none (a 400/504 for a paid answer).
+        run.offer(answer)
         answer.call.confidence = await _verify(run, workflow, answer)
     return answer
 

@@ -36,6 +36,10 @@ WORKFLOWS: list[dict[str, Any]] = [
     _cascade("holey-votes", "holes", AGREE),
     _cascade("probabilities", "probabilities", {"source": "logprobs", "threshold": 0.7}),
     _cascade("n-budget", "n-honouring", AGREE, max_tokens=400),
+    _cascade("verifier-steps", "cand-a", {"source": "verifier", "threshold": 0.5, "verifier": {"model": "cand-b"}},
+             max_steps=1),
+    _cascade("verifier-slow", "cand-a", {"source": "verifier", "threshold": 0.5, "verifier": {"model": "slow"}},
+             max_seconds=1.0),
     {"name": "refused", "kind": "fusion", "candidates": ["refuse-a", "refuse-b"], "combine": {"fuser": "strong"}},
     {"name": "refusals", "kind": "ratings", "candidates": ["refuse-a", "refuse-b"], "judge": "judge-negative"},
     *({"name": judge, "kind": "ratings", "candidates": ["cand-a", "cand-b"], "judge": judge}
@@ -60,7 +64,8 @@ def gateway(
             {"name": "hostile", "base_url": hostile.base_url, "health": {"enabled": False}, "timeouts": timeouts,
              "models": [{"name": name, "upstream_name": script, **CHEAP} for name, script in HOSTILE.items()]},
             {"name": "fake", "base_url": upstream.base_url, "health": {"enabled": False}, "timeouts": timeouts,
-             "models": [{"name": "strong", "upstream_name": f"say:{STRONG_TEXT}", **STRONG}]},
+             "models": [{"name": "strong", "upstream_name": f"say:{STRONG_TEXT}", **STRONG},
+                        {"name": "slow", "upstream_name": "slow:3", **CHEAP}]},
         ],
         "workflows": WORKFLOWS,
         "retry": {"attempts": 1},
@@ -127,6 +132,21 @@ def test_a_call_with_n_shares_the_token_cap_between_its_choices(sdk: OpenAI, hos
     assert sampled["n"] == 3
     # Each of the 3 choices may write max_tokens: together they stay within the run's 400 tokens.
     assert 3 * sampled["max_tokens"] < 400
+
+
+@pytest.mark.parametrize(("model", "cap"), [("cascade/verifier-steps", "max_steps"),
+                                            ("cascade/verifier-slow", "max_seconds")])
+def test_a_cap_that_stops_the_verifier_answers_with_the_stage_it_was_checking(
+    sdk: OpenAI, model: str, cap: str
+) -> None:
+    """The first stage answered; the verifier's call does not fit the cap (or outlives max_seconds):
+    the run ends with that answer, marked capped (it was a 400 / 504 as if nothing had answered)."""
+    raw = sdk.chat.completions.with_raw_response.create(model=model, messages=MESSAGES, user=key())
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "Answer A"
+    assert raw.headers["x-pointsman-stage"] == "0:cand-a" and raw.headers["x-pointsman-capped"] == cap
+    info = extension(completion)
+    assert info["capped"] == cap and info["escalated"] is False
 
 
 @pytest.mark.parametrize("model", ["fusion/refused", "ratings/refusals"])
