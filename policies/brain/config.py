@@ -347,7 +347,8 @@ def substitute_env(value: Any, env: Mapping[str, str], path: str = "") -> Any:
     if isinstance(value, dict):
         return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        labels = [item_label(value, i) if path in _NAMED_SECTIONS else i for i in range(len(value))]
+        named = path.rsplit(".", 1)[-1] in _NAMED_LISTS
+        labels = [item_label(value, i) if named else i for i in range(len(value))]
         return [substitute_env(v, env, f"{path}.{label}") for label, v in zip(labels, value, strict=True)]
     return value
 
@@ -407,26 +408,33 @@ def _did_you_mean(key: Any, known: set[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-#: Sections whose items the cross-checks name by their ``name`` (workflows and experiments keep their index).
-_NAMED_SECTIONS = ("routes", "backends")
+#: Lists whose items the cross-checks name by their ``name`` (a workflow keeps its index: its steps are
+#: named by their position too).
+_NAMED_LISTS = frozenset({"routes", "backends", "experiments", "arms"})
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][\w-]*")
 
 
 def _by_name(loc: tuple[Any, ...], data: Mapping[str, Any] | None) -> tuple[Any, ...]:
-    """``loc`` with a route's or backend's list index replaced by its name, when it has a usable one."""
-    if data is None or len(loc) < 2 or loc[0] not in _NAMED_SECTIONS or not isinstance(loc[1], int):
+    """``loc`` with the list index of a route, backend, experiment or arm replaced by its name, when it has
+    a usable one (``routes.0.cost_quality`` -> ``routes.auto.cost_quality``)."""
+    if data is None:
         return loc
-    items = data.get(loc[0])
-    if not isinstance(items, list) or not 0 <= loc[1] < len(items):
-        return loc
-    return (loc[0], item_label(items, loc[1]), *loc[2:])
+    out: list[Any] = []
+    node: Any = data
+    for part in loc:
+        indexed = isinstance(part, int) and isinstance(node, list) and 0 <= part < len(node)
+        out.append(item_label(node, part) if indexed and out and out[-1] in _NAMED_LISTS else part)
+        node = node[part] if indexed else node.get(part) if isinstance(node, Mapping) else None
+    return tuple(out)
 
 
 def item_label(items: list[Any], index: int) -> str | int:
-    """How an error names ``items[index]`` of ``routes`` or ``backends``: its ``name``, or its index when
-    the name is missing, not a plain string, or given twice (it would not say which item is meant)."""
+    """How an error names ``items[index]`` of a named list: its ``name``, or its index when the name is
+    missing, not a plain name (a dotted key path could not show it), or given twice (it would not say which
+    item is meant)."""
     item = items[index]
     name = item.get("name") if isinstance(item, dict) else None
-    if not isinstance(name, str) or not name or "." in name or name.isdigit():
+    if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name) or name.isdigit():
         return index
     if sum(isinstance(other, dict) and other.get("name") == name for other in items) > 1:
         return index
