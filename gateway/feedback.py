@@ -336,8 +336,11 @@ class FeedbackService:
 
     async def _stored(self, request_id: str) -> Issued | None:
         try:
-            record = await self.store.fetch(request_id)
-        except Exception as exc:  # a driver error: the store cannot answer, which is not a 404
+            # Bounded like the write: a database that stopped answering (a network partition) would
+            # otherwise hold the request for the driver's own timeouts, a minute or more.
+            async with asyncio.timeout(self.writer.write_timeout):
+                record = await self.store.fetch(request_id)
+        except Exception as exc:  # a driver error or the timeout: the store cannot answer, which is not a 404
             raise _unavailable(type(exc).__name__) from exc
         return None if record is None else Issued.of(record)
 
