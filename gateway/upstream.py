@@ -148,6 +148,9 @@ class UpstreamClient:
             timeout=aiohttp.ClientTimeout(total=None),
             auto_decompress=True,
             skip_auto_headers=("User-Agent",),
+            # One session serves every client and tenant: a cookie an upstream set in answer to one
+            # request must not go back with everyone else's.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:

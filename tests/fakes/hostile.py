@@ -56,6 +56,7 @@ class HostileUpstream:
         self.scripts = scripts
         self.requests: Counter[str] = Counter()
         self.closed: Counter[str] = Counter()  # connections whose script ended (or whose client left)
+        self.headers: list[bytes] = []  # each request's raw header block, in arrival order
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._server: asyncio.Server | None = None
@@ -85,6 +86,7 @@ class HostileUpstream:
         model = "?"
         try:
             header = await reader.readuntil(b"\r\n\r\n")
+            self.headers.append(header)
             length = 0
             for line in header.split(b"\r\n"):
                 name, _, value = line.partition(b":")

@@ -38,6 +38,8 @@ SCRIPTS: dict[str, Script] = {
     "detail-422": answer(422, "application/json", b'{"detail": [{"loc": ["body", "x"], "msg": "bad"}]}'),
     "odd-content-type": answer(200, "application/json; charset=\u20ac", completion("odd header")),
     "odd-stream-content-type": _stream_with_odd_content_type,
+    "sets-cookie": answer(200, "application/json", completion("with a cookie"),
+                          extra=b"Set-Cookie: session=tenant-a; Path=/\r\n"),
 }
 
 
@@ -133,3 +135,23 @@ def test_an_upstream_content_type_that_is_no_header_value_is_not_a_500(
         assert response.headers["content-type"] == "text/event-stream"
         texts = [c.choices[0].delta.content for c in response.parse() if c.choices]
     assert texts == ["fine"]
+
+
+def test_an_upstream_cookie_is_not_sent_back_with_other_clients_requests(
+    hostile: HostileUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The shared upstream session kept a cookie jar: a cookie an upstream set in answer to one tenant's
+    # request went back with every later request, whoever sent it (IP-address hosts excepted).
+    config = {
+        "backends": [{"name": "named", "base_url": hostile.base_url.replace("127.0.0.1", "localhost"),
+                      "health": {"enabled": False}, "models": [{"name": "sets-cookie"}, {"name": "good"}]}],
+    }
+    proc = GatewayProcess(config, tmp_path_factory.mktemp("cookies")).start()
+    try:
+        client = OpenAI(base_url=proc.base_url, api_key="sk-client", max_retries=0, timeout=30)
+        client.chat.completions.create(model="sets-cookie", messages=MESSAGES, user="tenant-a")
+        seen = len(hostile.headers)
+        client.chat.completions.create(model="good", messages=MESSAGES, user="tenant-b")
+        assert b"session=tenant-a" not in b"".join(hostile.headers[seen:]).lower()
+    finally:
+        proc.terminate()
