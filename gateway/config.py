@@ -63,6 +63,11 @@ class HealthCheck(_Strict):
     unhealthy_after: int = Field(default=2, ge=1, description="consecutive failures to mark down")
     healthy_after: int = Field(default=1, ge=1, description="consecutive successes to mark up")
 
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        return _require_url_path(value)
+
 
 class EngineMetrics(_Strict):
     """The engines' own load, polled with the health checks (``kind: vllm`` or ``sglang``: the engine's
@@ -73,6 +78,11 @@ class EngineMetrics(_Strict):
 
     kind: Literal["none", "vllm", "sglang"] = "none"
     path: str = "/metrics"
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        return _require_url_path(value)
 
 
 class BalancingConfig(_Strict):
@@ -141,12 +151,36 @@ class BackendConfig(_Strict):
     def _check_replicas(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(_require_http_url(url).rstrip("/") for url in value)
 
+    @field_validator("replicas")
+    @classmethod
+    def _no_repeated_replica(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # One replica listed twice would be probed, counted and shown as two (its metrics series twice
+        # over, which breaks a Prometheus scrape) and confuse peers' hints, which name replicas by URL.
+        seen: set[str] = set()
+        for url in value:
+            if url in seen:
+                raise ValueError(f"{_shown_url(url)!r} is listed twice")
+            seen.add(url)
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _check_api_key(cls, value: str | None) -> str | None:
+        # Sent as a header: a line break (a secret file's trailing newline) made every request a 500.
+        if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("contains a line break or another control character (a secret file's trailing newline?)")
+        return value
+
     @model_validator(mode="after")
     def _one_source_of_replicas(self) -> BackendConfig:
         if not self.base_url and not self.replicas:
             raise ValueError("set base_url (one replica) or replicas (a list of base URLs)")
         if self.base_url and self.replicas:
             raise ValueError("set either base_url or replicas, not both")
+        if self.api_key and any(urlsplit(url).username is not None for url in self.replica_urls):
+            raise ValueError(
+                "a replica URL with user:password@ and api_key would both send an Authorization header: use one"
+            )
         return self
 
     @property
@@ -618,6 +652,16 @@ def _require_http_url(url: str) -> str:
     if parts.query or parts.fragment:  # paths are appended to the base URL: a query would end up in the middle
         raise ValueError(f"{shown!r}: a base URL cannot carry a query or fragment (?... / #...)")
     return urlunsplit(parts._replace(scheme=parts.scheme.lower()))
+
+
+def _require_url_path(path: str) -> str:
+    """``path`` if it can follow a base URL: ``models`` made ``http://host:8000/v1models``, a URL no probe
+    reaches, so every replica was marked down and every request answered "no healthy replica"."""
+    if not path.startswith("/"):
+        raise ValueError(f"{path[:60]!r} must start with '/'")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in path):
+        raise ValueError(f"{path[:60]!r} contains white space or a control character")
+    return path
 
 
 def _shown_url(url: str) -> str:

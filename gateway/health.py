@@ -45,7 +45,7 @@ class HealthChecker:
         settings = replica.backend.config.health
         headers = {"Authorization": replica.backend.auth_header} if replica.backend.auth_header else {}
         try:
-            status = await self._client.get_status(replica.base_url + settings.path, headers, settings.timeout)
+            status = await self._client.get_status(replica.request_url + settings.path, headers, settings.timeout)
             passed = status < 500
         except UpstreamFailure:
             passed = False
@@ -80,7 +80,7 @@ class HealthChecker:
         load = None
         try:
             status, body = await self._client.get(
-                origin_of(replica.base_url) + settings.path, headers, replica.backend.config.health.timeout
+                origin_of(replica.request_url) + settings.path, headers, replica.backend.config.health.timeout
             )
             if status == 200:
                 load = parse_engine_metrics(body.decode("utf-8", "replace"), settings.kind)

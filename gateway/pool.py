@@ -16,6 +16,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
+from urllib.parse import urlsplit, urlunsplit
 
 from gateway.balancing import Affinity, Choice, ReplicaPolicy, make_policy
 from gateway.balancing.hints import ReplicaHints
@@ -30,8 +31,9 @@ class Replica:
     """One base URL of a backend and its live state."""
 
     backend: Backend
-    base_url: str
+    base_url: str  # the configured URL without user:password@: what logs, metrics and records show
     breaker: CircuitBreaker
+    request_url: str  # the configured URL, credentials included: for sending only, never shown
     slot: int = 0  # position in the backend's replica list (its bit in the prefix index)
     outstanding: int = 0
     tokens_in_flight: int = 0  # estimated uncached prompt + output tokens of the requests in flight
@@ -147,15 +149,25 @@ def replica_policy(config: BalancingConfig) -> ReplicaPolicy:
 
 
 def _replica(backend: Backend, slot: int, url: str, config: BreakerConfig) -> Replica:
+    shown = without_credentials(url)
     breaker = CircuitBreaker(
         config.failure_threshold,
         config.cooldown,
         window=config.window,
         min_requests=config.min_requests,
         failure_rate=config.failure_rate,
-        name=f"{url} of backend {backend.name!r}",
+        name=f"{shown} of backend {backend.name!r}",
     )
-    replica = Replica(backend=backend, base_url=url, breaker=breaker, slot=slot)
+    replica = Replica(backend=backend, base_url=shown, breaker=breaker, slot=slot, request_url=url)
     breaker.may_eject_for_errors = functools.partial(backend.others_serving, replica)
     breaker.on_trip = functools.partial(backend.lost, replica)
     return replica
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without the ``user:password@`` it may carry (HTTP basic auth to the replica): the URL
+    is shown on ``/metrics``, in decision records, logs, traces and peers' hints, its password nowhere."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))

@@ -315,3 +315,23 @@ def test_balancing_config_is_validated() -> None:
         with pytest.raises(ValidationError) as error:
             BackendConfig.model_validate({**backend, "balancing": bad})
         assert "balancing" in str(error.value)
+
+
+def test_backend_config_refuses_what_would_break_every_request_at_load() -> None:
+    """Each of these started, then answered every request with a 500 or a 503 (or broke the metrics)."""
+    backend = {"name": "b", "models": [{"name": "m"}]}
+    cases = {
+        "replicas": {"replicas": ["http://10.0.0.5:8000/v1", "http://10.0.0.5:8000/v1/"]},
+        "api_key": {"base_url": "http://10.0.0.5:8000/v1", "api_key": "sk-secret\n"},
+        "health.path": {"base_url": "http://10.0.0.5:8000/v1", "health": {"path": "models"}},
+        "balancing.engine_metrics.path": {"base_url": "http://10.0.0.5:8000/v1",
+                                          "balancing": {"engine_metrics": {"path": "/met rics"}}},
+        "user:password@": {"base_url": "http://svc:secret-pw@10.0.0.5:8000/v1", "api_key": "sk-secret"},
+    }
+    for key, fields in cases.items():
+        with pytest.raises(ValidationError) as error:
+            BackendConfig.model_validate({**backend, **fields})
+        assert key in str(error.value), error.value
+    # Credentials alone are HTTP basic auth to the replica: accepted.
+    BackendConfig.model_validate({**backend, "base_url": "http://svc:secret-pw@10.0.0.5:8000/v1"})
+

@@ -4,14 +4,17 @@ subprocess against fake upstreams on loopback (and ports where nothing listens).
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from gateway.config import BackendConfig, BreakerConfig
@@ -486,3 +489,42 @@ async def test_a_health_check_reads_a_bounded_part_of_a_huge_body() -> None:
         await server.wait_closed()
     # What the kernel's socket buffers took before the connection was dropped, not the body.
     assert sent < 32 << 20, f"the health check read {sent >> 20} MiB of the body"
+
+
+# A replica URL may carry HTTP basic credentials; the password is sent, never shown.
+
+
+def test_credentials_in_a_replica_url_are_sent_and_never_shown(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    secret = "hunter2-" + _key()
+    with_credentials = upstream.base_url.replace("http://", f"http://svc:{secret}@")
+    dead = f"http://svc:{secret}@127.0.0.1:{free_port()}/v1"
+    config = {
+        "backends": [
+            {"name": "basic", "replicas": [with_credentials], "models": [{"name": "basic-ok", "upstream_name": "ok"}]},
+            {"name": "basic-dead", "base_url": dead, "timeouts": {"connect": 1.0, "first_byte": 2.0},
+             "health": {"interval": 0.1, "timeout": 0.5, "unhealthy_after": 1},
+             "models": [{"name": "basic-dead-ok", "upstream_name": "ok"}]},
+        ],
+        "retry": {"attempts": 1},
+    }
+    gateway = GatewayProcess(config, tmp_path).start()
+    try:
+        client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+        user = _key()
+        raw = client.chat.completions.with_raw_response.create(model="basic-ok", messages=MESSAGES, user=user)  # type: ignore[arg-type]
+        assert raw.http_response.status_code == 200
+        sent = base64.b64encode(f"svc:{secret}".encode()).decode()
+        assert any(h.get("authorization") == f"Basic {sent}" for h in upstream.state.headers), "credentials not sent"
+        with pytest.raises(openai.APIStatusError):  # a failure the log reports with the replica's address
+            client.chat.completions.create(model="basic-dead-ok", messages=MESSAGES)  # type: ignore[arg-type]
+        eventually(lambda: "basic-dead failed health checks" in gateway.log(), "the dead replica logged")
+        record = gateway.decision(raw.headers["x-pointsman-request-id"])
+        metrics = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+        assert record["replica"] == upstream.base_url
+        assert f'replica="{upstream.base_url}"' in metrics
+    finally:
+        gateway.terminate()
+    shown = {"metrics": metrics, "log": gateway.log(), "records": repr(gateway.decisions())}
+    assert [where for where, text in shown.items() if secret in text] == []
