@@ -108,10 +108,15 @@ def validate_request(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]
         raise InvalidRequestError("'stream' must be a boolean", param="stream")
     if stream and not endpoint.streams:
         raise InvalidRequestError(f"{endpoint.name} does not support streaming", param="stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or not stream):  # as OpenAI and vLLM refuse it
+        raise InvalidRequestError("'stream_options' must be an object, and only with 'stream': true",
+                                  param="stream_options")
     if endpoint in (CHAT, COMPLETIONS):
         _check_sampling(body)
     if endpoint is CHAT:
         _check_messages(body.get("messages"))
+        _check_logprobs(body)
     elif endpoint is COMPLETIONS:
         if "prompt" not in body or not isinstance(body["prompt"], (str, list)):
             raise InvalidRequestError("'prompt' is required (a string or a list)", param="prompt")
@@ -139,6 +144,17 @@ def _check_sampling(body: dict[str, Any]) -> None:
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise InvalidRequestError("'tools' must be an array of tool objects", param="tools")
+
+
+def _check_logprobs(body: dict[str, Any]) -> None:
+    """Chat's ``logprobs`` is a boolean and ``top_logprobs`` an integer 0-20 (a cascade reads the answer's
+    log-probabilities: a backend reading ``"logprobs": "yes"`` its own way would change what it scores)."""
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise InvalidRequestError("'logprobs' must be a boolean", param="logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
+        raise InvalidRequestError("'top_logprobs' must be an integer from 0 to 20", param="top_logprobs")
 
 
 def _check_messages(messages: Any) -> None:

@@ -55,6 +55,11 @@ def _post(gateway: GatewayProcess, path: str, body: dict[str, Any]) -> httpx.Res
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": ["text"]}]}, "messages.0.content"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream: true
+    ({"stream": True, "stream_options": "usage"}, "stream_options"),
+    ({"logprobs": "yes"}, "logprobs"),  # a cascade scores the log-probabilities a backend returns
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 2.5}, "top_logprobs"),
 ])
 def test_a_field_openai_refuses_is_a_400_naming_it(
     gateway: GatewayProcess, upstream: FakeUpstream, extra: dict[str, Any], param: str
@@ -75,7 +80,12 @@ def test_valid_shapes_pass(gateway: GatewayProcess, upstream: FakeUpstream) -> N
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "42"},
     ]
-    body = {"model": "fake-ok", "messages": messages, "max_tokens": 5, "n": 1, "temperature": 0, "top_p": 1.0}
+    body = {"model": "fake-ok", "messages": messages, "max_tokens": 5, "n": 1, "temperature": 0, "top_p": 1.0,
+            "logprobs": True, "top_logprobs": 2, "stream_options": None}
     assert _post(gateway, "chat/completions", body).status_code == 200
+    streamed = {"model": "fake-ok", "messages": [USER], "stream": True, "stream_options": {"include_usage": True}}
+    assert _post(gateway, "chat/completions", streamed).status_code == 200
+    # Completions' logprobs is a number of tokens, not chat's boolean.
+    assert _post(gateway, "completions", {"model": "fake-ok", "prompt": "hi", "logprobs": 2}).status_code == 200
     completion = {"model": "fake-ok", "prompt": "hi", "max_tokens": 0}
     assert _post(gateway, "completions", completion).json()["error"]["param"] == "max_tokens"
