@@ -33,7 +33,7 @@ from policies.brain.config import RoutingConfig, RoutingConfigError
 from policies.brain.heads import RouteNeeds, RouterVersion, load_router_version
 from policies.config import RouteConfig
 from policies.experiments.arms import ArmPolicy, FixedModelPolicy, heads_key
-from policies.experiments.config import ArmConfig, ExperimentConfig, arm_route
+from policies.experiments.config import ArmConfig, ArmPolicyError, ExperimentConfig, arm_route
 from policies.knob import CostQualityKnob, distribution_seed
 from policies.rules import RulePolicy
 from policies.signals import signal_name
@@ -154,8 +154,8 @@ class Brain:
             return ArmPolicy(name, arm.name, fixed, arm.kind)
         try:
             variant = arm_route(route, arm)
-        except ValueError as exc:  # checked with the config; here for a RoutingConfig built by hand
-            raise RoutingConfigError(f"{where}.policy: {str(exc).removeprefix(': ')}") from exc
+        except ArmPolicyError as exc:  # checked with the config; here for a RoutingConfig built by hand
+            raise RoutingConfigError("\n".join(exc.lines(f"{where}.policy"))) from exc
         key = heads_key(route.name, name, arm.name)
         if variant.policy == "static":
             assert variant.model is not None

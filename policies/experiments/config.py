@@ -316,26 +316,35 @@ def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
     return merged
 
 
-def arm_route(route: RouteConfig, arm: ArmConfig) -> RouteConfig:
-    """The route's config as a ``policy`` arm runs it (its overrides applied, validated again).
+class ArmPolicyError(ValueError):
+    """An arm's ``policy`` overrides make an invalid route: ``problems`` are ``(key path, message)`` pairs,
+    the key path relative to the arm's ``policy`` (empty when the problem is about the policy as a whole)."""
 
-    Raises ``ValueError`` whose lines are ``key.path: message`` relative to the arm's ``policy`` (``: message``
-    when it is about the policy as a whole).
-    """
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        super().__init__("\n".join(f"{key}: {message}" if key else message for key, message in problems))
+        self.problems = problems
+
+    def lines(self, where: str) -> list[str]:
+        """The problems as config error lines under ``where`` (``experiments.0.arms.1.policy``)."""
+        return [f"{where}.{key}: {message}" if key else f"{where}: {message}" for key, message in self.problems]
+
+
+def arm_route(route: RouteConfig, arm: ArmConfig) -> RouteConfig:
+    """The route's config as a ``policy`` arm runs it (its overrides applied, validated again); raises
+    :class:`ArmPolicyError` when the overrides make an invalid route."""
     if arm.policy is None:
         return route
     base = route.model_dump(by_alias=True, exclude_unset=True)
     try:
         return RouteConfig.model_validate(merge_overrides(base, arm.policy))
     except ValidationError as exc:
-        lines = []
+        problems = []
         for error in exc.errors():
-            key = ".".join(str(part) for part in error["loc"])
             message = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
                 message = "unknown key"
-            lines.append(f"{key}: {message}" if key else f": {message}")  # ": ..." = about the policy itself
-        raise ValueError("\n".join(lines)) from None
+            problems.append((".".join(str(part) for part in error["loc"]), message))
+        raise ArmPolicyError(problems) from None
 
 
 def experiment_problems(
@@ -384,11 +393,8 @@ def experiment_problems(
                 continue
             try:
                 variant = arm_route(route, arm)
-            except ValueError as exc:
-                problems += [
-                    f"{where}.policy{line}" if line.startswith(": ") else f"{where}.policy.{line}"
-                    for line in str(exc).splitlines()
-                ]
+            except ArmPolicyError as exc:
+                problems += exc.lines(f"{where}.policy")
                 continue
             prefix = f"routes.{route.name}"
             for problem in check_route(variant):
