@@ -73,6 +73,8 @@ class ReplicaHints:
 
     async def sync(self) -> bool:
         """Send buffered placements and apply peers' new ones in one round trip; False if Redis failed."""
+        from redis.client import NEVER_DECODE  # redis is imported only when Redis is configured
+
         sent: dict[str, list[tuple[int, str]]] = {}
         pipe = self._client.pipeline(transaction=False)
         for name, pending in self._pending.items():
@@ -83,7 +85,12 @@ class ReplicaHints:
                 stream = self._stream_of[name]
                 for key, url in batch:
                     pipe.xadd(stream, {"g": self.gateway_id, "k": key, "r": url}, maxlen=MAX_STREAM, approximate=True)
-        pipe.xread(dict(self._last_id), count=READ_COUNT)
+        # Read as bytes whatever the client decodes: anyone who can write to the stream could append an
+        # entry that is not UTF-8, which the client's decoding raised on, in every sync, for ever.
+        streams, ids = list(self._last_id), list(self._last_id.values())
+        pipe.execute_command(
+            "XREAD", "COUNT", str(READ_COUNT), "STREAMS", *streams, *ids, keys=streams, **{NEVER_DECODE: []}
+        )
         try:
             results = await pipe.execute()
         except redis_errors() as exc:
@@ -131,12 +138,16 @@ class ReplicaHints:
 
     async def _run(self) -> None:
         while not self._closed:
-            await self.sync()
+            try:
+                await self.sync()
+            except Exception:  # a bug, not Redis (sync handles that): logged; hints must not stop for good
+                self.failures += 1
+                log.exception("replica hints: sync failed")
             await asyncio.sleep(self._interval)
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def share_hints(backends: Sequence[Backend], client: Any, key_prefix: str) -> ReplicaHints | None:

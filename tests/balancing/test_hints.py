@@ -100,3 +100,23 @@ async def test_sessions_are_shared_and_a_lost_redis_only_delays_them(redis_serve
 
 def test_least_outstanding_backends_share_nothing() -> None:
     assert share_hints(_pool("least_outstanding").backends, object(), "t:") is None
+
+
+async def test_an_entry_that_is_not_utf8_does_not_stop_the_hints(redis_server: PrivateRedis) -> None:
+    """Whoever can write to the stream may append anything: the entries after it are still applied."""
+    peer = _pool("session_affinity")
+    client = redis_client(redis_server.url, 1.0, decode=True)
+    raw = redis_client(redis_server.url, 1.0, decode=False)
+    try:
+        hints = share_hints(peer.backends, client, "t:")
+        assert hints is not None
+        await raw.xadd("t:replica-hints:engines", {b"g": b"\xff\xfe", b"k": b"\x80", b"r": b"\xc3("})
+        await raw.xadd("t:replica-hints:engines", {"g": "other", "k": "777", "r": URLS[1]})
+        assert await hints.sync()
+        assert hints.applied == 1
+        choice = peer.backends[0].choose(affinity=Affinity(session=777))
+        assert choice is not None and choice.reason == "session"
+        assert choice.replica.base_url == URLS[1]  # type: ignore[attr-defined]
+    finally:
+        await client.aclose()
+        await raw.aclose()
