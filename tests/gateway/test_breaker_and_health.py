@@ -16,12 +16,16 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from gateway.config import BackendConfig, BreakerConfig
 from gateway.health import HealthChecker
 from gateway.pool import BackendPool
 from gateway.upstream import UpstreamClient
-from tests.fakes.upstream import BrokenUpstream, FakeUpstream, free_port
+from tests.fakes.upstream import BrokenUpstream, FakeUpstream, LoopbackServer, free_port
 from tests.gatewayproc import GatewayProcess
 from tests.polling import eventually
 
@@ -528,3 +532,46 @@ def test_credentials_in_a_replica_url_are_sent_and_never_shown(
         gateway.terminate()
     shown = {"metrics": metrics, "log": gateway.log(), "records": repr(gateway.decisions())}
     assert [where for where, text in shown.items() if secret in text] == []
+
+
+# A 5xx answer the gateway does not retry (501, 505, ...) is still a failed answer for the breaker.
+
+
+class _Answers501(LoopbackServer):
+    """A replica behind something that answers 501 Not Implemented to every POST (its GET /models: 200)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+        async def fail(request: Request) -> Response:
+            self.seen += 1
+            return JSONResponse({"error": {"message": "not implemented", "type": "server_error"}}, status_code=501)
+
+        async def models(request: Request) -> Response:
+            return JSONResponse({"object": "list", "data": []})
+
+        super().__init__(Starlette(routes=[
+            Route("/v1/chat/completions", fail, methods=["POST"]), Route("/v1/models", models, methods=["GET"]),
+        ]))
+
+
+def test_a_replica_answering_only_501_is_ejected_like_one_answering_500(upstream: FakeUpstream, tmp_path: Path) -> None:
+    broken = _Answers501().start()
+    config = {
+        "backends": [{"name": "odd", "replicas": [broken.base_url, upstream.base_url], "health": {"enabled": False},
+                      "balancing": {"policy": "round_robin"},
+                      "models": [{"name": "odd-ok", "upstream_name": "ok"}]}],
+        "breaker": {"min_requests": 4, "window": 600, "cooldown": 600},
+    }
+    gateway = GatewayProcess(config, tmp_path).start()
+    try:
+        user = _key()
+        first = [_chat(gateway, "odd-ok", user) for _ in range(8)]
+        assert sorted(r.status_code for r in first) == [200] * 4 + [502] * 4  # not retried elsewhere
+        assert broken.seen == 4
+        assert _breaker(gateway, "odd", broken.base_url) == 2.0, "4 answers out of 4 were 5xx: ejected"
+        assert all(_chat(gateway, "odd-ok", user).status_code == 200 for _ in range(4))
+        assert broken.seen == 4
+    finally:
+        gateway.terminate()
+        broken.stop()
