@@ -12,6 +12,8 @@ imports ``STATS_PATH`` through the child's module).
   between stream chunks; an unstreamed request ran to ``max_tokens`` for nobody. The middleware
   watches the connection of every generation request and :func:`stop_when_client_leaves` ends the
   token loop at the next token once it is gone.
+* **Usage in streams.** ``stream_options.include_usage`` ends a stream with OpenAI's usage chunk
+  (no choices; prompt and generated tokens counted as they are generated).
 * **Counters** at ``GET /pointsman/stats`` (generations started, finished, stopped because the client
   left, tokens generated), answered without waiting for a running generation.
 """
@@ -52,6 +54,25 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _CLIENT_GONE: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("client_gone", default=None)
 
 
+class TokenCounts:
+    """One generation's prompt and generated tokens, filled in the generating thread (a streamed request
+    with ``stream_options.include_usage`` ends with them as OpenAI's usage chunk; the stock server sends none)."""
+
+    def __init__(self) -> None:
+        self.prompt = 0
+        self.completion = 0
+
+    def usage(self) -> dict[str, int]:
+        """OpenAI's ``usage`` object."""
+        return {"prompt_tokens": self.prompt, "completion_tokens": self.completion,
+                "total_tokens": self.prompt + self.completion}
+
+
+# Set by the middleware for a streamed request that asked for usage; shared by reference with the
+# worker thread (anyio copies the context, not the object).
+_USAGE: contextvars.ContextVar[TokenCounts | None] = contextvars.ContextVar("usage", default=None)
+
+
 # ----------------------------------------------------------------------------------- counters
 
 
@@ -86,6 +107,10 @@ def stop_when_client_leaves(stats: Stats) -> None:
     def generate(self: llama.Llama, *args: Any, **kwargs: Any) -> Generator[int, Sequence[int] | None, None]:
         """``Llama.generate``, checking between tokens whether the client is still there."""
         gone = _CLIENT_GONE.get()  # read here, in the generating thread's copy of the request's context
+        counts = _USAGE.get()
+        if counts is not None:
+            prompt = args[0] if args else kwargs.get("tokens", ())
+            counts.prompt = len(prompt)
         tokens = original(self, *args, **kwargs)
         stats.add("generations_started")
         completed = False
@@ -98,6 +123,8 @@ def stop_when_client_leaves(stats: Stats) -> None:
                     completed = True
                     return
                 stats.add("tokens_generated")
+                if counts is not None:
+                    counts.completion += 1
                 reply = yield token
         finally:
             tokens.close()
@@ -130,14 +157,19 @@ def streams_end_their_generation() -> None:
             llama = llama_app.prepare_request_resources(body, llama_proxy, body_model, kwargs)
             async with inner_send_chan:
                 iterator = await run_in_threadpool(llama_call, llama, **kwargs)
+                counts = _USAGE.get()
+                last: dict[str, Any] | None = None
                 try:
                     async for chunk in iterate_in_threadpool(iterator):
+                        last = chunk
                         await inner_send_chan.send({"data": json.dumps(chunk)})
                         if await request.is_disconnected():
                             return
                         if interrupt_requests and llama_app.llama_outer_lock.locked():
                             await inner_send_chan.send({"data": "[DONE]"})
                             return
+                    if counts is not None and last is not None:
+                        await inner_send_chan.send({"data": json.dumps(usage_chunk(last, counts))})
                     await inner_send_chan.send({"data": "[DONE]"})
                 finally:
                     # Not running: a worker thread's next() is always awaited to its end, even when cancelled.
@@ -146,6 +178,12 @@ def streams_end_their_generation() -> None:
                         close()
 
     llama_app.get_event_publisher = get_event_publisher
+
+
+def usage_chunk(last: dict[str, Any], counts: TokenCounts) -> dict[str, Any]:
+    """The final chunk OpenAI sends for ``stream_options.include_usage``: no choices, the usage."""
+    fields: dict[str, Any] = {key: last[key] for key in ("id", "object", "created", "model") if key in last}
+    return {**fields, "choices": [], "usage": counts.usage()}
 
 
 # ----------------------------------------------------------------------------------- ASGI
@@ -276,6 +314,9 @@ class Guard:
 
         watcher = asyncio.create_task(watch())
         context = _CLIENT_GONE.set(gone)
+        options = request.get("stream_options")
+        wants_usage = committed is False and isinstance(options, dict) and options.get("include_usage") is True
+        usage_context = _USAGE.set(TokenCounts() if wants_usage else None)
         try:
             await self._app(scope, app_receive, app_send)
             # Ended without an event (an error answered as JSON, an empty stream): send it as it was.
@@ -289,6 +330,7 @@ class Guard:
             status, error = self._error_of(_innermost(exc), request, scope["path"])
             await _send_json(send, status, {"error": error})
         finally:
+            _USAGE.reset(usage_context)
             _CLIENT_GONE.reset(context)
             watcher.cancel()
 

@@ -345,3 +345,28 @@ async def test_stats_answer_while_a_generation_runs(http: httpx.AsyncClient) -> 
         await stats_when(http, lambda now: now["generations_started"] > now["generations_finished"], "mid-generation")
     finally:
         assert (await running).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+async def test_a_stream_asking_for_usage_ends_with_the_usage_chunk(http: httpx.AsyncClient, path: str) -> None:
+    # The stock server ignored stream_options: no usage chunk, so the decision record had no tokens.
+    body = chat() if path == "/chat/completions" else {"model": MODEL, "prompt": "Say hello.", "max_tokens": 8,
+                                                        "temperature": 0}
+    body |= {"stream": True, "stream_options": {"include_usage": True}, "logit_bias": {EOS: -100}}
+    events = []
+    async with http.stream("POST", path, json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line.removeprefix("data: ")))
+    *content, final = events
+    assert final["choices"] == [] and final["id"] == content[0]["id"]
+    # The same counts as the unstreamed answer's usage.
+    plain = (await http.post(path, json={**body, "stream": False, "stream_options": None})).json()["usage"]
+    assert final["usage"] == plain and plain["completion_tokens"] == 8
+    assert all("usage" not in event for event in content)
+    # Without the option, no usage chunk (as OpenAI).
+    del body["stream_options"]
+    async with http.stream("POST", path, json=body) as response:
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: {")]
+    assert all(json.loads(line.removeprefix("data: "))["choices"] for line in lines)
