@@ -682,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pointsman promote",
         description="Promote a registry version when it beats the active router on held-out labelled prompts "
-        "(paired bootstrap of the APGR difference; promoted only when the 95%% CI's lower end exceeds the margin). "
+        "(paired bootstrap of the APGR difference; promoted only when the 95% CI's lower end exceeds the margin). "
         "Exit code 0 promoted, 1 refused by the gate, 2 usage, data or registry error.",
     )
     parser.add_argument("version", help="the registry version to promote, e.g. v0002-1a2b3c4d")

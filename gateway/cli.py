@@ -225,7 +225,7 @@ def _forget(args: argparse.Namespace) -> int:
             args.store, tenant=args.tenant, request_id=args.request_id, purge_expired=args.purge_expired
         ))
     except Exception as exc:  # unreachable database, bad URL: one line, no traceback
-        print(f"pointsman: forget failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"pointsman forget: {exc}", file=sys.stderr)
         return 2
     print("\n".join(describe(counts, tenant=args.tenant, request_id=args.request_id)))
     if args.cache_redis and args.tenant is not None:
@@ -335,13 +335,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "check-config":
         if args.config and args.config_flag and args.config != args.config_flag:
-            parser.error("check-config: give the config file once (FILE or --config FILE)")
+            sub.choices["check-config"].error("give the config file once (FILE or --config FILE)")
         args.config = args.config or args.config_flag
         if not args.config:
-            parser.error("check-config: give the config file (FILE or --config FILE)")
+            sub.choices["check-config"].error("give the config file (FILE or --config FILE)")
     if args.command == "forget":
         if args.tenant is None and args.request_id is None and not args.purge_expired:
-            parser.error("forget: give --tenant, --request-id or --purge-expired")
+            p_forget.error("give --tenant, --request-id or --purge-expired")
         return _forget(args)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
