@@ -177,6 +177,9 @@ class BackendConfig(_Strict):
             raise ValueError("set base_url (one replica) or replicas (a list of base URLs)")
         if self.base_url and self.replicas:
             raise ValueError("set either base_url or replicas, not both")
+        if self.balancing.engine_metrics.kind != "none" and not self.health.enabled:
+            # The engines' load is read by the health checks: without them it was silently never read.
+            raise ValueError("balancing.engine_metrics is read with the health checks: it needs health.enabled")
         if self.api_key and any(urlsplit(url).username is not None for url in self.replica_urls):
             raise ValueError(
                 "a replica URL with user:password@ and api_key would both send an Authorization header: use one"

@@ -318,7 +318,8 @@ def test_balancing_config_is_validated() -> None:
 
 
 def test_backend_config_refuses_what_would_break_every_request_at_load() -> None:
-    """Each of these started, then answered every request with a 500 or a 503 (or broke the metrics)."""
+    """Each of these started, then answered every request with a 500 or a 503, broke the metrics, or (engine
+    metrics without health checks) silently did nothing."""
     backend = {"name": "b", "models": [{"name": "m"}]}
     cases = {
         "replicas": {"replicas": ["http://10.0.0.5:8000/v1", "http://10.0.0.5:8000/v1/"]},
@@ -327,6 +328,8 @@ def test_backend_config_refuses_what_would_break_every_request_at_load() -> None
         "balancing.engine_metrics.path": {"base_url": "http://10.0.0.5:8000/v1",
                                           "balancing": {"engine_metrics": {"path": "/met rics"}}},
         "user:password@": {"base_url": "http://svc:secret-pw@10.0.0.5:8000/v1", "api_key": "sk-secret"},
+        "health.enabled": {"base_url": "http://10.0.0.5:8000/v1", "health": {"enabled": False},
+                           "balancing": {"engine_metrics": {"kind": "vllm"}}},  # its load was never read
     }
     for key, fields in cases.items():
         with pytest.raises(ValidationError) as error:
