@@ -26,7 +26,7 @@ from classifiers.encoders import load_encoder
 from classifiers.heads import Head
 from classifiers.offload import ScanPool
 from classifiers.provider import ClassifierSignalProvider, HeadSource, RouterHeads, build_extractors
-from classifiers.registry import RouterRegistry, active_marker, is_registry
+from classifiers.registry import RouterRegistry, active_marker, has_heads, is_registry
 from policies.base import Policy
 from policies.brain.active import ActiveRouter
 from policies.brain.config import RoutingConfig, RoutingConfigError
@@ -47,8 +47,9 @@ class Brain:
 
     ``sticky=False`` drops the routes' session stickiness and ``explore=False`` their exploration
     (offline replay is stateless and deterministic). ``routers_dir`` overrides
-    ``classifiers.routers_dir``. ``watch=True`` polls a registry ``routers_dir`` for promotions every
-    ``classifiers.reload_interval`` seconds once started. ``historic_scores`` seeds target-share knobs.
+    ``classifiers.routers_dir``. ``watch=True`` polls a registry ``routers_dir`` (or one not there yet)
+    for promotions every ``classifiers.reload_interval`` seconds once started. ``historic_scores`` seeds
+    target-share knobs.
     Raises :class:`~policies.brain.config.RoutingConfigError` naming the key when a route cannot be served.
     """
 
@@ -107,7 +108,12 @@ class Brain:
         self.needs_encoder = any(self.router.current.routes.values()) or any(
             any(version.routes.values()) for version in self._fixed_versions
         ) or any(route.cache is not None and route.cache.mode == "semantic" for route in config.routes)
-        self._watch = watch and is_registry(self.routers_dir) and settings.reload_interval > 0
+        # A registry is watched for promotions; so is a routers_dir that is missing or empty at start-up
+        # (the shipped heads serve until `pointsman train --out` makes a registry of it, then its first
+        # version does). A plain directory of heads is not: a retrain into it rewrites it in place.
+        self._watch = watch and settings.reload_interval > 0 and bool(self.routers_dir) and (
+            is_registry(self.routers_dir) or not has_heads(Path(str(self.routers_dir)))
+        )
         self._watcher: asyncio.Task[None] | None = None
         # Long requests' rule scans and redactions run in worker processes, off the event loop.
         self.scan_pool: ScanPool | None = None

@@ -121,3 +121,19 @@ def test_a_broken_version_keeps_the_old_router_serving(gateway: GatewayProcess, 
     registry.promote(fixed, {"decision": "promoted", "reason": "test"})
     eventually(lambda: dry_run(gateway)["router_version"] == fixed, "a later good version serves")
     assert serve(gateway)[:2] == ("big", fixed)
+
+
+def test_a_registry_created_after_start_up_is_picked_up(
+    upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # routers_dir named before `pointsman train --out` first wrote it: the shipped heads serve (with a
+    # warning saying so), then the registry's first version, without a restart. It was never watched.
+    root = tmp_path_factory.mktemp("later") / "routers"
+    proc = GatewayProcess(gateway_config(upstream, root), tmp_path_factory.mktemp("gw-later")).start()
+    try:
+        assert dry_run(proc)["router_version"].startswith("bundled-")
+        version = add_version(RouterRegistry(root), STRONG)  # the first version becomes active
+        eventually(lambda: dry_run(proc)["router_version"] == version, "the new registry serves", timeout=30)
+        assert serve(proc)[:2] == ("big", version)
+    finally:
+        proc.terminate()
