@@ -176,7 +176,10 @@ class UpstreamClient:
         deadline = started + timeouts.total
         try:
             async with asyncio.timeout(min(timeouts.first_byte, timeouts.total)):
-                raw = await self.session.post(url, data=body, headers=headers, timeout=_client_timeout(timeouts))
+                # Redirects are not followed: aiohttp would re-send the body (the prompt) to wherever the
+                # Location points, another origin included.
+                raw = await self.session.post(url, data=body, headers=headers, timeout=_client_timeout(timeouts),
+                                              allow_redirects=False)
         except TimeoutError as exc:
             raise UpstreamFailure("first_byte_timeout", "upstream sent no response headers in time") from exc
         except aiohttp.ConnectionTimeoutError as exc:
@@ -188,6 +191,12 @@ class UpstreamClient:
                 "reset", "the upstream connection failed before a response arrived", detail=_describe(exc)
             ) from exc
         response = UpstreamResponse(raw=raw, started=started, deadline=deadline, idle=timeouts.idle)
+        if 300 <= raw.status < 400:
+            response.close()
+            raise UpstreamFailure(
+                "status", f"upstream answered HTTP {raw.status}, a redirect, which the gateway does not follow "
+                "(check the backend's base_url)", status=raw.status,
+            )
         if raw.status in RETRYABLE_STATUSES:
             body_bytes = b""
             with contextlib.suppress(UpstreamFailure):

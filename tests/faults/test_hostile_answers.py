@@ -40,6 +40,7 @@ SCRIPTS: dict[str, Script] = {
     "odd-stream-content-type": _stream_with_odd_content_type,
     "sets-cookie": answer(200, "application/json", completion("with a cookie"),
                           extra=b"Set-Cookie: session=tenant-a; Path=/\r\n"),
+    "redirects": answer(307, "text/plain", b"moved", extra=b"Location: /elsewhere/v1/chat/completions\r\n"),
 }
 
 
@@ -155,3 +156,11 @@ def test_an_upstream_cookie_is_not_sent_back_with_other_clients_requests(
         assert b"session=tenant-a" not in b"".join(hostile.headers[seen:]).lower()
     finally:
         proc.terminate()
+
+
+def test_a_redirect_is_not_followed_with_the_prompt(client: OpenAI, hostile: HostileUpstream) -> None:
+    # aiohttp followed a 307 and re-sent the body (the prompt) to the Location, another origin included.
+    before = hostile.requests["redirects"]
+    error = _refused(client, "redirects")
+    assert error.status_code == 502 and "redirect" in error.message and "base_url" in error.message
+    assert hostile.requests["redirects"] == before + 1  # once: neither followed nor retried
