@@ -16,7 +16,8 @@ import logging
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import PointsmanError
-from gateway.responses import error_response
+from gateway.logs import request_id as current_request_id
+from gateway.responses import error_response, gateway_headers
 
 log = logging.getLogger("pointsman.app")
 
@@ -51,6 +52,7 @@ class ContainUnexpectedErrors:
             with contextlib.suppress(Exception):
                 if not started:
                     error = PointsmanError("internal gateway error", code="internal_error")
-                    await error_response(error)(scope, receive, send)
+                    # The id the request was given (and its log lines carry), not a fresh one.
+                    await error_response(error, gateway_headers(current_request_id.get()))(scope, receive, send)
                 else:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -117,6 +117,7 @@ async def _start(rt: GatewayRuntime) -> None:
         batch_size=store_config.batch_size,
         flush_interval=store_config.flush_interval,
         queue_limit=store_config.queue_limit,
+        queue_bytes_limit=store_config.queue_bytes_limit,
     )
     await recorder.start()
     rt.recorder = recorder
@@ -124,6 +125,7 @@ async def _start(rt: GatewayRuntime) -> None:
         "pointsman_decision_log_pending": ("pending", "Decision records waiting to be written."),
         "pointsman_decision_log_written": ("written", "Decision records written since start."),
         "pointsman_decision_log_dropped": ("dropped", "Decision records dropped (queue overflow)."),
+        "pointsman_decision_log_write_errors": ("write_errors", "Failed decision-log batch writes (retried)."),
     })
     windows = RoutingBrain.knob_windows_of(config)
     history = await recorder.store.recent(limit=max(windows.values())) if windows else []

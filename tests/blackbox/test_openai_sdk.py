@@ -214,3 +214,4 @@ def test_health_ready_and_metrics(gateway: GatewayProcess, client: OpenAI) -> No
     assert "pointsman_cost_usd_total" in metrics
     assert 'pointsman_breaker_state{backend="fake"' in metrics
     assert "pointsman_decision_log_written" in metrics
+    assert "pointsman_decision_log_write_errors 0.0" in metrics

@@ -493,3 +493,9 @@ def test_routes_and_backends_are_named_alike_by_shape_and_cross_reference_errors
     twice = _error({"backends": [backend], "routes": [{"name": "r", "model": "m1"}, {"name": "r", "model": "m1",
                                                                                     "sticky": 7}]})
     assert "routes.1.sticky" in twice
+
+
+def test_the_decision_log_queue_is_bounded_in_bytes_and_configurable() -> None:
+    assert parse_config({}).store.queue_bytes_limit == 256 * 1024 * 1024
+    assert parse_config({"store": {"queue_bytes_limit": 1 << 20}}).store.queue_bytes_limit == 1 << 20
+    assert "store.queue_bytes_limit" in _error({"store": {"queue_bytes_limit": 0}})

@@ -21,11 +21,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.contain import ContainUnexpectedErrors
+from gateway.logs import request_id as current_request_id
 from tests.fakes.upstream import LoopbackServer
 
 
 async def _bug(request: Request) -> Response:
     raise RuntimeError("a bug with a secret sk-live-123 in its message")
+
+
+async def _bug_after_naming_the_request(request: Request) -> Response:
+    current_request_id.set("psm-the-requests-own-id")  # as ProxyService does first
+    raise RuntimeError("a bug later in the handler")
 
 
 async def _bug_mid_stream(request: Request) -> Response:
@@ -42,6 +48,7 @@ async def _ok(request: Request) -> Response:
 
 def _app(contained: bool) -> Starlette:
     routes = [Route("/bug", _bug, methods=["POST"]), Route("/stream-bug", _bug_mid_stream, methods=["POST"]),
+              Route("/named-bug", _bug_after_naming_the_request, methods=["POST"]),
               Route("/ok", _ok, methods=["POST"])]
     middleware = [Middleware(ContainUnexpectedErrors)] if contained else []
     return Starlette(routes=routes, middleware=middleware)
@@ -104,3 +111,13 @@ def test_without_the_middleware_the_next_request_is_lost() -> None:
     finally:
         connection.close()
         bare.stop()
+
+
+def test_the_500_carries_the_id_the_request_was_given(server: LoopbackServer) -> None:
+    # It carried a fresh id, matching none of the request's log lines.
+    connection = _one_connection(server.port)
+    try:
+        status, headers, _ = _exchange(connection, "/named-bug")
+        assert status == 500 and headers["x-pointsman-request-id"] == "psm-the-requests-own-id"
+    finally:
+        connection.close()
