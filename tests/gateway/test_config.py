@@ -496,6 +496,8 @@ def test_routes_and_backends_are_named_alike_by_shape_and_cross_reference_errors
 
 
 def test_the_decision_log_queue_is_bounded_in_bytes_and_configurable() -> None:
-    assert parse_config({}).store.queue_bytes_limit == 256 * 1024 * 1024
-    assert parse_config({"store": {"queue_bytes_limit": 1 << 20}}).store.queue_bytes_limit == 1 << 20
-    assert "store.queue_bytes_limit" in _error({"store": {"queue_bytes_limit": 0}})
+    backends = [_backend()]
+    assert parse_config({"backends": backends}).store.queue_bytes_limit == 256 * 1024 * 1024
+    bounded = parse_config({"backends": backends, "store": {"queue_bytes_limit": 1 << 20}})
+    assert bounded.store.queue_bytes_limit == 1 << 20
+    assert "store.queue_bytes_limit" in _error({"backends": backends, "store": {"queue_bytes_limit": 0}})
