@@ -426,6 +426,8 @@ class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # A whole (unstreamed) upstream answer, decompressed; larger is a failed attempt (retried elsewhere).
+    max_response_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     body_timeout: float = Field(
         default=60.0, gt=0, description="seconds a request body may take to arrive after its headers (then 408)"
     )

@@ -106,7 +106,7 @@ async def start_runtime(config: Config, tracer: Any = None) -> GatewayRuntime:
 
 async def _start(rt: GatewayRuntime) -> None:
     config = rt.config
-    rt.client = client = UpstreamClient()
+    rt.client = client = UpstreamClient(config.server.max_response_bytes)
     await client.start()
     pool = BackendPool(config.backends, config.breaker)
     metrics = Metrics()

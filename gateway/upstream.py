@@ -30,6 +30,10 @@ FailureKind = Literal[
 
 RETRYABLE_STATUSES: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504})
 
+#: Default bound on a whole (unstreamed) upstream body (``server.max_response_bytes``): a large
+#: embeddings answer is ~100 MB; an upstream sending more, or without end, would hold it all in memory.
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+
 #: Bytes of a health check's body read (and dropped) so its connection can be reused; a longer body
 #: closes the connection instead (a model list is a few KiB).
 DRAIN_BYTES = 1 << 16
@@ -85,6 +89,7 @@ class UpstreamResponse:
     started: float  # perf_counter when the request was sent
     deadline: float  # perf_counter by which the whole exchange must be over
     idle: float
+    max_bytes: int = MAX_RESPONSE_BYTES  # a whole (unstreamed) body, decompressed
 
     @property
     def status(self) -> int:
@@ -95,10 +100,20 @@ class UpstreamResponse:
         return self.raw.headers.get("Content-Type", "application/json")
 
     async def read_all(self) -> bytes:
-        """The whole body, within the total deadline."""
+        """The whole body, within the total deadline and :attr:`max_bytes` (decompressed: a gzip bomb
+        stops there too); a longer body is a ``malformed`` failure and its connection is dropped."""
+        parts: list[bytes] = []
+        size = 0
         try:
             async with asyncio.timeout(max(self.deadline - time.perf_counter(), 0.0)):
-                return await self.raw.read()
+                while chunk := await self.raw.content.readany():
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        self.close()
+                        limit = f"{self.max_bytes} bytes (server.max_response_bytes)"
+                        raise UpstreamFailure("malformed", f"upstream answer larger than {limit}")
+                    parts.append(chunk)
+                return b"".join(parts)
         except TimeoutError as exc:
             raise UpstreamFailure("total_timeout", "upstream did not finish the response in time") from exc
         except aiohttp.ClientError as exc:
@@ -138,8 +153,9 @@ class UpstreamResponse:
 class UpstreamClient:
     """A keep-alive HTTP client shared by all backends; created in the app's lifespan, never at import."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self.max_response_bytes = max_response_bytes
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, ttl_dns_cache=300)
@@ -190,7 +206,8 @@ class UpstreamClient:
             raise UpstreamFailure(
                 "reset", "the upstream connection failed before a response arrived", detail=_describe(exc)
             ) from exc
-        response = UpstreamResponse(raw=raw, started=started, deadline=deadline, idle=timeouts.idle)
+        response = UpstreamResponse(raw=raw, started=started, deadline=deadline, idle=timeouts.idle,
+                                    max_bytes=self.max_response_bytes)
         if 300 <= raw.status < 400:
             response.close()
             raise UpstreamFailure(

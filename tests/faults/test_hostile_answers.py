@@ -28,6 +28,14 @@ async def _stream_with_odd_content_type(writer: asyncio.StreamWriter, body: dict
     writer.write(head(content_type="text/event-stream; charset=\u20ac") + events)
 
 
+async def _endless_json(writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
+    # A 200 whose body never ends (no Content-Length; the connection stays open): the gateway held all of it.
+    writer.write(head(200, "application/json") + b'{"id": "chatcmpl-h", "choices": [], "padding": "')
+    for _ in range(4096):  # 256 MiB at most, in case the gateway never stops reading
+        writer.write(b"x" * 65536)
+        await writer.drain()
+
+
 SCRIPTS: dict[str, Script] = {
     "good": answer(200, "application/json", completion("from the good one")),
     "unauthorized": answer(401, "application/json", LEAKY_401),
@@ -40,6 +48,7 @@ SCRIPTS: dict[str, Script] = {
     "odd-stream-content-type": _stream_with_odd_content_type,
     "sets-cookie": answer(200, "application/json", completion("with a cookie"),
                           extra=b"Set-Cookie: session=tenant-a; Path=/\r\n"),
+    "endless-json": _endless_json,
     "redirects": answer(307, "text/plain", b"moved", extra=b"Location: /elsewhere/v1/chat/completions\r\n"),
 }
 
@@ -64,6 +73,7 @@ def gateway(hostile: HostileUpstream, tmp_path_factory: pytest.TempPathFactory) 
         "routes": [{"name": "guarded", "model": "unauthorized", "fallbacks": ["good"]}],
         "retry": {"attempts": 3, "backoff_base": 0.01, "backoff_max": 0.02},
         "breaker": {"failure_threshold": 1000},  # the malformed answers must not eject the one replica
+        "server": {"max_response_bytes": 1 << 20},
     }
     proc = GatewayProcess(config, tmp_path_factory.mktemp("hostile-answers")).start()
     yield proc
@@ -164,3 +174,12 @@ def test_a_redirect_is_not_followed_with_the_prompt(client: OpenAI, hostile: Hos
     error = _refused(client, "redirects")
     assert error.status_code == 502 and "redirect" in error.message and "base_url" in error.message
     assert hostile.requests["redirects"] == before + 1  # once: neither followed nor retried
+
+
+def test_a_whole_answer_beyond_max_response_bytes_is_a_502_not_memory(
+    client: OpenAI, hostile: HostileUpstream
+) -> None:
+    before = hostile.closed["endless-json"]
+    error = _refused(client, "endless-json")
+    assert error.status_code == 502 and "larger than 1048576 bytes" in error.message
+    assert hostile.closed["endless-json"] == before + 3  # each attempt's connection dropped at the bound
