@@ -116,6 +116,7 @@ class ProxyService:
         # Plans for concrete model names never change: built once (a workflow's virtual model is one
         # more name a client may send).
         self._direct_plans = direct_plans(config)
+        self._workflow_models = {workflow.name: workflow.model_name for workflow in config.workflows}
 
     def use_quotas(self, quotas: Quotas) -> None:
         """Reserve every request's rate limits and budgets before forwarding, settle them after."""
@@ -176,7 +177,7 @@ class ProxyService:
                 # The policy asked to strip PII before the request leaves the gateway (and the
                 # gateway's own namespace, e.g. a threshold override, never goes upstream).
                 redacted, raw = await redact(self.scan_pool, body, raw, plan.redact, drop=(REQUEST_FIELD,))
-                body = redacted or body
+                body = redacted  # what every later reader gets: never the unredacted request
             elif REQUEST_FIELD in body:
                 body = {k: v for k, v in body.items() if k != REQUEST_FIELD}
                 raw = with_model_first(body)
@@ -504,7 +505,11 @@ class ProxyService:
         trace.error_type = error.error_type if error.code is None else error.code
         trace.error_message = error.message
         trace.headers_sent_at = time.perf_counter()
-        return error_response(error, self._headers(trace))
+        headers = self._headers(trace)
+        workflow = self._workflow_models.get(trace.decision.get("workflow") or "")
+        if workflow is not None:  # a workflow's own error (cap, timeout, no answer) names it like its answers
+            headers.append((b"x-pointsman-workflow", workflow.encode()))
+        return error_response(error, headers)
 
     def _headers(self, trace: RequestTrace) -> list[tuple[bytes, bytes]]:
         return [

@@ -42,8 +42,11 @@ def _config(upstream: FakeUpstream, **classifiers: Any) -> dict[str, Any]:
                 {"name": "small-model", "upstream_name": "ok"},
                 {"name": "big-model", "upstream_name": "ok"},
                 {"name": "guarded-model", "upstream_name": "ok"},
+                {"name": "unsure-model", "upstream_name": "lp-2.0"},
             ],
         }],
+        "workflows": [{"name": "unsure-then-big", "kind": "cascade", "stages": ["unsure-model", "big-model"],
+                       "confidence": {"source": "logprobs", "threshold": 0.75}}],
         "server": {"max_body_bytes": 16 * 1024 * 1024},
         "classifiers": {"encoder": "static", "scan_inline_chars": INLINE_LIMIT, **classifiers},
         "routes": [{
@@ -56,6 +59,12 @@ def _config(upstream: FakeUpstream, **classifiers: Any) -> dict[str, Any]:
                  "when": {"signal": "jailbreak", "op": "ge", "value": 0.5}, "action": {"route": "guarded-model"}},
             ],
             "cost_quality": {"signal": "difficulty", "strong": "big-model", "weak": "small-model", "threshold": 0.5},
+        }, {
+            "name": "careful",
+            "policy": "rules",
+            "model": "cascade/unsure-then-big",
+            "rules": [{"name": "redact-pii", "priority": 100, "when": {"signal": "pii", "op": "truthy"},
+                       "action": {"redact": ["email", "credit_card"]}}],
         }],
     }
 
@@ -126,6 +135,25 @@ def test_a_long_request_is_redacted_in_full_and_forwarded_as_the_upstream_model(
     completed = re.search(r"^pointsman_scan_completed (\S+)$", metrics, re.MULTILINE)
     assert completed and float(completed.group(1)) >= 2, "the signals and the redaction ran in a worker"
     assert re.search(r"^pointsman_scan_pending 0\.0$", metrics, re.MULTILINE)
+
+
+def test_a_long_request_to_a_workflow_is_redacted_in_every_sub_call(
+    large_gateway: GatewayProcess, upstream: FakeUpstream
+) -> None:
+    """The worker's redaction is what the workflow's sub-calls get (they were sent the request unredacted:
+    only the single-call path forwarded the worker's bytes)."""
+    marker = uuid.uuid4().hex
+    text, emails = _long_text(marker[:8], 200)  # ~12 KB: over the inline limit
+    body = {"model": "careful", "user": marker, "messages": [{"role": "user", "content": text}]}
+    response = _chat(large_gateway, body)
+    assert response.status_code == 200, response.text
+    sent = [b for b in upstream.state.bodies if marker in str(b.get("user", ""))]
+    assert [b["model"] for b in sent] == ["lp-2.0", "ok"], "the cascade escalates: two sub-calls"
+    for sub_call in sent:
+        flat = repr(sub_call)
+        assert not [e for e in emails if e in flat], f"addresses reached the {sub_call['model']} sub-call"
+        assert "4111 1111 1111 1111" not in flat
+        assert sub_call["messages"][0]["content"].count("[EMAIL]") == len(emails)
 
 
 def test_a_long_request_is_explained_from_its_worker_scan(large_gateway: GatewayProcess) -> None:
