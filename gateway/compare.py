@@ -99,7 +99,13 @@ _LABELLED = re.compile(
     r"\b(?i:verdict|winner|better|decision)\b(?:\s+(?i:answer|response|one))?\W{0,4}(?:(?i:is)\W{0,3})?"
     r"(?:(?i:assistant|answer|response)\s+)?\[?(A|B|(?i:tie|tied|draw))\b"
 )
-_LEADING = re.compile(r"^\W*(?:(?i:assistant|answer|response)\s+)?(A|B)\b(?:'s)?\s+(?i:is|was|wins|won)\b")
+# An answer that starts with its winner says so with a word of winning: "A is worse", "B is wrong" and
+# "B is not better than A" name the loser (or nothing): unparseable, not a win for the one named first.
+_LEADING = re.compile(
+    r"^\W*(?:(?i:assistant|answer|response)\s+)?(A|B)\b(?:'s(?:\s+(?i:answer|response))?)?\s+"
+    r"(?i:wins|won|(?:is|was)\s+(?:(?:clearly|much|slightly|far|definitely)\s+)?(?:the\s+)?"
+    r"(?:better|best|superior|preferable|preferred|stronger)(?:\s+(?:one|answer|response))?\b)"
+)
 _TIES = frozenset({"c", "tie", "tied", "draw", "equal"})
 
 

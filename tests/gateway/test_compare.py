@@ -290,6 +290,12 @@ def test_concurrency_cap_skips_and_shutdown_cancels(
     ("A is better.", "A"), ("Winner: Assistant B", "B"),
     ("[[A]] ... or maybe [[B]]", None), ("Hello from the fake upstream.", None), ("Verdict: a close call", None),
     ("", None),
+    # A judge answering in prose that starts with an answer's name says who won only with a word of winning:
+    # naming the loser first is no win for it (better no feedback than the opposite one).
+    ("A is worse than B.", None), ("A is incorrect.", None), ("B is wrong; A is right.", None),
+    ("Answer B is not better than A", None), ("A was less helpful", None),
+    ("A is better than B", "A"), ("B's answer is better", "B"), ("Assistant B is clearly superior", "B"),
+    ("A is the better answer", "A"), ("B wins", "B"), ("Assistant A won.", "A"),
 ])
 def test_verdicts_are_parsed_robustly(text: str, verdict: str | None) -> None:
     assert parse_verdict(text) == verdict
