@@ -65,6 +65,7 @@ def test_max_seconds_without_any_answer_is_a_504(sdk: OpenAI, wf_gateway: Gatewa
         sdk.chat.completions.create(model="fusion/too-slow", messages=MESSAGES, user=key())
     assert info.value.status_code == 504
     assert isinstance(info.value.body, dict) and info.value.body["code"] == "workflow_timeout"
+    assert info.value.response.headers["x-pointsman-workflow"] == "fusion/too-slow"  # as on its answers
     row = record(wf_gateway, info.value.response.headers["x-pointsman-request-id"])
     assert row["status"] == 504 and row["workflow"]["capped"] == "max_seconds"
 
@@ -76,6 +77,7 @@ def test_a_cost_cap_before_any_answer_is_a_400(sdk: OpenAI, upstream: FakeUpstre
         sdk.chat.completions.create(model="cascade/broke", messages=MESSAGES, user=user)
     body = info.value.body
     assert isinstance(body, dict) and body["code"] == "workflow_cap_reached" and "max_cost_usd" in body["message"]
+    assert info.value.response.headers["x-pointsman-workflow"] == "cascade/broke"
     assert not [b for b in upstream.state.bodies if b.get("user") == user]  # nothing was sent
 
 
