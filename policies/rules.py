@@ -122,6 +122,12 @@ class RulePolicy:
         if sticky is not None and sticky.enabled:
             self.sessions = StickySessions(sticky.ttl, sticky.max_sessions, clock)
         self._strength = sticky.order if sticky and sticky.order else ((cq.weak, cq.strong) if cq else ())
+        # The models a default decision can choose: a session pinned to any other (a model since removed
+        # from the config or from this route, pinned in Redis by an earlier deployment) moves, or each of
+        # its turns would be sent to a model this route no longer serves.
+        self._default_models = frozenset(
+            (cq.weak, cq.strong) if cq else mm.candidates if mm else (config.model,) if config.model else ()
+        )
         self.exploring = explore and config.explore is not None and config.explore.epsilon > 0.0
 
     def set_exploration(self, enabled: bool) -> None:
@@ -361,7 +367,7 @@ class RulePolicy:
             return "pinned", chosen
         if prior == chosen:
             return "kept", chosen
-        if eligible is not None and prior not in eligible:
+        if prior not in self._default_models or (eligible is not None and prior not in eligible):
             return "repinned", chosen
         if self._stronger(chosen, prior):
             return ("escalated", chosen) if sticky.escalate else ("kept", prior)
