@@ -79,6 +79,16 @@ class RequestTrace:
         end = self.headers_sent_at if self.headers_sent_at is not None else time.perf_counter()
         return max((end - self.started - self.upstream_seconds - self.client_seconds) * 1000.0, 0.0)
 
+    def served_propensity(self) -> float | None:
+        """The decision's propensity when the model that answered is the one it was about (the plan's
+        first candidate); None when a fallback answered instead: the policy's probability of the planned
+        model is not that of the fallback, and an inverse-propensity estimate would weigh the fallback's
+        outcome by it."""
+        planned = self.decision.get("candidates")
+        if planned and self.model is not None and self.model != planned[0]:
+            return None
+        return self.propensity
+
     def record(self) -> DecisionRecord:
         """The decision record of the request as it stands, its latency and overhead measured now."""
         return DecisionRecord(
@@ -90,7 +100,7 @@ class RequestTrace:
             attempts=self.attempts, latency_ms=self.elapsed_ms(), ttft_ms=self.ttft_ms,
             overhead_ms=self.overhead_ms(), prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens, cost_usd=self.cost_usd,
-            experiment_arm=self.experiment_arm, router_version=self.router_version, propensity=self.propensity,
+            experiment_arm=self.experiment_arm, router_version=self.router_version, propensity=self.served_propensity(),
             workflow=self.workflow, experiment=self.experiment, arm_propensity=self.arm_propensity,
             compared=self.compared, trace_id=self.trace_id, conversation=self.conversation,
             subcalls=self.subcalls,

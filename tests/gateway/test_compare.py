@@ -93,6 +93,8 @@ def gateway_config(graded: GradedUpstream, upstream: FakeUpstream) -> dict[str, 
             {"name": "capped", "policy": "rules", **_pair("big", "small", budget_usd_per_hour=1e-3)},
             {"name": "explore", "policy": "rules", "explore": {"epsilon": 0.4},
              "cost_quality": {"signal": "difficulty", "strong": "big", "weak": "small", "threshold": 0.5}},
+            {"name": "explore-fallback", "policy": "rules", "explore": {"epsilon": 0.4}, "fallbacks": ["f-big"],
+             "cost_quality": {"signal": "difficulty", "strong": "f-big", "weak": "broken", "threshold": 0.5}},
         ],
     }
 
@@ -258,6 +260,24 @@ def test_every_explored_decision_logs_its_propensity(sdk: OpenAI, gw: GatewayPro
     # A route without explore is not randomised: no propensity.
     _, rid = ask(sdk, "auto", f"An easy question {uuid.uuid4().hex}", WEAK)
     assert gw.decision(rid)["propensity"] is None
+
+
+def test_a_fallback_answer_logs_no_propensity(sdk: OpenAI, gw: GatewayProcess) -> None:
+    """The weak model is down and the route falls back to the strong one: an answer the fallback gave
+    was not drawn with the decision's probability, so it is logged as not randomised (an inverse-propensity
+    estimate would weigh the strong model's outcome by the weak model's propensity)."""
+    rows = []
+    for i in range(30):
+        served, rid = ask(sdk, "explore-fallback", f"Question {i} {uuid.uuid4().hex}", WEAK)
+        assert served == "f-big"  # whatever was drawn
+        rows.append(gw.decision(rid))
+    drawn = [json.loads(r["decision"])["details"]["explore"]["served"] for r in rows]
+    assert set(drawn) == {"broken", "f-big"}  # both arms were drawn (epsilon 0.4 over 30 requests)
+    for record, planned in zip(rows, drawn, strict=True):
+        if planned == "f-big":  # explored to the strong model, which answered: its propensity is exact
+            assert record["propensity"] == pytest.approx(0.2)
+        else:  # the weak model was drawn; the fallback answered
+            assert record["propensity"] is None
 
 
 def test_concurrency_cap_skips_and_shutdown_cancels(
