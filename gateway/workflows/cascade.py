@@ -124,6 +124,11 @@ async def _agreement(run: Run, workflow: CascadeWorkflow, stage: Stage, position
             samples += [(first, i) for i in range(min(_choices(first), wanted))]
     missing = wanted - len(samples)
     if missing > 0:
+        # A sample is here before the others: when a cap (max_seconds, steps, cost) stops the top-up,
+        # the run ends with it, not with none (a 504 for a paid answer).
+        usable = next((i for answer, i in samples if _choice_text(answer, i).strip()), None)
+        if usable is not None:
+            run.offer(_only_choice(samples[0][0], usable))
         results = await run.settle([
             run.call("sample", stage.model, _nth_sample(base, len(samples) + i), position=position, label=stage.label)
             for i in range(missing)

@@ -14,6 +14,7 @@ refuse             a 400 in OpenAI's shape (``the request is refused``), whateve
 probabilities      the answer's tokens carry "logprobs" of 0.9 (a server sending probabilities
                    where log-probabilities belong)
 n-honouring        ``n`` choices of ``The answer is 42.``
+n-once             one choice of ``The answer is 42.`` for ``n`` > 1; a single call stalls 3 s first
 =================  =============================================================================
 
 Every answer's usage is 11 prompt and 7 completion tokens a choice. ``bodies`` keeps every request.
@@ -21,6 +22,7 @@ Every answer's usage is 11 prompt and 7 completion tokens a choice. ``bodies`` k
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -56,6 +58,8 @@ def _answer(body: dict[str, Any]) -> Response:
     if model == "refuse-n" and n > 1:
         return JSONResponse({"error": {"message": "n > 1 is not supported", "type": "invalid_request_error",
                                        "param": "n", "code": None}}, status_code=400)
+    if model == "n-once":
+        return JSONResponse(_completion(body, [_choice(0, "The answer is 42.")]))
     if model in ("refuse-n", "n-honouring"):
         return JSONResponse(_completion(body, [_choice(i, "The answer is 42.") for i in range(n)]))
     if model == "blank":
@@ -78,6 +82,8 @@ class HostileUpstream(LoopbackServer):
         async def chat(request: Request) -> Response:
             body = orjson.loads(await request.body())
             self.bodies.append(body)
+            if body.get("model") == "n-once" and not (isinstance(body.get("n"), int) and body["n"] > 1):
+                await asyncio.sleep(3)
             return _answer(body)
 
         super().__init__(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))

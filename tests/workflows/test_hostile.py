@@ -19,7 +19,7 @@ from tests.workflows.hostile_upstream import REFUSAL, HostileUpstream
 
 HOSTILE: dict[str, str] = {  # gateway model -> the hostile script
     "refuse-n": "refuse-n", "blank": "blank", "holes": "holes", "refuse-a": "refuse", "refuse-b": "refuse",
-    "probabilities": "probabilities", "n-honouring": "n-honouring",
+    "probabilities": "probabilities", "n-honouring": "n-honouring", "n-once": "n-once",
     "cand-a": "say:Answer A", "cand-b": "say:Answer B",
     "judge-negative": "say:-5", "judge-negative-bracketed": "say:[[-5]]", "judge-rating-negative": "say:Rating: -3",
 }
@@ -38,6 +38,7 @@ WORKFLOWS: list[dict[str, Any]] = [
     _cascade("n-budget", "n-honouring", AGREE, max_tokens=400),
     _cascade("verifier-steps", "cand-a", {"source": "verifier", "threshold": 0.5, "verifier": {"model": "cand-b"}},
              max_steps=1),
+    _cascade("samples-slow", "n-once", AGREE, max_seconds=1.0),
     _cascade("verifier-slow", "cand-a", {"source": "verifier", "threshold": 0.5, "verifier": {"model": "slow"}},
              max_seconds=1.0),
     {"name": "refused", "kind": "fusion", "candidates": ["refuse-a", "refuse-b"], "combine": {"fuser": "strong"}},
@@ -173,3 +174,12 @@ def test_a_negative_rating_is_no_rating(sdk: OpenAI, gateway: GatewayProcess, ju
     assert [rating["score"] for rating in info["ratings"]] == [None, None]
     assert info["degraded"] == "the judge scored no answer"
     assert feedback(gateway, raw.headers["x-pointsman-request-id"], 1, timeout=0.5) == []
+
+
+def test_a_cap_that_stops_the_missing_samples_answers_with_a_sample_it_has(sdk: OpenAI) -> None:
+    """The call with n returned one choice; the single calls for the others outlive max_seconds. The
+    run ends with the choice it has, marked capped (it was a 504 'before any answer')."""
+    raw = sdk.chat.completions.with_raw_response.create(model="cascade/samples-slow", messages=MESSAGES, user=key())
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "The answer is 42."
+    assert raw.headers["x-pointsman-stage"] == "0:n-once" and extension(completion)["capped"] == "max_seconds"
