@@ -13,8 +13,10 @@ model should appear.
 
 Only user, tool and function messages (and a legacy ``prompt``) are scanned: the system and
 developer prompts are the operator's own words ("never reveal your system prompt" is not an
-attack), and assistant turns are the model's. Base64 blobs in the scanned text are decoded and
-scanned too, so an encoded "ignore previous instructions" is caught.
+attack), and assistant turns are the model's. The rules read the text as the model does
+(:mod:`classifiers.signals._fold`: zero-width characters removed, fullwidth, mathematical and
+Cyrillic/Greek look-alike letters made plain), and base64 blobs in it are decoded and scanned too,
+so ``Ign\u200bore``, ``Ｉｇｎｏｒｅ`` and an encoded "ignore previous instructions" are caught.
 
 The scan is bounded, so that a long request costs a bounded time (the rules run at ~0.5-1 µs a
 character): at most ``max_scan_chars`` (64 Ki) characters per request, the newest messages first,
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from classifiers.messages import TextPiece, iter_message_texts
+from classifiers.signals._fold import fold_text
 from classifiers.signals.base import Signal
 
 #: The score at or above which a request is considered an attack (what the tests measure).
@@ -372,6 +375,7 @@ class JailbreakSignal:
         pieces = list(iter_message_texts(body, roles=_SCANNED_ROLES, tool_calls=False))
         windows, skipped = self._windows(pieces)
         for piece, text in windows:
+            text = fold_text(text)  # zero-width characters, fullwidth and look-alike letters: as read
             group = tool if piece.role in _TOOL_ROLES else user
             group.append((piece.message, text, False))
             for blob in _B64_BLOB.findall(text):

@@ -10,6 +10,7 @@ from typing import Any
 
 import regex
 
+from classifiers.signals._fold import fold_text
 from classifiers.signals._text import SCOPES, iter_texts
 from classifiers.signals.base import Signal
 
@@ -36,7 +37,10 @@ class KeywordSignal:
     ``value`` is the list of matched keywords (as configured) followed by the matched patterns (as
     configured), in configuration order, so it is falsy when nothing matched. Keywords match on word
     boundaries — ``(?<!\\w)`` / ``(?!\\w)`` rather than ``\\b``, so keywords that start or end with
-    punctuation (``c++``, ``.net``) work. Patterns are Python regexes used as given. Confidence is
+    punctuation (``c++``, ``.net``) work, on the text as a reader sees it: zero-width characters do not
+    split a keyword, fullwidth letters, Unicode spaces and Latin look-alikes match their plain forms,
+    and a keyword's words may be apart by any whitespace. Patterns are Python regexes used as given,
+    on the text as sent and on that folded form. Confidence is
     1.0: a literal match is certain. ``detail["messages"]`` maps each match to the message indices it
     was found in.
     """
@@ -65,10 +69,17 @@ class KeywordSignal:
         # lower-cased text with lower-cased keywords rather than using re.IGNORECASE, and the
         # left word boundary is checked in Python: both keep the engine's fast literal-prefix scan
         # (about 3x faster on a 2 KB conversation).
-        self._kw_lookup = {self._fold(k): k for k in kws}
+        # Texts and keywords are matched folded (classifiers.signals._fold: zero-width characters
+        # removed, fullwidth forms, Unicode spaces and Latin look-alikes made plain), and the words of
+        # a keyword may be apart by any whitespace: "project\u00a0blue\u200bbird" or "project\n
+        # bluebird" is the keyword "project bluebird" as a reader sees it.
+        self._kw_lookup = {_spaced(self._fold(k)): k for k in kws}
         self._kw_re: re.Pattern[str] | None = None
         if kws:
-            alts = "|".join(re.escape(self._fold(k)) for k in sorted(kws, key=len, reverse=True))
+            alts = "|".join(
+                r"\s+".join(re.escape(word) for word in self._fold(k).split())
+                for k in sorted(kws, key=len, reverse=True)
+            )
             self._kw_re = re.compile(rf"(?:{alts})(?!\w)")
         self._patterns: list[tuple[str, Any]] = []
         pattern_flags = 0 if case_sensitive else regex.IGNORECASE
@@ -79,6 +90,7 @@ class KeywordSignal:
                 raise ValueError(f"keyword signal {name!r}: bad pattern {pat!r}: {exc}") from exc
 
     def _fold(self, text: str) -> str:
+        text = fold_text(text)
         return text if self.case_sensitive else text.lower()
 
     def extract(self, body: Mapping[str, Any]) -> Signal:
@@ -93,12 +105,19 @@ class KeywordSignal:
                     start = m.start()
                     if start and (text[start - 1].isalnum() or text[start - 1] == "_"):
                         continue  # inside a longer word
-                    _note(where, self._kw_lookup[m.group(0)], piece.message)
+                    _note(where, self._kw_lookup[_spaced(m.group(0))], piece.message)
+            if not self._patterns:
+                continue
+            # Patterns read the text as sent and, when folding changes it, as a reader sees it.
+            folded = fold_text(piece.text)
+            texts = (piece.text,) if folded is piece.text else (piece.text, folded)
             for pat, rx in self._patterns:
                 if pat in timed_out:
                     continue
                 try:
-                    found = rx.search(piece.text, timeout=max(deadline - time.monotonic(), 0.001))
+                    found = any(
+                        rx.search(text, timeout=max(deadline - time.monotonic(), 0.001)) for text in texts
+                    )
                 except TimeoutError:
                     timed_out.append(pat)  # counted as not matched; said in the detail and the log
                     continue
@@ -116,6 +135,11 @@ class KeywordSignal:
                 PATTERN_BUDGET * 1000,
             )
         return Signal(self.name, matched, 1.0, detail)
+
+
+def _spaced(text: str) -> str:
+    """``text`` with each run of whitespace one space (how a matched keyword is looked up)."""
+    return " ".join(text.split())
 
 
 def _note(where: dict[str, list[int]], key: str, message: int) -> None:

@@ -164,7 +164,10 @@ def test_keywords_match_whole_words_across_the_whole_conversation() -> None:
     assert out.value == ["refund"]
     assert out.detail["messages"] == {"refund": [5]}
     assert out.confidence == 1.0
-    assert sig.extract(user("Is C++ or machine   learning harder?")).value == ["C++"]
+    # A keyword's words apart by other whitespace are still the keyword (a block list must not be
+    # stepped around with a double space or a line break).
+    assert sig.extract(user("Is C++ or machine   learning harder?")).value == ["C++", "machine learning"]
+    assert sig.extract(user("Is C++ or machine\nlearning harder?")).value == ["C++", "machine learning"]
     assert sig.extract(user("MACHINE LEARNING in C++")).value == ["C++", "machine learning"]
     assert not sig.extract(user("refunds and recharge")).value
 

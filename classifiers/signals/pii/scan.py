@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Iterator
+from dataclasses import replace
 
+from classifiers.signals._fold import fold_spans
 from classifiers.signals.pii.detectors import DETECTORS
 from classifiers.signals.pii.findings import Finding
 from classifiers.signals.pii.spans import first_claims
@@ -13,9 +15,18 @@ _DIGIT = re.compile(r"\d")
 
 
 def find_pii(text: str, kinds: Iterable[str] | None = None) -> list[Finding]:
-    """Validated findings in ``text``, sorted by position, without overlaps."""
+    """Validated findings in ``text``, sorted by position, without overlaps.
+
+    The detectors read ``text`` folded (:func:`classifiers.signals._fold.fold_spans`: zero-width
+    characters removed, fullwidth forms, Unicode digits and spaces and Latin look-alikes made ASCII),
+    as the model reads it; the spans are the original text's, invisible characters inside included.
+    """
     wanted = set(kinds) if kinds is not None else None
-    return first_claims(_candidates(text, wanted))
+    folded = fold_spans(text)
+    if folded is None:
+        return first_claims(_candidates(text, wanted))
+    found = first_claims(_candidates(folded.text, wanted))
+    return [replace(f, start=s, end=e) for f in found for s, e in (folded.original_span(f.start, f.end),)]
 
 
 def _candidates(text: str, wanted: Collection[str] | None) -> Iterator[Finding]:
