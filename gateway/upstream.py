@@ -124,12 +124,15 @@ class UpstreamResponse:
     async def next_chunk(self, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 - a deadline, not a cancel scope
         """The next bytes of a streamed body (b"" at the end), within idle and total deadlines."""
         remaining = self.deadline - time.perf_counter()
-        wait = min(self.idle if timeout is None else timeout, remaining)
+        own = self.idle if timeout is None else timeout
+        wait = min(own, remaining)
         try:
             async with asyncio.timeout(max(wait, 0.0)):
                 return await self.raw.content.readany()
         except TimeoutError as exc:
-            if time.perf_counter() >= self.deadline:
+            # Which limit applied is decided before the wait: the event loop may wake a hair before the
+            # deadline, and a stream cut by the total timeout is not "stalled".
+            if remaining <= own or time.perf_counter() >= self.deadline:
                 raise UpstreamFailure("total_timeout", "upstream stream exceeded the total timeout") from exc
             if timeout is not None:
                 raise UpstreamFailure("first_byte_timeout", "upstream sent no data in time") from exc

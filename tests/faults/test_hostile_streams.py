@@ -46,6 +46,14 @@ async def _keepalives_after_done(writer: asyncio.StreamWriter, body: dict[str, A
         await asyncio.sleep(0.02)
 
 
+async def _endless_keepalives(writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
+    writer.write(head() + chunk_event("a"))
+    while True:  # never idle for long, never done: only the total timeout ends it
+        writer.write(b": ping\n\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+
 async def _endless_event(writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
     writer.write(head() + chunk_event("x") + b'data: {"x": "')
     for _ in range(MAX_EVENT_BYTES // (256 << 10) + 2):
@@ -68,7 +76,9 @@ SCRIPTS: dict[str, Script] = {
     "done-unterminated": _writes(chunk_event("a", "stop"), b"data: [DONE]\n"),
     "keepalives-after-done": _keepalives_after_done,
     "endless-event": _endless_event,
+    "endless-keepalives": _endless_keepalives,
 }
+SHORT = {"endless-keepalives"}  # served by a backend with a total timeout of 1.5 s
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +95,11 @@ def gateway(hostile: HostileUpstream, tmp_path_factory: pytest.TempPathFactory) 
     config = {
         "backends": [{
             "name": "hostile", "base_url": hostile.base_url, "timeouts": timeouts, "health": {"enabled": False},
-            "models": [{"name": name, "upstream_name": name} for name in SCRIPTS],
+            "models": [{"name": name, "upstream_name": name} for name in SCRIPTS if name not in SHORT],
+        }, {
+            "name": "short", "base_url": hostile.base_url, "health": {"enabled": False},
+            "timeouts": {"connect": 5.0, "first_byte": 30.0, "total": 1.5, "idle": 1.0},
+            "models": [{"name": name, "upstream_name": name} for name in SHORT],
         }],
         "retry": {"attempts": 1},
     }
@@ -178,3 +192,11 @@ def test_an_event_that_never_ends_is_refused_at_the_size_limit(client: OpenAI, g
     assert texts == ["x"]
     assert isinstance(error, openai.APIError) and f"over {MAX_EVENT_BYTES} bytes" in error.message, repr(error)
     assert gateway.decision(request_id)["error_type"] == "malformed"
+
+
+def test_a_stream_cut_by_the_total_timeout_says_so_not_stalled(client: OpenAI, gateway: GatewayProcess) -> None:
+    # Keep-alives every 50 ms: never idle for 1 s; the total timeout (1.5 s) is what ends it. Its last
+    # wait was bounded by the total deadline but could be reported as "stalled for over 1s".
+    request_id, texts, error = _read(client, "endless-keepalives")
+    assert texts == ["a"] and isinstance(error, openai.APIError), repr(error)
+    assert gateway.decision(request_id)["error_type"] == "total_timeout"
