@@ -33,12 +33,17 @@ class KnobDecision:
 
     ``source`` says where the threshold came from: ``config``, ``calibrated`` (from the window),
     ``uncalibrated`` (target mode with too few scores yet: ``1 - target``) or ``override``.
+
+    ``tie_share`` is set when a calibrated threshold falls inside a run of equal scores in the window
+    (many identical prompts): only that share of the scores equal to the threshold goes strong, chosen
+    by the request's ``draw``, so identical prompts split instead of all going one way.
     """
 
     score: float
     threshold: float
     source: str
     strong: bool
+    tie_share: float | None = None
 
 
 class ScoreSink(Protocol):
@@ -117,36 +122,59 @@ class CostQualityKnob:
 
     def threshold(self) -> tuple[float, str]:
         """The current threshold and its source (see :class:`KnobDecision`)."""
+        threshold, source, _ = self._calibration()
+        return threshold, source
+
+    def _calibration(self) -> tuple[float, str, float | None]:
+        """The threshold, its source, and the tie share (see :class:`KnobDecision`)."""
         if self.target_share is None:
             assert self.fixed is not None
-            return self.fixed, "config"
+            return self.fixed, "config", None
         if len(self._sorted) < self.min_samples:
-            return 1.0 - self.target_share, "uncalibrated"
-        return _share_threshold(self._sorted, self.target_share), "calibrated"
+            return 1.0 - self.target_share, "uncalibrated", None
+        threshold, tie_share = _share_threshold(self._sorted, self.target_share)
+        return threshold, "calibrated", tie_share
 
-    def decide(self, score: float, override: float | None = None) -> KnobDecision:
-        """Compare ``score`` with the threshold (or the per-request ``override``)."""
+    def decide(self, score: float, override: float | None = None, *, draw: float | None = None) -> KnobDecision:
+        """Compare ``score`` with the threshold (or the per-request ``override``).
+
+        ``draw`` (in [0, 1), fixed per request: :func:`policies.explore.request_fraction`) splits a score
+        equal to a calibrated threshold that falls inside a run of equal scores: strong when ``draw <
+        tie_share``. Without it such a score goes strong, as every score at the threshold does.
+        """
+        tie_share: float | None = None
         if override is not None:
             threshold, source = override, "override"
         else:
-            threshold, source = self.threshold()
-        return KnobDecision(score=score, threshold=threshold, source=source, strong=score >= threshold)
+            threshold, source, tie_share = self._calibration()
+        strong = score >= threshold
+        if tie_share is not None and score == threshold and draw is not None:
+            strong = draw < tie_share
+        return KnobDecision(score=score, threshold=threshold, source=source, strong=strong, tie_share=tie_share)
 
 
-def _share_threshold(ordered: list[float], share: float) -> float:
-    """A threshold that ``round(share * n)`` of the ``n`` sorted scores reach.
+def _share_threshold(ordered: list[float], share: float) -> tuple[float, float | None]:
+    """A threshold that ``round(share * n)`` of the ``n`` sorted scores reach, and the tie share.
 
     It lies halfway between the weakest score that goes strong and the strongest that does not,
-    so new scores from the same distribution split in the same proportion.
+    so new scores from the same distribution split in the same proportion. When those two are equal
+    (a run of identical scores straddles the cut) no threshold splits them: the threshold is that
+    score, and the tie share is the part of the run that has to go strong for the share to hold
+    (``None`` otherwise).
     """
     n = len(ordered)
     strong = round(share * n)
     first_strong = n - strong
     if strong == 0:
-        return math.nextafter(ordered[-1], math.inf)
+        return math.nextafter(ordered[-1], math.inf), None
     if first_strong == 0:
-        return ordered[0]
-    return (ordered[first_strong - 1] + ordered[first_strong]) / 2
+        return ordered[0], None
+    below, above = ordered[first_strong - 1], ordered[first_strong]
+    if below < above:
+        return (below + above) / 2, None
+    start = bisect.bisect_left(ordered, above)
+    end = bisect.bisect_right(ordered, above)
+    return above, (end - first_strong) / (end - start)
 
 
 def distribution_seed(quantiles: Sequence[float], n: int) -> list[float]:

@@ -29,7 +29,7 @@ from policies.base import PolicyError
 from policies.conditions import describe, evaluate, signals_used
 from policies.config import RouteConfig, Rule
 from policies.context import RequestContext
-from policies.explore import Exploration, explore_pair
+from policies.explore import Exploration, explore_pair, request_fraction
 from policies.knob import CostQualityKnob, KnobDecision, threshold_override
 from policies.plan import Plan
 from policies.signals import SignalLike, SignalProvider, resolve, signal_name
@@ -37,6 +37,8 @@ from policies.sticky import SessionStore, SessionStoreUnavailable, StickySession
 from policies.utility import Choice, ModelInfo, UtilityChooser
 
 POLICY_NAME = "rules"
+#: Salt of the per-request draw that splits a tie at the knob's calibrated threshold.
+TIE_PURPOSE = "knob-tie"
 
 
 @dataclass
@@ -60,6 +62,7 @@ class _Outcome:
     propensity: float | None = None  # of the served model; None when the decision was not randomised
     workflow: str | None = None  # the workflow that answers (``model`` is then its virtual model)
     band: tuple[float, float] | None = None  # the knob's middle band, when it chose the workflow
+    tie: float | None = None  # P(the knob chose strong) when its score fell in a tie it splits at random
 
 
 class RulePolicy:
@@ -251,7 +254,9 @@ class RulePolicy:
                 outcome.model = cq.strong
                 outcome.reason = f"{prefix}{cq.signal} unavailable -> strong model {cq.strong}"
                 return
-            decision = self.knob.decide(float(raw), override)
+            decision = self.knob.decide(float(raw), override, draw=request_fraction(ctx.request_id, TIE_PURPOSE))
+            if decision.tie_share is not None and decision.score == decision.threshold:
+                outcome.tie = decision.tie_share
             if commit:
                 self.knob.observe(float(raw))
             outcome.knob = decision
@@ -273,6 +278,8 @@ class RulePolicy:
                 f"{prefix}{cq.signal} {decision.score:.3f} {relation} threshold {decision.threshold:.3f} "
                 f"({decision.source}) -> {tier} model {outcome.model}"
             )
+            if outcome.tie is not None:
+                outcome.reason += f" (a tie at the threshold: {outcome.tie:.2f} of ties go strong)"
             if self.exploring:
                 assert cfg.explore is not None
                 other = cq.weak if decision.strong else cq.strong
@@ -388,6 +395,8 @@ class RulePolicy:
         if outcome.knob is not None:
             details.update(score=round(outcome.knob.score, 4), threshold=round(outcome.knob.threshold, 4),
                            threshold_source=outcome.knob.source)
+            if outcome.tie is not None:
+                details["tie_share"] = round(outcome.tie, 4)
         choice = outcome.choice
         best = choice.best if choice is not None else None
         if choice is not None and best is not None and best.utility is not None and best.quality is not None:
@@ -423,6 +432,8 @@ class RulePolicy:
         if outcome.knob is not None:
             knob.update(score=outcome.knob.score, threshold=outcome.knob.threshold,
                         threshold_source=outcome.knob.source, strong=outcome.knob.strong)
+            if outcome.tie is not None:
+                knob["tie_share"] = outcome.tie
         return knob
 
     @staticmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -123,3 +124,43 @@ def test_a_distribution_seed_follows_the_recorded_quantiles() -> None:
     assert source == "calibrated" and threshold == pytest.approx(0.9, abs=0.01)  # the top quarter: above 0.9
     assert distribution_seed([0.5, 0.4], 10) == []  # not a quantile list: no seed rather than a wrong one
     assert distribution_seed([0.1, float("nan")], 10) == [] and distribution_seed([0.3], 10) == []
+
+
+def test_identical_scores_straddling_the_cut_split_to_the_target_share() -> None:
+    """Many identical prompts (one score, repeated): they must split, not all go strong (or weak)."""
+    rng = random.Random(13)
+    knob = CostQualityKnob(target_share=0.3, window=2000, min_samples=50)
+    strong = []
+    for i in range(12_000):
+        score = 0.3 if i % 2 else _stream(rng, 1)[0]  # half the traffic is one prompt; Beta(2, 5) median ~0.26
+        strong.append(knob.decide(score, draw=rng.random()).strong)
+        knob.observe(score)
+    assert sum(strong[-8000:]) / 8000 == pytest.approx(0.3, abs=0.03)
+    decision = knob.decide(0.3, draw=0.0)
+    assert decision.threshold == 0.3 and decision.tie_share is not None and 0.0 < decision.tie_share < 1.0
+    assert not knob.decide(0.3, draw=0.999).strong and knob.decide(0.31, draw=0.999).strong
+
+
+def test_a_window_of_one_repeated_score_still_gives_the_target_share() -> None:
+    knob = CostQualityKnob(target_share=0.3, min_samples=10, seed=[0.42] * 1000)
+    rng = random.Random(2)
+    share = sum(knob.decide(0.42, draw=rng.random()).strong for _ in range(4000)) / 4000
+    assert share == pytest.approx(0.3, abs=0.03)
+    assert knob.decide(0.42, override=0.42).strong  # an override is a plain threshold: no tie split
+
+
+async def test_policy_splits_identical_prompts_by_request_id() -> None:
+    policy, _ = build("""
+name: auto
+policy: rules
+cost_quality: {strong: big, weak: small, target_strong_share: 0.25, window: 400, min_samples: 20}
+""")
+    chosen = []
+    for i in range(1200):
+        plan = await policy.decide(replace(request("the same question [d=0.5000]"), request_id=f"r{i}"))
+        chosen.append(plan.candidates[0])
+    assert chosen[-800:].count("big") / 800 == pytest.approx(0.25, abs=0.05)
+    assert plan.details["threshold_source"] == "calibrated" and 0.0 < plan.details["tie_share"] < 1.0
+    again = await policy.explain(replace(request("the same question [d=0.5000]"), request_id="r1199"))
+    assert again["model"] == chosen[-1]  # the split is fixed per request id: replays and /v1/route agree
+
