@@ -515,7 +515,8 @@ def load_logs(
 
 def fetch_logged(url: str, *, route: str | None = None, since: float | None = None) -> list[Any]:
     """Every ``store.LoggedRequest`` of the store at ``url`` (``DecisionStore.logged_requests``);
-    works inside or outside a running event loop."""
+    works inside or outside a running event loop. A conversation text past its retention is read as
+    deleted (:func:`without_expired_text`)."""
 
     async def fetch() -> list[Any]:
         from store.url import opened_store
@@ -523,7 +524,22 @@ def fetch_logged(url: str, *, route: str | None = None, since: float | None = No
         async with opened_store(url) as store:
             return list(await store.logged_requests(route=route, since=since))
 
-    return run_sync(fetch, name="pointsman-load-logs")
+    return without_expired_text(run_sync(fetch, name="pointsman-load-logs"))
+
+
+def without_expired_text(logged: list[Any], now: float | None = None) -> list[Any]:
+    """``logged`` with every conversation text whose ``expires_at`` is past (at ``now``, default the
+    current time) dropped, its embedding kept: retention ends at the expiry, not when the gateway's
+    purge (every 10 minutes, and only while it runs) gets round to it, nor in a copy of the store."""
+    import time
+
+    cutoff = time.time() if now is None else now
+    for item in logged:
+        conversation = item.conversation
+        if conversation is not None and conversation.text is not None and conversation.expires_at is not None \
+                and conversation.expires_at <= cutoff:
+            conversation.text = None
+    return logged
 
 
 def requests_from_logs(

@@ -398,6 +398,42 @@ def test_logs_join_feedback_per_model_and_skip_what_cannot_train(tmp_path: Path)
     assert src.describe()["skipped"] == src.skipped
 
 
+def test_logs_never_read_a_conversation_text_past_its_retention(tmp_path: Path) -> None:
+    """A route keeps the text for text_retention_days; a store not yet purged (the gateway was stopped, or
+    its 10-minute purge has not come round) still holds it, but training reads it as deleted: the
+    embedding stands in, and a request with only its text is left out."""
+    import time
+
+    from store import ConversationRecord, FeedbackRecord
+
+    db = tmp_path / "pointsman.db"
+    past, future = time.time() - 60, time.time() + 86_400
+    vector = np.ones(256, dtype="<f4") / 16.0
+
+    def kept(request_id: str, expires_at: float, embedding: bool) -> Any:
+        return ConversationRecord(
+            request_id=request_id, created_at=1_700_000_000.0, encoder_id="minilm-static-256" if embedding else None,
+            embedding=vector.tobytes() if embedding else None, expires_at=expires_at,
+            text=json.dumps([{"role": "user", "content": f"private question {request_id}"}]),
+        )
+
+    records = [
+        _record("expired-with-embedding", WEAK, kept("expired-with-embedding", past, embedding=True)),
+        _record("expired-text-only", WEAK, kept("expired-text-only", past, embedding=False)),
+        _record("still-kept", WEAK, kept("still-kept", future, embedding=False)),
+    ]
+    feedback = [FeedbackRecord(r.request_id, 1.0, source="user") for r in records]
+    _write_store(db, records, feedback)
+
+    src = load_source(f"logs:sqlite:///{db}")
+    by_id = {r.request_id: r for r in src.rows}
+    assert set(by_id) == {"expired-with-embedding", "still-kept"}
+    assert not by_id["expired-with-embedding"].has_text and by_id["expired-with-embedding"].embedding is not None
+    assert by_id["still-kept"].messages == [{"role": "user", "content": "private question still-kept"}]
+    assert src.skipped == {"neither text nor embedding stored": 1}
+    assert all("private question expired" not in json.dumps(r.messages) for r in src.rows + src.logged)
+
+
 def test_a_store_that_cannot_be_read_is_one_line_without_its_password(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
