@@ -3,7 +3,8 @@
 A chat request carries text in several places: ``content`` as a string or as a list of parts, assistant
 ``tool_calls`` (each function's ``arguments``, a JSON string), the legacy ``function_call``'s
 ``arguments``, and tool/function result messages (plain ``content``). A legacy completions request
-carries a ``prompt`` string (or a list of strings) instead of messages.
+carries a ``prompt`` string (or a list of strings) instead of messages, an embeddings request an
+``input``: both read as "the prompt" (role ``user``, message -1, source ``prompt``).
 
 Every reader of a request walks it here, and the ways the readers differ are options, not copies:
 
@@ -173,8 +174,8 @@ def iter_message_texts(
         last_user: Only the last ``user`` message; when there is none, the legacy prompt stands for
             the user's turn (if ``prompt``). Excludes ``roles``.
         tool_calls: Include tool-call and legacy function-call ``arguments`` (source ``tool_call``).
-        prompt: Include the legacy ``prompt`` (role ``user``, message -1): a string or the string
-            items of a list (a list of token ids has no text).
+        prompt: Include the legacy ``prompt`` or an embeddings ``input`` (role ``user``, message -1):
+            a string or the string items of a list (a list of token ids has no text).
         markers: Read content parts as a reader does (see the module docstring).
     """
     if last_user and roles is not None:
@@ -210,8 +211,14 @@ def iter_message_texts(
         yield from _prompt_pieces(body)
 
 
+def _prompt_key(body: Mapping[str, Any]) -> str:
+    """Where the request's text is when it has no messages: a completions ``prompt``, else an
+    embeddings ``input`` (both a string or a list of strings; lists of token ids hold no text)."""
+    return "prompt" if "prompt" in body else "input"
+
+
 def _prompt_pieces(body: Mapping[str, Any]) -> Iterator[TextPiece]:
-    prompt = body.get("prompt")
+    prompt = body.get(_prompt_key(body))
     if isinstance(prompt, str):
         if prompt:
             yield TextPiece(-1, "user", "prompt", prompt)
@@ -287,10 +294,11 @@ def rewrite_message_texts(
             text = fn(piece)
             if text == piece.text:
                 continue
+            key = _prompt_key(body)
             if piece.part < 0:
-                new["prompt"] = text
+                new[key] = text
                 break
             if items is None:
-                items = new["prompt"] = list(body["prompt"])
+                items = new[key] = list(body[key])
             items[piece.part] = text
     return new

@@ -164,6 +164,24 @@ def test_pii_is_redacted_before_forwarding(sdk: OpenAI, upstream: FakeUpstream) 
     assert "[EMAIL]" in text
 
 
+def test_pii_in_an_embeddings_or_completions_request_is_redacted_before_forwarding(
+    sdk: OpenAI, upstream: FakeUpstream
+) -> None:
+    """An embeddings ``input`` (a string or a list of strings) is text sent to a provider like any prompt
+    (it was neither scanned nor redacted: the address reached the upstream)."""
+    for given in ("Mail jane.roe@acme-corp.com today.", ["Mail jane.roe@acme-corp.com today.", "no data here"]):
+        user = uuid.uuid4().hex
+        sdk.embeddings.create(model="auto", input=given, user=user)
+        sent = [b for b in upstream.state.bodies if b.get("user") == user][-1]
+        assert "jane.roe@acme-corp.com" not in repr(sent["input"])
+        expected = "Mail [EMAIL] today."
+        assert sent["input"] == (expected if isinstance(given, str) else [expected, "no data here"])
+    user = uuid.uuid4().hex
+    sdk.completions.create(model="auto", prompt=["Card 4111 1111 1111 1111.", "ok"], user=user)
+    sent = [b for b in upstream.state.bodies if b.get("user") == user][-1]
+    assert sent["prompt"] == ["Card [CREDIT_CARD].", "ok"]
+
+
 def test_route_endpoint_explains_without_calling_a_backend(routed: GatewayProcess, upstream: FakeUpstream) -> None:
     import httpx
 

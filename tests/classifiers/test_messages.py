@@ -105,6 +105,15 @@ def test_legacy_prompt_is_the_users_turn() -> None:
     assert [p[2] for p in pieces(with_user)] == ["content", "prompt"]
 
 
+def test_an_embeddings_input_is_the_prompt() -> None:
+    assert pieces({"model": "e", "input": "a b"}) == [(-1, "user", "prompt", -1, "a b")]
+    assert pieces({"model": "e", "input": ["a", [1, 2], "b"]}) == [(-1, "user", "prompt", 0, "a"),
+                                                                  (-1, "user", "prompt", 2, "b")]
+    body = {"model": "e", "input": ["a cat", "dog"]}
+    new = rewrite_message_texts(body, lambda piece: piece.text.replace("cat", "[X]"))
+    assert new == {"model": "e", "input": ["a [X]", "dog"]} and body["input"] == ["a cat", "dog"]
+
+
 @pytest.mark.parametrize(
     "body",
     [
