@@ -60,7 +60,9 @@ class StickySessions:
     """``session key -> model``; entries expire ``ttl`` seconds after their last use.
 
     At most ``max_sessions`` entries are kept: the least recently used goes first. One instance
-    per route, used from the event loop only (no locking needed).
+    per route, used from the event loop only (no locking needed). Keys are kept as their SHA-256
+    digest: a session id is whatever a client sends (a header of 100 kB is accepted), and
+    ``max_sessions`` of those would otherwise hold gigabytes.
     """
 
     def __init__(self, ttl: float, max_sessions: int, clock: Callable[[], float] = time.monotonic) -> None:
@@ -69,30 +71,36 @@ class StickySessions:
         self.ttl = ttl
         self.max_sessions = max_sessions
         self._clock = clock
-        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, key: str, *, touch: bool = True) -> str | None:
         """The session's model, or ``None`` if unknown or expired. ``touch`` renews its TTL."""
-        entry = self._entries.get(key)
+        return self._get(_digest(key), touch)
+
+    def put(self, key: str, model: str) -> None:
+        """Pin the session to ``model`` (evicting the least recently used session if full)."""
+        self._put(_digest(key), model)
+
+    def _get(self, digest: bytes, touch: bool) -> str | None:
+        entry = self._entries.get(digest)
         if entry is None:
             return None
         model, expires = entry
         now = self._clock()
         if expires <= now:
-            del self._entries[key]
+            del self._entries[digest]
             return None
         if touch:
-            self._entries[key] = (model, now + self.ttl)
-            self._entries.move_to_end(key)
+            self._entries[digest] = (model, now + self.ttl)
+            self._entries.move_to_end(digest)
         return model
 
-    def put(self, key: str, model: str) -> None:
-        """Pin the session to ``model`` (evicting the least recently used session if full)."""
-        self._entries[key] = (model, self._clock() + self.ttl)
-        self._entries.move_to_end(key)
+    def _put(self, digest: bytes, model: str) -> None:
+        self._entries[digest] = (model, self._clock() + self.ttl)
+        self._entries.move_to_end(digest)
         while len(self._entries) > self.max_sessions:
             self._entries.popitem(last=False)
 
@@ -102,9 +110,10 @@ class StickySessions:
 
     async def claim(self, key: str, model: str) -> str | None:
         """:class:`SessionStore`: the session's model (TTL renewed), else pin ``model`` and return ``None``."""
-        prior = self.get(key, touch=True)
+        digest = _digest(key)
+        prior = self._get(digest, touch=True)
         if prior is None:
-            self.put(key, model)
+            self._put(digest, model)
         return prior
 
     async def pin(self, key: str, model: str) -> None:
@@ -140,6 +149,10 @@ def conversation_start(body: Mapping[str, Any]) -> list[Any]:
         if role == "user":
             break
     return prefix
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

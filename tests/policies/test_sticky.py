@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from policies import RequestContext, StickySessions
@@ -152,3 +154,20 @@ def test_only_sticky_routes_take_a_session_store() -> None:
     policy, _ = build(STICKY.replace("sticky: {ttl: 600, escalate: %s}", "sticky: {enabled: false}"))
     with pytest.raises(ValueError, match="no session stickiness"):
         policy.use_session_store(StickySessions(ttl=60, max_sessions=10))
+
+
+async def test_huge_session_ids_are_not_kept_whole() -> None:
+    """A session id is whatever a client sends: 100 kB ids must not be held for max_sessions sessions."""
+    sessions = StickySessions(ttl=60, max_sessions=100_000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(200):
+            await sessions.claim(f"auto\x00tenant\x00id\x00{i}-" + "x" * 100_000, "small")  # 20 MB of ids
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(sessions) == 200
+    assert kept < 1_000_000
+    assert await sessions.lookup("auto\x00tenant\x00id\x007-" + "x" * 100_000) == "small"
+    assert await sessions.lookup("auto\x00tenant\x00id\x007-" + "x" * 99_999) is None
