@@ -102,12 +102,15 @@ def masked_store_url(url: str) -> str:
     if "://" not in url:
         return url
     parts = urlsplit(url)
+    masked = parts
     if parts.password is not None:
         host = parts.netloc.rsplit("@", 1)[1]
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+        masked = masked._replace(netloc=f"{parts.username or ''}:***@{host}")
     if parts.query:
-        parts = parts._replace(query=_QUERY_PASSWORD.sub(r"\1=***", parts.query))
-    return urlunsplit(parts)
+        masked = masked._replace(query=_QUERY_PASSWORD.sub(r"\1=***", parts.query))
+    # Unchanged when there is nothing to mask: urlunsplit would rewrite sqlite:///pointsman.db (an empty
+    # host) as sqlite:/pointsman.db, a URL no store opens, into version.json and every message.
+    return url if masked == parts else urlunsplit(masked)
 
 
 _QUERY_PASSWORD = re.compile(r"(?<![^&;])(password)=[^&;]*", re.IGNORECASE)
