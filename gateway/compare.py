@@ -407,6 +407,9 @@ class CompareRunner:
             conversation = transcript(body)
             served_scores: list[float] = []
             pairs: list[dict[str, Any]] = []
+            # Written together once every pair is judged: a comparison cancelled (at shutdown) or failed
+            # half-way leaves no row, never an opponent's score without the served model's.
+            rows: list[tuple[str, float, dict[str, Any]]] = []
             for call in calls:
                 if call.text is None:
                     state.counts["candidate_error"] += 1
@@ -427,13 +430,15 @@ class CompareRunner:
                 served_scores.append(score)
                 pair = {"models": [served, call.model], "verdicts": list(verdicts)}
                 pairs.append(pair)
-                self._feedback(record, call.model, 1.0 - score, {
+                rows.append((call.model, 1.0 - score, {
                     "judge": state.settings.judge, "opponent": served, "served": False,
                     "orders": [[served, call.model], [call.model, served]], "verdicts": list(verdicts),
                     "prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
                     "cost_usd": call.cost,
-                })
+                }))
             if served_scores:
+                for model, score, metadata in rows:
+                    self._feedback(record, model, score, metadata)
                 self._feedback(record, served, sum(served_scores) / len(served_scores), {
                     "judge": state.settings.judge, "served": True,
                     "opponents": [p["models"][1] for p in pairs], "pairs": pairs,

@@ -465,3 +465,66 @@ async def test_a_busy_event_loop_defers_comparisons_and_close_cancels_them(
         for rec, cli in ((recorder, client), (other_recorder, other_client)):
             await rec.stop()
             await cli.close()
+
+
+def _stalling_judge_app(seen: list[str]) -> Any:
+    """Candidates answer at once (``answer of <model>``); the judge prefers answer A, but hangs on any
+    pair with ``mid``'s answer in it (until the gateway gives up on the call)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def chat(request: Request) -> Response:
+        body = json.loads(await request.body())
+        model = body["model"]
+        prompt = json.dumps(body["messages"])
+        seen.append(model)
+        if model == "judge" and "answer of mid" in prompt:
+            while not await request.is_disconnected():  # noqa: ASYNC110 - Starlette offers no event for it
+                await asyncio.sleep(0.02)
+            return Response(status_code=204)
+        text = "[[A]]" if model == "judge" else f"answer of {model}"
+        return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": model, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+async def test_a_comparison_cancelled_half_way_writes_no_feedback(tmp_path: Path) -> None:
+    """Three candidates: the pair (big, small) is judged, the pair (big, mid) is still being judged at
+    shutdown. No row may be left: small's score alone (with no score of the served model against it)
+    would enter training as a label for one model of the request."""
+    from tests.fakes.upstream import LoopbackServer
+
+    seen: list[str] = []
+    server = LoopbackServer(_stalling_judge_app(seen)).start()
+    config = parse_config({
+        "backends": [{"name": "stall", "base_url": server.base_url, "health": {"enabled": False},
+                      "models": [{"name": "big"}, {"name": "small"}, {"name": "mid"}, {"name": "judge"}]}],
+        "classifiers": {"encoder": "static"},
+        "routes": [{"name": "auto", "policy": "rules", "multi_model": {"candidates": ["big", "small", "mid"]},
+                    "compare": {"share": 1.0, "judge": "judge"}}],
+    })
+    pool = BackendPool(config.backends, config.breaker)
+    client = UpstreamClient()
+    await client.start()
+    recorder = DecisionRecorder(SQLiteDecisionStore(str(tmp_path / "d.db")), flush_interval=0.02)
+    await recorder.start()
+    runner = CompareRunner(config, Forwarder(pool, client, config.retry, Metrics()), pool, recorder)
+    try:
+        state = runner.routes["auto"]
+        body = {"model": "auto", "messages": [{"role": "user", "content": "A question"}]}
+        runner.launch(_served("psm-half"), body, "answer of big")
+        assert state.in_flight == 1
+        # Both judgements of (big, small) are in and both of (big, mid) are asked.
+        await _until(lambda: seen.count("judge") == 4, "the second pair is being judged")
+        await runner.close()
+        assert state.counts["cancelled"] == 1 and state.counts["judged"] == 0
+        await recorder.flush()
+        assert await recorder.store.fetch_feedback("psm-half") == []
+    finally:
+        await runner.close()
+        await recorder.stop()
+        await client.close()
+        server.stop()
