@@ -33,7 +33,9 @@ class RedisSessionStore:
         self._client = client
         self._prefix = prefix + "sticky:"
         self._ttl_ms = max(1, int(ttl * 1000))
-        self._failures = RedisFailures(log, "session store", "deciding without stickiness")
+        # After a failure, skip Redis for a second: a Redis that hangs would otherwise cost every sticky
+        # request a whole ``shared_state.timeout``, as the limits and the response cache do not.
+        self._failures = RedisFailures(log, "session store", "deciding without stickiness", retry_after=1.0)
 
     def redis_key(self, key: str) -> str:
         """The Redis key of a session key (a hash: session ids and tenants are not stored)."""
@@ -41,12 +43,14 @@ class RedisSessionStore:
 
     async def lookup(self, key: str) -> str | None:
         """The session's model (``GET``: its TTL is left as it is)."""
+        self._skip("read")
         model: str | None = await self._call(self._client.get(self.redis_key(key)), "read")
         return model
 
     async def claim(self, key: str, model: str) -> str | None:
         """``SET key model NX GET PX ttl`` + ``PEXPIRE key ttl`` in one round trip (Redis >= 7.0):
         the prior model with its TTL renewed, or ``None`` with ``model`` pinned."""
+        self._skip("claim")
         name = self.redis_key(key)
         pipe = self._client.pipeline(transaction=False)
         pipe.set(name, model, nx=True, get=True, px=self._ttl_ms)
@@ -56,7 +60,12 @@ class RedisSessionStore:
 
     async def pin(self, key: str, model: str) -> None:
         """Keep the session on ``model`` for the route's TTL."""
+        self._skip("write")
         await self._call(self._client.set(self.redis_key(key), model, px=self._ttl_ms), "write")
+
+    def _skip(self, what: str) -> None:
+        if self._failures.skipping():
+            raise SessionStoreUnavailable(f"Redis {what} skipped: it failed less than a second ago")
 
     async def _call(self, call: Any, what: str) -> Any:
         # socket_timeout bounds each read and write on the connection (set in SharedState.start), so

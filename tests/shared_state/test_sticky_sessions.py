@@ -3,12 +3,16 @@ outlives the deployment that pinned it, session ids are whatever a client sends.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from gateway.shared_state import RedisSessionStore, redis_client
+from policies.sticky import SessionStoreUnavailable
 from tests.blackbox.test_auto_routing import routing_config
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
@@ -60,3 +64,28 @@ def test_a_session_pinned_to_a_model_the_new_config_removed_moves_to_a_served_mo
         assert explained["sticky"]["state"] == "kept" and explained["model"] == "small-model"
     finally:
         new.terminate()
+
+
+async def test_a_hung_redis_costs_the_session_store_one_timeout_per_second_not_one_per_request() -> None:
+    """A Redis that accepts connections and never answers: after the first timed-out call the store skips
+    Redis for a second (requests are decided without stickiness at once) instead of waiting again."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = redis_client(f"redis://127.0.0.1:{port}/0", 0.2, decode=True)
+    store = RedisSessionStore(client, "pointsman-test:", ttl=60)
+    try:
+        for i in range(5):
+            with pytest.raises(SessionStoreUnavailable):
+                await store.claim(f"auto\x00\x00id\x00s{i}", "small-model")
+        assert len(accepted) == 1, "one connection attempt, then a second of skipping"
+    finally:
+        await client.aclose()
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
