@@ -24,6 +24,7 @@ nothing on most traffic, and on other text only when it holds a character it cha
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from bisect import bisect_right
@@ -64,77 +65,85 @@ def _ranges(codes: list[int]) -> str:
     return "".join(out)
 
 
-def _tables() -> tuple[dict[int, str | None], str, str]:
-    """The fold table (code -> replacement, None: removed) and the BMP and astral trigger classes."""
-    table: dict[int, str | None] = {}
-    for code in range(0x80, 0x20000):  # the planes beyond hold no digits, spaces or dashes
-        ch = chr(code)
-        category = unicodedata.category(ch)
-        if category == "Nd":
-            table[code] = str(unicodedata.decimal(ch))
-        elif category == "Zs":
-            table[code] = " "
-        elif category == "Pd":
-            table[code] = "-"
-        elif INVISIBLE.match(ch):
-            table[code] = None
-    for code in range(0x1D400, 0x1D800):  # mathematical alphanumerics: bold, italic, script ... letters
-        plain = unicodedata.normalize("NFKC", chr(code))
-        if len(plain) == 1 and plain.isascii():
-            table[code] = plain
-    table[0x2212] = "-"  # minus sign (Sm)
-    table[0xFE6B] = "@"  # small commercial at
-    # Fullwidth ASCII, but not the punctuation CJK text is written with (，：；？！（）): every Chinese
-    # or Japanese text would be folded for nothing (those never hide a number or an address).
-    cjk_punctuation = {ord(c) for c in "！（），：；？"}
-    for code in range(0xFF01, 0xFF5F):
-        if code not in cjk_punctuation:
-            table[code] = chr(code - 0xFEE0)
-    bmp = sorted(c for c in table if c < 0x10000)
-    astral = sorted(c for c in table if c >= 0x10000)
-    return table, _ranges(bmp), _ranges(astral)
+class _Folder:
+    """The fold table and its patterns, built on the first text that is not ASCII (~30 ms: a process
+    that only ever sees ASCII, a freshly spawned scan worker among them, never pays it)."""
+
+    def __init__(self) -> None:
+        table: dict[int, str | None] = {}
+        for code in range(0x80, 0x20000):  # the planes beyond hold no digits, spaces or dashes
+            category = unicodedata.category(chr(code))
+            if category == "Nd":
+                table[code] = str(unicodedata.decimal(chr(code)))
+            elif category == "Zs":
+                table[code] = " "
+            elif category == "Pd":
+                table[code] = "-"
+        bmp = "".join(map(chr, range(0x10000)))
+        for m in INVISIBLE.finditer(bmp):
+            table[m.start()] = None
+        for code in range(0x1D400, 0x1D800):  # mathematical alphanumerics: bold, italic, script ... letters
+            plain = unicodedata.normalize("NFKC", chr(code))
+            if len(plain) == 1 and plain.isascii():
+                table[code] = plain
+        table[0x2212] = "-"  # minus sign (Sm)
+        table[0xFE6B] = "@"  # small commercial at
+        # Fullwidth ASCII, but not the punctuation CJK text is written with (，：；？！（）): every Chinese
+        # or Japanese text would be folded for nothing (those never hide a number or an address).
+        cjk_punctuation = {ord(c) for c in "！（），：；？"}
+        for code in range(0xFF01, 0xFF5F):
+            if code not in cjk_punctuation:
+                table[code] = chr(code - 0xFEE0)
+        bmp_class = _ranges(sorted(c for c in table if c < 0x10000))
+        self.table = table
+        self.bmp = re.compile(f"[{bmp_class}]")
+        # A long list of astral ranges is slow to test: run only on a text holding one of them.
+        self.astral = re.compile(f"[{_ranges(sorted(c for c in table if c >= 0x10000))}]")
+        self.conf = re.compile(f"[{_ranges(sorted(ord(c) for c in _CONFUSABLES))}]")
+        self.conf_table = {ord(k): v for k, v in _CONFUSABLES.items()}
+        # A look-alike beside an ASCII letter or digit: a word mixing scripts, as no language writes
+        # one (Russian or Greek text on its own is never folded: that would cost a pass over every
+        # character). Anchored on the ASCII character, rare in the text this must skip quickly.
+        self.mixed = re.compile(f"[A-Za-z0-9@](?:(?={self.conf.pattern})|(?<={self.conf.pattern}.))")
+        # Whether anything at all may fold: one pass over a text that holds nothing to fold (most).
+        self.any = re.compile(f"[{bmp_class}{self.conf.pattern[1:-1]}\U00010000-\U0010ffff]")
+
+    def fold_char(self, m: re.Match[str]) -> str:
+        return self.table[ord(m.group())] or ""
+
+    def fold_word(self, m: re.Match[str]) -> str:
+        word = m.group()
+        return word.translate(self.conf_table) if not word.isascii() and self.mixed.search(word) else word
+
+    def __call__(self, text: str) -> str | None:
+        """The folded text, or None when nothing in ``text`` folds."""
+        if self.any.search(text) is None:
+            return None
+        changed = False
+        if self.bmp.search(text) is not None:
+            text = self.bmp.sub(self.fold_char, text)
+            changed = True
+        # Astral characters are mostly emoji; only digits and mathematical letters among them fold.
+        if _ASTRAL.search(text) is not None and any(ord(c) in self.table for c in _ASTRAL.findall(text)):
+            text = self.astral.sub(self.fold_char, text)
+            changed = True
+        if self.conf.search(text) is not None and self.mixed.search(text) is not None:
+            text = _WORD.sub(self.fold_word, text)
+            changed = True
+        return text if changed else None
 
 
-_TABLE, _BMP_CLASS, _ASTRAL_CLASS = _tables()
-_FOLD_BMP = re.compile(f"[{_BMP_CLASS}]")
-_FOLD_ASTRAL = re.compile(f"[{_ASTRAL_CLASS}]")  # a long list of ranges: slow, run only when needed
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
-_CONF = re.compile(f"[{_ranges(sorted(ord(c) for c in _CONFUSABLES))}]")
-_CONF_TABLE = {ord(k): v for k, v in _CONFUSABLES.items()}
-# A look-alike beside an ASCII letter or digit: a word mixing scripts, as no language writes one.
-# (Russian or Greek text on its own is never folded: that would cost a pass over every character.)
-# Anchored on the ASCII character, rare in the Cyrillic or Greek text the scan must skip quickly.
-_MIXED = re.compile(f"[A-Za-z0-9@](?:(?={_CONF.pattern})|(?<={_CONF.pattern}.))")
-# Whether anything at all may fold: one pass over a text that holds nothing to fold (most of them).
-_ANY = re.compile(f"[{_BMP_CLASS}{_CONF.pattern[1:-1]}\U00010000-\U0010ffff]")
 _WORD = re.compile(r"[\w@.+%'-]+")
 
 
-def _fold_char(m: re.Match[str]) -> str:
-    return _TABLE[ord(m.group())] or ""
-
-
-def _fold_word(m: re.Match[str]) -> str:
-    word = m.group()
-    return word.translate(_CONF_TABLE) if not word.isascii() and _MIXED.search(word) else word
+@functools.cache
+def _folder() -> _Folder:
+    return _Folder()
 
 
 def _fold(text: str) -> str | None:
-    """The folded text, or None when nothing in ``text`` folds."""
-    if _ANY.search(text) is None:
-        return None
-    changed = False
-    if _FOLD_BMP.search(text) is not None:
-        text = _FOLD_BMP.sub(_fold_char, text)
-        changed = True
-    # Astral characters are mostly emoji; only digits and mathematical letters among them fold.
-    if _ASTRAL.search(text) is not None and any(ord(c) in _TABLE for c in _ASTRAL.findall(text)):
-        text = _FOLD_ASTRAL.sub(_fold_char, text)
-        changed = True
-    if _CONF.search(text) is not None and _MIXED.search(text) is not None:
-        text = _WORD.sub(_fold_word, text)
-        changed = True
-    return text if changed else None
+    return _folder()(text)
 
 
 class Folded:
