@@ -45,6 +45,8 @@ class SSEFramer:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """The events ``chunk`` completes, each exactly as received; raises :class:`EventTooLarge`."""
+        if not self._pending and b"\r" not in chunk:
+            return self._feed_lf(chunk)
         buffer = self._pending
         start = max(len(buffer) - _LOOKBACK, 0)
         buffer += chunk
@@ -61,6 +63,21 @@ class SSEFramer:
             raise EventTooLarge(f"the upstream sent an SSE event over {self._max} bytes")
         return events
 
+    def _feed_lf(self, chunk: bytes) -> list[bytes]:
+        """:meth:`feed` for the common case, nothing held back and LF line endings only (every
+        OpenAI-compatible server writes whole ``data: ...\\n\\n`` events): plain ``find`` instead of the
+        regular expression, a few times faster per event on the streaming hot path."""
+        events: list[bytes] = []
+        begin = 0
+        while (end := chunk.find(b"\n\n", begin)) >= 0:
+            events.append(chunk[begin:end + 2] if begin or end + 2 < len(chunk) else chunk)
+            begin = end + 2
+        if begin < len(chunk):
+            self._pending += chunk[begin:]
+            if len(self._pending) > self._max:
+                raise EventTooLarge(f"the upstream sent an SSE event over {self._max} bytes")
+        return events
+
     def rest(self) -> bytes:
         """The bytes of the incomplete event held back (taken: the framer is empty afterwards)."""
         rest = bytes(self._pending)
@@ -71,6 +88,8 @@ class SSEFramer:
 def event_data(event: bytes) -> bytes | None:
     """The data of one whole event (its ``data:`` lines joined by LF, as an SSE reader joins them),
     or None for an event with no data (a comment, a keep-alive)."""
+    if event.startswith(b"data: ") and event.find(b"\n") == len(event) - 2 and b"\r" not in event:
+        return event[6:-2]  # the common case: one "data: ...\n\n" line
     lines = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
     if not data:
