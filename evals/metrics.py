@@ -13,9 +13,13 @@ Pairwise (strong vs weak), exactly as RouteLLM defines them in ``routellm/evals/
 - APGR = (AUC - weak_auc) / (strong_auc - weak_auc), AUC by the trapezoid rule of quality over the
   strong-call share in [0, 1] (points sorted by share), weak_auc/strong_auc the same integral of the
   constant weak/strong quality over the same points.
-- CPT(x) = the strong-call share at which quality reaches ``weak + x * (strong - weak)``, by linear
-  interpolation of share against quality (``np.interp``, as RouteLLM; it needs quality to increase along
-  the curve, which holds for any router that is not worse than random by a wide margin).
+- CPT(x) = the smallest strong-call share at which PGR reaches ``x`` (the paper's "minimum percentage of
+  calls to the strong model required to achieve the desired PGR"): the first crossing of the curve,
+  linear between its points, NaN when it never gets there (rules pin too many prompts weak). Where PGR
+  rises along the curve this is RouteLLM's ``np.interp`` of share against quality; where it does not (a
+  noisy curve on a few hundred prompts, a bootstrap resample, a pair whose weak model does better),
+  ``np.interp`` needs increasing qualities and returns a share the curve does not pass through, and on a
+  flat stretch at the target quality it returns the stretch's last share, not its first.
 - Oracle: ``get_optimal_accuracy``: with a budget of k strong calls, send to the strong model the k
   prompts where it gains most (only those with a positive gain). Unlike RouteLLM's plot (nominal
   0, 10, ..., 100 % with k rounded down, which put it below a router on data where the strong model
@@ -200,9 +204,26 @@ def apgr(curve: Sequence[CurvePoint], strong: float, weak: float) -> float:
 
 
 def cpt(curve: Sequence[CurvePoint], pgr_target: float, strong: float, weak: float) -> float:
-    """Strong-call share (0-1) needed to reach PGR ``pgr_target`` (RouteLLM's ``pct_call_metric``)."""
+    """The smallest strong-call share (0-1) at which the curve's PGR reaches ``pgr_target``, linear between
+    its points; NaN when it never does or when ``strong == weak`` (PGR is undefined).
+
+    Equal to RouteLLM's ``pct_call_metric`` (``np.interp`` of share against quality) wherever quality
+    increases along the curve; unlike it, right where it does not (see the module docstring)."""
+    if strong == weak or not np.isfinite(strong - weak):
+        return float("nan")
     x, y = _sorted(curve)
-    return float(np.interp(pgr_target * (strong - weak) + weak, y, x))
+    if len(x) == 0:
+        return float("nan")
+    p = (y - weak) / (strong - weak)
+    # A point whose PGR is the target up to rounding (0.7999999999999999) reaches it.
+    reached = np.flatnonzero(p >= pgr_target - 1e-9 * max(1.0, abs(pgr_target)))
+    if len(reached) == 0:
+        return float("nan")
+    i = int(reached[0])
+    if i == 0 or p[i] <= pgr_target:
+        return float(x[i])
+    # p[i - 1] < target < p[i]: the crossing lies on the segment between the two points.
+    return float(x[i - 1] + (pgr_target - p[i - 1]) / (p[i] - p[i - 1]) * (x[i] - x[i - 1]))
 
 
 def oracle_quality(strong_quality: np.ndarray, weak_quality: np.ndarray, strong_share: float) -> float:

@@ -115,7 +115,10 @@ class Followups:
         feedback, then the comparison."""
         self.implicit.finished(record, served.fingerprint, finish_length=scanner.finish_length)
         if served.forwarded is not None and scanner.text is not None:
-            self.compare.launch(record, served.forwarded, scanner.text)
+            # The scanner keeps the first choice's content deltas only: an answer that also called a
+            # tool (or refused) would be judged without its calls against the other candidates' whole
+            # answers (theirs are not streamed, calls rendered), a loss it did not earn. Not compared.
+            self.compare.launch(record, served.forwarded, None if scanner.other_deltas else scanner.text)
 
     async def close(self) -> None:
         """Cancel the comparisons still running (at shutdown, before the recorder flushes)."""

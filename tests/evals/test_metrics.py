@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from evals.metrics import (
+    CurvePoint,
     apgr,
     cost_at_quality,
     cpt,
@@ -132,3 +133,39 @@ def test_oracle_apgr_is_at_least_any_routers_on_random_data(kind: str) -> None:
             assert oracle >= apgr(routing_curve(scores, strong, weak), s, w) - 1e-9, (seed, n)
         checked += 1
     assert checked > 40
+
+
+def test_cpt_is_the_smallest_share_reaching_the_target_where_the_curve_is_flat_there() -> None:
+    # Strong always right, weak right on the 1st and 3rd highest-scored prompts: PGR 0.5 (quality 0.75) is
+    # reached at 50% strong calls and stays there until 75%. np.interp on the tied qualities gave 75%.
+    scores = np.array([0.25, 0.15, 0.05, 0.35])
+    strong, weak = np.ones(4), np.array([0.0, 1.0, 0.0, 1.0])
+    curve = routing_curve(scores, strong, weak, num_results=3)
+    points = sorted((p.strong_share, p.quality) for p in curve)
+    assert [x for point in points for x in point] == pytest.approx([0.0, 0.5, 0.5, 0.75, 0.75, 0.75, 1.0, 1.0])
+    assert cpt(curve, 0.5, strong=1.0, weak=0.5) == pytest.approx(0.5)
+    assert evaluate_scores(scores, strong, weak, num_results=3).cpt50 == pytest.approx(0.5)
+
+
+def test_cpt_is_the_first_crossing_of_a_curve_that_dips() -> None:
+    # Seven prompts (a noisy small data set): quality 4/7, 3/7, 3/7, 4/7, 5/7, 4/7, 5/7 at 0, 2/7, ..., 7/7
+    # strong calls; PGR 0.5 (quality 9/14) is first reached halfway between 4/7 and 5/7 of the calls.
+    # np.interp, which needs rising qualities, put it at 13/14, on the last segment.
+    scores = np.array([0.35, 0.15, 0.65, 0.55, 0.45, 0.25, 0.05])
+    strong = np.array([1.0, 0, 1, 0, 1, 1, 1])
+    weak = np.array([0.0, 1, 1, 1, 1, 0, 0])
+    curve = routing_curve(scores, strong, weak, num_results=6)
+    assert cpt(curve, 0.5, strong=5 / 7, weak=4 / 7) == pytest.approx(4.5 / 7)
+
+
+def test_cpt_is_nan_where_the_curve_never_reaches_the_target_and_reads_pgr_for_an_inverted_pair() -> None:
+    # A rule pins the one prompt the strong model wins to the weak model: PGR never exceeds 0.
+    scores = np.array([0.1, 0.2, 0.3, np.nan])
+    strong, weak = np.array([1.0, 1, 1, 1]), np.array([1.0, 1, 1, 0])
+    curve = routing_curve(scores, strong, weak, 2, pinned=np.array([0, 0, 0, -1]))
+    assert np.isnan(cpt(curve, 0.5, strong=1.0, weak=0.75))
+    # The weak model better on average (0.75 vs 0.25): PGR still runs from 0 (no strong call) to 1 (all),
+    # here linearly, so PGR 0.5 is at 50% strong calls. np.interp on the falling qualities said 100%.
+    flipped = [CurvePoint(0.0, 1.0, 0.25), CurvePoint(0.5, 0.5, 0.5), CurvePoint(1.0, 0.0, 0.75)]
+    assert cpt(flipped, 0.5, strong=0.25, weak=0.75) == pytest.approx(0.5)
+    assert np.isnan(cpt(flipped, 0.5, strong=0.5, weak=0.5))

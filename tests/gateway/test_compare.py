@@ -528,3 +528,58 @@ async def test_a_comparison_cancelled_half_way_writes_no_feedback(tmp_path: Path
         await recorder.stop()
         await client.close()
         server.stop()
+
+
+async def test_a_streamed_answer_that_called_a_tool_is_not_judged_on_its_text_alone(
+    graded: GradedUpstream, tmp_path: Path
+) -> None:
+    """A streamed answer with text and a tool call: the judge would read the text alone against the other
+    candidate's whole answer (its calls rendered), a loss the served model did not earn. Skipped and
+    counted; the same answer without the call is compared."""
+    from gateway.followups import Followups, Served
+    from gateway.trace import RequestTrace
+
+    config = parse_config({
+        "backends": [{"name": "graded", "base_url": graded.base_url, "health": {"enabled": False},
+                      "models": [{"name": "big"}, {"name": "small"}, {"name": "judge"}]}],
+        "classifiers": {"encoder": "static"},
+        "routes": [{"name": "auto", "policy": "rules", **_pair("big", "small")}],
+    })
+    pool = BackendPool(config.backends, config.breaker)
+    client = UpstreamClient()
+    await client.start()
+    recorder = DecisionRecorder(SQLiteDecisionStore(str(tmp_path / "d.db")), flush_interval=0.02)
+    await recorder.start()
+    followups = Followups(config, Forwarder(pool, client, config.retry, Metrics()), pool, recorder)
+    body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return b"data: " + json.dumps({"object": "chat.completion.chunk", "choices": [choice]}).encode() + b"\n\n"
+
+    def stream(request_id: str, *, call: bool) -> None:
+        served = Served(trace=RequestTrace(request_id=request_id, endpoint="chat.completions", route="auto"),
+                        decided=body, forwarded=body)
+        scanner = followups.stream_scanner(served)
+        scanner.feed(chunk({"role": "assistant", "content": "Let me look that up. [[grade:0.90]]"}))
+        if call:
+            scanner.feed(chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                                "function": {"name": "get_weather", "arguments": "{}"}}]}))
+        scanner.feed(chunk({}, "tool_calls" if call else "stop") + b"data: [DONE]\n\n")
+        followups.streamed(served, _served(request_id), scanner)
+
+    try:
+        state = followups.compare.routes["auto"]
+        stream("psm-tool-call", call=True)
+        assert state.counts["skipped_no_answer"] == 1 and state.counts["started"] == 0
+        stream("psm-text-only", call=False)
+        assert state.counts["started"] == 1
+        await _until(lambda: state.in_flight == 0, "the text-only answer was compared")
+        await recorder.flush()
+        assert await recorder.store.fetch_feedback("psm-tool-call") == []
+        assert {row.model for row in await recorder.store.fetch_feedback("psm-text-only")} == {"big", "small"}
+    finally:
+        await followups.close()
+        await recorder.stop()
+        await client.close()
