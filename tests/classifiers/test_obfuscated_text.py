@@ -165,3 +165,35 @@ def test_keyword_patterns_also_read_the_folded_text() -> None:
     signal = KeywordSignal("blocked", patterns=[r"blue\s*bird"])
     assert signal.extract(user("blue\u200bbird")).value == [r"blue\s*bird"]
     assert signal.extract(user("\uff42\uff4c\uff55\uff45bird")).value == [r"blue\s*bird"]
+
+
+def test_personal_data_split_across_content_parts_is_found_and_redacted() -> None:
+    """A model reads a message's text parts as one text: an address or a card number cut in two parts
+    is still one (each part alone held nothing to find, so it went upstream as it was)."""
+    body = {
+        "model": "auto",
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "mail john.smith"},
+                {"type": "text", "text": "@acme-corp.com today"},
+                {"type": "image_url", "image_url": {"url": "https://img.example/x.png"}},
+                {"type": "text", "text": "card 4111 1111"},
+                {"type": "text", "text": " 1111 1111, or ann@acme-corp.com"},
+            ]},
+        ],
+    }
+    signal = PIISignal().extract(body)
+    assert signal.value == ["credit_card", "email"]
+    assert signal.detail["counts"] == {"credit_card": 1, "email": 2}
+    parts = redact_body(body, ["email", "credit_card"])["messages"][0]["content"]
+    assert [p.get("text") for p in parts] == ["mail [EMAIL]", " today", None, "card [CREDIT_CARD]", ", or [EMAIL]"]
+    assert parts[2] is body["messages"][0]["content"][2]
+
+
+def test_separate_messages_are_not_joined_into_a_finding() -> None:
+    body = {"model": "auto", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "mail john.smith"}]},
+        {"role": "user", "content": [{"type": "text", "text": "@acme-corp.com"}]},
+    ]}
+    assert PIISignal().extract(body).value == []
+    assert redact_body(body, ["email"]) == body

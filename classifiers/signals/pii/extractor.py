@@ -10,7 +10,8 @@ from classifiers.messages import messages_of
 from classifiers.signals._text import SCOPES, iter_texts
 from classifiers.signals.base import Signal
 from classifiers.signals.pii.findings import PII_CATEGORIES, PII_KINDS
-from classifiers.signals.pii.scan import find_pii
+from classifiers.signals.pii.redact import part_groups
+from classifiers.signals.pii.scan import find_across, find_pii
 
 _SEP = "\n\x00\n"
 
@@ -79,6 +80,19 @@ class PIISignal:
                         "preview": f.preview,
                     }
                 )
+        # What runs from one content part into the next (a model reads a message's parts as one text).
+        for run in part_groups(pieces):
+            for f, spans in find_across([p.text for p in run], self.kinds):
+                first, start, end = spans[0]
+                piece = run[first]
+                counts[f.kind] = counts.get(f.kind, 0) + 1
+                best = max(best, f.confidence)
+                if len(findings) < self.max_findings:
+                    findings.append({
+                        "kind": f.kind, "subtype": f.subtype, "message": piece.message, "role": piece.role,
+                        "source": piece.source, "span": [start, end], "confidence": f.confidence,
+                        "preview": f.preview,
+                    })
         kinds = sorted(counts)
         detail = {
             "findings": findings,

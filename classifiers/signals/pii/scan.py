@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from classifiers.signals._fold import fold_spans
@@ -55,3 +55,40 @@ def _candidates(text: str, wanted: Collection[str] | None) -> Iterator[Finding]:
             f = check(m, text)
             if f is not None:
                 yield f
+
+
+#: A finding across texts and its pieces ``(text index, start, end)`` in them.
+Crossing = tuple[Finding, list[tuple[int, int, int]]]
+#: Characters read on each side of a junction between two texts (an address or a number is shorter;
+#: a private key cut in two is not looked for across texts).
+JUNCTION_WINDOW = 256
+
+
+def find_across(texts: Sequence[str], kinds: Iterable[str] | None = None) -> list[Crossing]:
+    """Findings that only exist across texts read one after another (content parts of one message: a
+    model reads ``"john.smith"`` and ``"@acme-corp.com"`` as one address).
+
+    Around each junction of two texts, :data:`JUNCTION_WINDOW` characters of each side (cut at a space,
+    so that no token is read from its middle) are scanned joined with nothing between them; each
+    finding that crosses the junction is returned with its pieces ``(text index, start, end)`` in the
+    two texts. Findings within one text are not returned (scan each text for those). The cost is a
+    scan of at most 1 KB a junction, whatever the texts' lengths.
+    """
+    out: list[Crossing] = []
+    for i in range(len(texts) - 1):
+        left, right = texts[i], texts[i + 1]
+        if not left or not right:
+            continue
+        lo = max(0, len(left) - JUNCTION_WINDOW)
+        if lo:
+            space = left.find(" ", lo)
+            lo = space + 1 if space >= 0 else lo
+        hi = min(len(right), JUNCTION_WINDOW)
+        if hi < len(right):
+            space = right.rfind(" ", 0, hi)
+            hi = space if space > 0 else hi
+        head = len(left) - lo
+        for f in find_pii(left[lo:] + right[:hi], kinds):
+            if f.start < head < f.end:
+                out.append((f, [(i, lo + f.start, len(left)), (i + 1, 0, f.end - head)]))
+    return out
