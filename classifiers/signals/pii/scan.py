@@ -72,7 +72,7 @@ def find_across(texts: Sequence[str], kinds: Iterable[str] | None = None) -> lis
     so that no token is read from its middle) are scanned joined with nothing between them; each
     finding that crosses the junction is returned with its pieces ``(text index, start, end)`` in the
     two texts. Findings within one text are not returned (scan each text for those). The cost is a
-    scan of at most 1 KB a junction, whatever the texts' lengths.
+    scan of at most 512 characters a junction, whatever the texts' lengths.
     """
     out: list[Crossing] = []
     for i in range(len(texts) - 1):
