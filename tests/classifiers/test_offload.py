@@ -140,6 +140,8 @@ async def test_a_scan_over_the_timeout_is_stopped_and_the_pool_goes_on() -> None
         with pytest.raises(ScanTimeout):
             await scans.extract(extractors, orjson.dumps(_body(30_000)))  # seconds of work
         assert scans.timeouts == 1 and scans.pending == 0
+        # The pool goes on with a new worker; its start-up on a loaded machine is not what is measured.
+        scans.timeout = 30.0
         quick = await scans.extract(extractors, orjson.dumps(_body(5)))
         assert quick["pii"].detail["counts"]["email"] == 8
     finally:
