@@ -196,10 +196,13 @@ def auc(curve: Sequence[CurvePoint]) -> float:
 
 
 def apgr(curve: Sequence[CurvePoint], strong: float, weak: float) -> float:
-    """Average performance gap recovered (RouteLLM's ``apgr_metric``)."""
+    """Average performance gap recovered (RouteLLM's ``apgr_metric``); NaN when the two models tie
+    (``strong == weak``) or the curve spans no strong-call shares (every prompt pinned by a rule)."""
     x, _ = _sorted(curve)
     weak_auc = float(np.trapezoid(np.full(len(x), weak), x))
     strong_auc = float(np.trapezoid(np.full(len(x), strong), x))
+    if strong_auc == weak_auc:
+        return float("nan")
     return (auc(curve) - weak_auc) / (strong_auc - weak_auc)
 
 
@@ -365,7 +368,9 @@ def random_curves(
     """A random router on this data: ``draws`` routers with uniform random scores, through the same
     threshold sweep. Returns (APGR per draw, strong share per point, quality per draw and point).
 
-    Its APGR is 0.5 in expectation; the spread of the draws is the band a real router must clear.
+    Its APGR is 0.5 in expectation (without ``pinned``); the spread of the draws is the band a real router
+    must clear. ``pinned`` (as :func:`routing_curve`'s) keeps the prompts a rule routed on their model, as in
+    the route's own curve; with every prompt pinned the APGRs are NaN.
     """
     qs, qw = np.asarray(strong_quality, dtype=float), np.asarray(weak_quality, dtype=float)
     strong, weak = float(qs.mean()), float(qw.mean())
@@ -376,8 +381,10 @@ def random_curves(
     loop: Iterable[int] = range(draws) if progress is None else progress(range(draws))
     for d in loop:
         curve = routing_curve(rng.random(len(qs)), qs, qw, num_results, pinned=pinned)
-        apgrs[d] = apgr(curve, strong, weak) if strong != weak else float("nan")
-        qualities[d] = [p.quality for p in curve]
+        # Every prompt pinned: one point (no threshold moves anything), so no APGR.
+        spread = max(p.strong_share for p in curve) > min(p.strong_share for p in curve)
+        apgrs[d] = apgr(curve, strong, weak) if strong != weak and spread else float("nan")
+        qualities[d] = [p.quality for p in curve]  # one point broadcasts to every column
         shares += np.array([p.strong_share for p in curve]) / draws
     return apgrs, shares, qualities
 

@@ -7,8 +7,10 @@ Markdown and HTML and :mod:`evals.report_plots` into PNGs.
 
 Baselines, computed in the same run on the same rows:
 
-- **random**: uniform random scores through the same threshold sweep, ``draws`` times: the mean curve
-  and the 95% band of its APGR (what a router must clear to be better than a coin);
+- **random**: uniform random scores in place of the knob's through the same threshold sweep, ``draws``
+  times, the requests a rule pinned keeping their model as in the route's own curve: the mean curve and
+  the 95% band of its APGR (what the route's knob must clear to be better than a coin; without the pins a
+  rule that sends high-gain requests strong, or just some share strong, would count as ranking skill);
 - **always-weak / always-strong**: the two ends (PGR 0 and 1);
 - **oracle**: sends to the strong model exactly the requests where it gains most (needs both models'
   qualities: direct rows only);
@@ -358,7 +360,7 @@ def compute_report(
     ci = {key: _with_ci(value, boot.get(key), level) for key, value in point.items()}
 
     rand_apgr, rand_share, rand_quality = random_curves(
-        table.strong_q, table.weak_q, draws, seed + 1, num_results=NUM_RESULTS,
+        table.strong_q, table.weak_q, draws, seed + 1, pinned=table.pins, num_results=NUM_RESULTS,
         progress=bar("random baseline", draws),
     )
     strong, weak = point["always_strong.quality"], point["always_weak.quality"]
@@ -380,7 +382,8 @@ def compute_report(
     rand_lo, rand_hi = np.percentile(rand_quality, [2.5, 97.5], axis=0)
     mean_curve = [CurvePoint(math.nan, float(x), float(q)) for x, q in zip(rand_share, rand_quality.mean(axis=0),
                                                                           strict=True)]
-    gap = strong != weak
+    # No CPT without a curve: every request pinned by a rule leaves one point, as for the route itself.
+    gap = strong != weak and float(np.ptp(rand_share)) > 0
     # Every draw's APGR is NaN when the two models tie on average: no mean (nanmean would warn on stderr).
     rand_finite = rand_apgr[np.isfinite(rand_apgr)]
     routers["random"] = {
@@ -388,7 +391,9 @@ def compute_report(
                  "ci": list(percentile_ci(rand_apgr, level))},
         "cpt50": {"value": cpt(mean_curve, 0.5, strong, weak) if gap else math.nan, "ci": [math.nan, math.nan]},
         "cpt80": {"value": cpt(mean_curve, 0.8, strong, weak) if gap else math.nan, "ci": [math.nan, math.nan]},
-        "aiq": {"value": (strong + weak) / 2 if cost_max > cost_min else float("nan"), "ci": [math.nan, math.nan]},
+        # RouterBench's zero router: mixing always-weak and always-strong (the frontier of those two points;
+        # flat at the weak model's quality when the weak model does better).
+        "aiq": {"value": aiq([cost_min, cost_max], [weak, strong], cost_min, cost_max), "ci": [math.nan, math.nan]},
         "curve": [
             {"share": float(s), "quality": float(q), "pgr": _pgr(float(q), strong, weak),
              "pgr_band": [_pgr(float(lo), strong, weak), _pgr(float(hi), strong, weak)]}
@@ -434,8 +439,9 @@ def compute_report(
         },
         "bootstrap": {"draws": draws, "seed": seed, "level": level, "method": "percentile, rows resampled"},
         "baselines": {
-            "random": f"uniform random scores through the same threshold sweep, {draws} draws; "
-                      f"the band is the central {level:.0%} of their APGRs",
+            "random": f"uniform random scores through the same threshold sweep, {draws} draws, requests a rule "
+                      f"pinned keeping their model; the band is the central {level:.0%} of their APGRs; AIQ: "
+                      "mixing always-weak and always-strong",
             "knn": "cosine kNN on the requests' embeddings, score = mean quality gain of the k nearest "
                    "requests, cross-fitted over 5 folds" if knn is not None else "not computed (no embeddings)",
             "oracle": "the strong model exactly where it gains most (needs both qualities)"

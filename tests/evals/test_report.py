@@ -282,6 +282,49 @@ def test_a_pair_whose_weak_model_does_better_gets_a_caution(tmp_path: Path) -> N
     assert "Caution: the weak model does better" in html.unescape((tmp_path / "inv" / "report.md").read_text())
     assert "upside down" in (_png_description(tmp_path / "inv" / "pgr_curve.png") or "")
     assert _report(table(n=400))["quality_gap"]["inverted"] is False
+    # Its random baseline mixes the two models: the frontier of (cheap, better) and (dear, worse) is flat at
+    # the weak model's quality, as it is for the route's own AIQ; the mean of the two ends was below that.
+    assert upside_down["routers"]["random"]["aiq"]["value"] == pytest.approx(float(t.weak_q.mean()))
+    assert upside_down["routers"]["router"]["aiq"]["value"] >= upside_down["routers"]["random"]["aiq"]["value"]
+
+
+def test_a_domain_a_rule_routes_entirely_gets_no_apgr_and_the_report_does_not_fail() -> None:
+    # A rule sends every "code" request strong: in that domain no threshold moves anything (one point, no
+    # share range), so its APGR is undefined; it divided by zero and the whole eval failed.
+    t = table(n=400, informative=3.0)
+    t.domains = np.array(["code" if i % 4 == 0 else "chat" for i in range(400)], dtype=object)
+    code = t.domains == "code"
+    t.pins = np.where(code, 1, 0)
+    t.scores = np.where(code, np.nan, t.scores)
+    t.knob_strong = code | (t.scores >= 0.5)
+    groups = {g["group"]: g for g in _report(t)["breakdown"]["domain"]}
+    assert math.isnan(groups["code"]["apgr"]["value"]) and groups["code"]["knob_share"] == 1.0
+    assert groups["chat"]["apgr"]["value"] > 0.6
+
+
+def test_the_random_band_keeps_the_requests_a_rule_pinned_on_their_model() -> None:
+    # A rule sends 30% of the requests strong, among them most of those where the strong model gains; the
+    # knob's score is a coin. The route's APGR then comes from the rule alone: the random band, drawn with
+    # the same rule, must hold it (drawn without it, the band sat far below and the coin "beat random").
+    t = table(n=600, informative=0.0)
+    rng = np.random.default_rng(4)
+    gain = t.strong_q - t.weak_q
+    t.pins = np.where(rng.random(600) < np.where(gain > 0, 0.5, 0.1), 1, 0)
+    t.scores = np.where(t.pins == 0, t.scores, np.nan)
+    t.knob_strong = (t.pins > 0) | (t.scores >= 0.5)
+    report = _report(t)
+    route, band = report["routers"]["router"]["apgr"]["value"], report["routers"]["random"]["apgr"]["ci"]
+    assert route > 0.6 and band[0] < route < band[1]
+    # Every point of the random curve keeps the pinned requests strong, like the route's.
+    pinned_share = float((t.pins > 0).mean())
+    assert min(p["share"] for p in report["routers"]["random"]["curve"]) == pytest.approx(pinned_share)
+    assert min(p["share"] for p in report["routers"]["router"]["curve"]) == pytest.approx(pinned_share)
+    # Every request pinned: no threshold moves anything, so neither the route nor random has an APGR or CPT.
+    t.pins = np.where(t.pins == 0, -1, 1)
+    t.scores = np.full(600, np.nan)
+    everything_pinned = _report(t)["routers"]
+    assert all(math.isnan(everything_pinned[name][key]["value"]) for name in ("router", "random")
+               for key in ("apgr", "cpt50", "cpt80"))
 
 
 # ----------------------------------------------------------------------------- the command
