@@ -46,6 +46,7 @@ from gateway.protocol import ClientDisconnected, decode_body, read_body
 from gateway.responses import error_response, json_response
 from policies.echo import client_echo
 from store import DecisionRecord, DecisionStore, FeedbackRecord, FeedbackWriter, StoreUnavailable
+from store.deadline import within
 from store.outcomes import JUDGE_SOURCE, QUALITY_METRIC  # what the gateway's own judges write
 
 if TYPE_CHECKING:
@@ -338,8 +339,7 @@ class FeedbackService:
         try:
             # Bounded like the write: a database that stopped answering (a network partition) would
             # otherwise hold the request for the driver's own timeouts, a minute or more.
-            async with asyncio.timeout(self.writer.write_timeout):
-                record = await self.store.fetch(request_id)
+            record = await within(self.store.fetch(request_id), self.writer.write_timeout)
         except Exception as exc:  # a driver error or the timeout: the store cannot answer, which is not a 404
             raise _unavailable(type(exc).__name__) from exc
         return None if record is None else Issued.of(record)

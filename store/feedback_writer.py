@@ -21,6 +21,7 @@ import logging
 import time
 
 from store.base import DecisionStore
+from store.deadline import within
 from store.errors import StoreUnavailable
 from store.recorder import describe_error
 from store.records import FeedbackRecord
@@ -146,8 +147,9 @@ class FeedbackWriter:
     async def _write(self, batch: list[tuple[FeedbackRecord, asyncio.Future[None]]]) -> None:
         self._inflight = len(batch)
         try:
-            async with asyncio.timeout(self.write_timeout):
-                await self.store.write_feedback([item for item, _future in batch])
+            # Feedback rows are upserts keyed by (request id, metric, source, model): a write given up
+            # on here that commits later is the same row the client's retry writes.
+            await within(self.store.write_feedback([item for item, _future in batch]), self.write_timeout)
         except Exception as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else describe_error(exc)
             self._log_failure(why, len(batch))
