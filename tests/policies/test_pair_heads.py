@@ -88,7 +88,8 @@ def test_a_mapping_to_an_untrained_pair_is_refused(registry: RouterRegistry) -> 
 
 def test_difficulty_models_names_only_the_knobs_models() -> None:
     bad = knob("mapped", "gpt-x", "gpt-y", difficulty_models={"big": "other-big"})
-    with pytest.raises(RoutingConfigError, match=r"routes\.mapped\.cost_quality: .*difficulty_models: 'big' is neither"):
+    expected = r"routes\.mapped\.cost_quality: .*difficulty_models: 'big' is neither"
+    with pytest.raises(RoutingConfigError, match=expected):
         parse_routing_config(config(None, bad), env={})
 
 
