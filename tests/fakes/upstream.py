@@ -366,6 +366,7 @@ def build_app(state: UpstreamState) -> Starlette:
         body = orjson.loads(await request.body())
         state.requests[(body.get("model", "ok"), str(body.get("user", "")))] += 1
         state.bodies.append(body)
+        state.headers.append(dict(request.headers))  # kept in step with bodies
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         data = [{"object": "embedding", "index": i, "embedding": [0.1 * (i + 1), 0.2, 0.3]} for i in range(len(inputs))]
         return JSONResponse({"object": "list", "data": data, "model": body["model"],
