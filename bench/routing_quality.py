@@ -228,7 +228,12 @@ def multi_part(md: MultiData, seed: int) -> dict[str, Any]:
 def _fmt(m: PairMetrics | None) -> tuple[str, str, str]:
     if m is None:
         return ("", "", "")
-    return (f"{m.apgr:.3f}", f"{100 * m.cpt50:.1f}%", f"{100 * m.cpt80:.1f}%")
+    # evals.metrics.cpt is NaN where the curve never reaches the target (or strong == weak): "n/a", not "nan%".
+    return (f"{m.apgr:.3f}", _pct(m.cpt50), _pct(m.cpt80))
+
+
+def _pct(share: float) -> str:
+    return "n/a" if math.isnan(share) else f"{100 * share:.1f}%"
 
 
 def pair_table(title: str, rows: dict[str, dict[str, PairMetrics]], datasets: Sequence[str]) -> list[str]:
