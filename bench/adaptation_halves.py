@@ -78,11 +78,29 @@ def denoised_gain(gain: np.ndarray, others_mean: np.ndarray, bins: int = 10, shr
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval."""
+    """Mean and the half-width of its 95% t-interval (NaN from a single value: no interval)."""
     from scipy.stats import t
 
     v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        return float(v.mean()), float("nan")
     return float(v.mean()), float(t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+def pm(half: float) -> str:
+    """``± half-width``, or ``± n/a`` where one half (or one pair) gives no interval."""
+    return "± n/a" if math.isnan(half) else f"± {half:.3f}"
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
 
 
 def distinct_pairs(quality: np.ndarray, min_gap: float = SMALL_GAP) -> list[tuple[int, int]]:
@@ -155,16 +173,16 @@ def all_pairs(data_dir: Path, splits: int) -> int:
         mean, half = t_interval(values)
         diff = np.subtract(values, per_pair[REFERENCE])
         d_mean, d_half = t_interval(diff.tolist())
-        paired = "—" if name == REFERENCE else f"{d_mean:+.3f} ± {d_half:.3f}"
+        paired = "—" if name == REFERENCE else f"{d_mean:+.3f} {pm(d_half)}"
         median = "—" if name == REFERENCE else f"{float(np.median(diff)):+.3f}"
         won = "—" if name == REFERENCE else f"{int((diff > 0).sum())}/{n_pairs}"
-        print(f"| {name} | {mean:.3f} ± {half:.3f} | {paired} | {median} | {won} |")
+        print(f"| {name} | {mean:.3f} {pm(half)} | {paired} | {median} | {won} |")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--splits", type=int, default=8, help="random halves (default 8)")
+    parser.add_argument("--splits", type=positive_int, default=8, help="random halves (default 8; 1 gives no interval)")
     parser.add_argument("--data", default=None, help="routing data directory (default: the shared one)")
     parser.add_argument("--all-pairs", action="store_true", help="every distinct model pair (static encoder)")
     args = parser.parse_args(argv)
@@ -216,8 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, values in results.items():
         mean, half = t_interval(values)
         diff, diff_half = t_interval(np.subtract(values, results[REFERENCE]).tolist())
-        paired = "—" if name == REFERENCE else f"{diff:+.3f} ± {diff_half:.3f}"
-        print(f"| {name} | {mean:.3f} ± {half:.3f} | {paired} |")
+        paired = "—" if name == REFERENCE else f"{diff:+.3f} {pm(diff_half)}"
+        print(f"| {name} | {mean:.3f} {pm(half)} | {paired} |")
     return 0
 
 
