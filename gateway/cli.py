@@ -105,7 +105,8 @@ async def serve(config: Config) -> None:
     if config.local_model.enabled:
         from gateway.local_model import LocalModelServer
 
-        local = LocalModelServer(config.local_model, embeddings=config.local_model.embeddings)
+        local = LocalModelServer(config.local_model, embeddings=config.local_model.embeddings,
+                                 include_prompts=config.logging.include_prompts)
         log.info("starting the embedded local model %s ...", config.local_model.model_name)
         base_url = await local.start()
         config = with_local_backend(config, base_url, local.embedding_model_name)

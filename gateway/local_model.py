@@ -149,8 +149,14 @@ class LocalModelServer:
         stop_grace: float = 5.0,
         restart_attempts: int = 5,
         restart_backoff: float = 1.0,
+        include_prompts: bool = False,
     ) -> None:
         self._config = config
+        # Once the child serves, its output can quote requests (llama.cpp prints a grammar it cannot
+        # parse, a client's): kept out of the log and the crash tail unless logging.include_prompts.
+        self._include_prompts = include_prompts
+        self._serving = False
+        self._withheld = 0
         self._embeddings = embeddings
         self._stop_grace = stop_grace
         self._restart_attempts = restart_attempts
@@ -302,6 +308,7 @@ class LocalModelServer:
 
     async def _launch(self, gguf: Path, port: int, deadline: float) -> None:
         self._tail.clear()
+        self._serving, self._withheld = False, 0
         spawn = asyncio.ensure_future(
             asyncio.create_subprocess_exec(
                 sys.executable,
@@ -337,6 +344,7 @@ class LocalModelServer:
         except (BrokenPipeError, ConnectionResetError):
             pass  # it died at once: _wait_ready reports its output
         await self._wait_ready(port, deadline)
+        self._serving = True
 
     def _server_settings(self, gguf: Path, port: int) -> dict[str, object]:
         cfg = self._config
@@ -453,7 +461,9 @@ class LocalModelServer:
 
     def _record(self, raw: bytes) -> None:
         line = raw.decode("utf-8", errors="replace").rstrip()
-        if line:
+        if line and self._serving and not self._include_prompts:
+            self._withheld += 1
+        elif line:
             self._tail.append(line)
             logger.debug("llama.cpp: %s", line)
 
@@ -463,7 +473,9 @@ class LocalModelServer:
                 await asyncio.wait_for(asyncio.shield(self._drain_task), 2.0)
 
     def _tail_text(self) -> str:
-        return "\n".join(self.output_tail()) or "(no output)"
+        withheld = (f"({self._withheld} lines of output while serving withheld: they can quote requests; "
+                    "logging.include_prompts: true shows them)") if self._withheld else ""
+        return "\n".join([*self.output_tail(), withheld]).strip() or "(no output)"
 
     def _kill_at_exit(self) -> None:
         """Last resort when the interpreter exits without ``stop()`` (PDEATHSIG covers hard deaths)."""
