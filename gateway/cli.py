@@ -21,11 +21,15 @@ from gateway.auth import hash_key
 from gateway.config import Config, load_config, local_model_conflicts
 from gateway.defaults import embedded_default, with_local_backend
 from gateway.errors import ConfigError
+from gateway.http_protocol import protocol_for
 from gateway.logs import configure as configure_logging
 from gateway.workflows import preflight as workflow_preflight
 from policies.base import PolicyError
 
 log = logging.getLogger("pointsman")
+
+#: Seconds an idle keep-alive connection is kept open between requests (uvicorn's default, set deliberately).
+KEEP_ALIVE_TIMEOUT = 5
 
 
 class _DrainingServer(uvicorn.Server):
@@ -88,9 +92,29 @@ class _DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def raise_open_file_limit() -> int:
+    """Raise the soft limit on open files to the hard limit, as Go's runtime does for every program; returns it.
+
+    Each client connection, upstream connection and worker pipe is a file descriptor. Many systems
+    still start processes with a soft limit of 1024, which a few hundred idle client connections plus
+    the upstream pools exhaust: accept() then fails and /health with it.
+    """
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 async def serve(config: Config) -> None:
     """Run the gateway (and the embedded local model, if enabled) until SIGINT/SIGTERM."""
     from gateway.routing import RoutingBrain
+
+    raise_open_file_limit()
 
     # Pre-flight: route policies whose signals cannot be computed (no trained head for the chosen
     # encoder) fail here with a clean message, before any child process or socket exists.
@@ -118,7 +142,9 @@ async def serve(config: Config) -> None:
                 app,
                 host=config.server.host,
                 port=config.server.port,
-                http="httptools",
+                http=protocol_for(config.server.header_timeout),  # httptools, with head size and time limits
+                timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
+                limit_concurrency=None,  # see README "Configuration": at the limit /health would answer 503 too
                 loop="none",
                 lifespan="on",
                 access_log=False,

@@ -431,6 +431,11 @@ class ServerConfig(_Strict):
     body_timeout: float = Field(
         default=60.0, gt=0, description="seconds a request body may take to arrive after its headers (then 408)"
     )
+    header_timeout: float = Field(
+        default=10.0, gt=0,
+        description="seconds a connection may take to send a request's headers, from its opening or from the "
+        "first byte of its next request (then 408 and closed; nothing sent: closed)",
+    )
     drain_timeout: float = Field(default=30.0, ge=0)
     log_prompts: bool | None = Field(
         default=None,
