@@ -10,6 +10,7 @@ import orjson
 
 from gateway.config import ModelConfig
 from gateway.sse_frames import EventTooLarge, SSEFramer, event_data
+from policies.echo import masked_prefix
 
 _FINISH_LENGTH = re.compile(rb'"finish_reason"\s*:\s*"length"')
 
@@ -118,7 +119,8 @@ class SSEUsageScanner:
         if b'"error"' in data and parsed.get("error"):
             error = parsed["error"]
             code = error.get("code") if isinstance(error, dict) else None
-            self.upstream_error = str(code)[:64] if isinstance(code, (str, int)) else "error"
+            # Upstream text stored in the record (error_message): treated as a client's echo, digits masked.
+            self.upstream_error = masked_prefix(str(code)) if isinstance(code, (str, int)) else "error"
             return
         if b'"length"' in data and _FINISH_LENGTH.search(data) is not None:
             self.finish_length = True
