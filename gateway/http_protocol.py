@@ -49,6 +49,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_sent = False  # some byte of the next request's head has arrived
         self._messages = 0  # heads begun on this connection
+        self._completed = 0  # requests (head and body) read whole on this connection
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -64,11 +65,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._head_sent = True
             if self._head_timer is None and self._idle():
                 self._arm_head_timer()  # the first byte of a keep-alive connection's next request
-        begun = self._messages
+        begun, completed = self._messages, self._completed
         super().data_received(data)
         if not self._in_head or self.parser is None or self.transport.is_closing():
             return
-        if self._messages == begun:  # every byte of this read belongs to the head still being read
+        # Every byte of this read belongs to the head still being read only if no head began and no
+        # body ended in it: the read that ends a body (any size) is not the next request's head.
+        if self._messages == begun and self._completed == completed:
             self._head_bytes += len(data)
         if self._head_bytes > MAX_HEAD_BYTES:
             self._refuse(431, f"the request head is over {MAX_HEAD_BYTES} bytes")
@@ -106,6 +109,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_head = True  # what arrives next is the next request's head (pipelined, or after the answer)
         self._head_sent = False
+        self._head_bytes = 0
+        self._completed += 1
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:

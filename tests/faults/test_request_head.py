@@ -208,3 +208,19 @@ def test_idle_connections_do_not_exhaust_a_low_open_file_limit(
         for sock in idle:
             sock.close()
         proc.terminate()
+
+
+def test_a_body_whose_last_read_is_over_the_head_limit_is_answered(gateway: GatewayProcess) -> None:
+    # The read that completed a body was counted as head bytes of the next request: a final read over
+    # 64 KiB closed the connection with no answer while the request was being served.
+    content = "x" * (4 * MAX_HEAD_BYTES)
+    messages = [{"role": "user", "content": content}]
+    body = orjson.dumps({"model": "fake-ok", "user": uuid.uuid4().hex, "messages": messages})
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    with contextlib.closing(_connect(gateway)) as sock:
+        sock.sendall(head)
+        time.sleep(0.3)  # the head is read on its own; the whole body then arrives in one burst
+        sock.sendall(body)
+        status, answer = _answer(sock)
+    assert status == 200, answer
