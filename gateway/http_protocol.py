@@ -9,8 +9,9 @@ a partial head, or nothing at all, was held open for ever (its keep-alive timeou
 requests). Here:
 
 - a request head (request line and headers) over :data:`MAX_HEAD_BYTES`, or with more than
-  :data:`MAX_HEADERS` header lines, is answered 431 and the connection closed (the bytes held
-  before the check are at most one socket read over the limit);
+  :data:`MAX_HEADERS` header lines, is answered 431 and the connection closed: counted per socket read
+  (the bytes held before the check are at most one read over the limit) and as the parser hands the
+  URL and headers over (a read that begins a request can hold all of it);
 - a connection that has not sent a complete head ``head_timeout`` seconds after it opened, or after
   the first byte of its next request on a keep-alive connection, is answered 408 and closed (or
   closed, when it sent nothing). A request whose head is complete is the app's: its body has
@@ -50,6 +51,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_sent = False  # some byte of the next request's head has arrived
         self._messages = 0  # heads begun on this connection
         self._completed = 0  # requests (head and body) read whole on this connection
+        self._head_parsed = 0
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -80,10 +82,24 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._in_head = True
         self._head_bytes = 0
+        self._head_parsed = 0  # request line and header bytes the parser has handed over
         self._messages += 1
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        # Counted here as well as per read: a read that begins a request is not counted by
+        # data_received, and one socket read can hold a whole 256 KiB request line.
+        self._head_parsed += len(url)
+        if self._head_parsed > MAX_HEAD_BYTES:
+            self._refuse(431, f"the request head is over {MAX_HEAD_BYTES} bytes")
+            raise _HeadRefused
 
     def on_header(self, name: bytes, value: bytes) -> None:
         super().on_header(name, value)
+        self._head_parsed += len(name) + len(value) + 4  # ": " and CRLF
+        if self._head_parsed > MAX_HEAD_BYTES:
+            self._refuse(431, f"the request head is over {MAX_HEAD_BYTES} bytes")
+            raise _HeadRefused
         if len(self.headers) > MAX_HEADERS:
             # Raised inside the parser's callback: httptools turns it into an HttpParserCallbackError
             # (an HttpParserError), which uvicorn answers 400; answer 431 first, so that one is dropped.

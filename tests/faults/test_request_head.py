@@ -97,11 +97,30 @@ def test_a_header_over_the_head_limit_is_431_and_closed(gateway: GatewayProcess)
     _health(gateway)
 
 
-def test_a_url_over_the_head_limit_is_431(gateway: GatewayProcess) -> None:
-    with _connect(gateway) as sock:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            sock.sendall(b"GET /health?" + b"q" * (4 * MAX_HEAD_BYTES) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
-        _assert_431(*_answer(sock))
+@pytest.mark.parametrize("split", [None, 12, 1000])
+def test_a_url_over_the_head_limit_is_431(gateway: GatewayProcess, split: int | None) -> None:
+    # However the socket reads fall: a read that began the request was not counted, so a request line
+    # read in one or two reads reached httptools' own URL limit and got uvicorn's bare 400 (1 in 4).
+    request = b"GET /health?" + b"q" * (4 * MAX_HEAD_BYTES) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    for _ in range(10):
+        with _connect(gateway) as sock:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                if split is None:
+                    sock.sendall(request)
+                else:
+                    sock.sendall(request[:split])
+                    time.sleep(0.01)
+                    sock.sendall(request[split:])
+            _assert_431(*_answer(sock))
+
+
+def test_a_header_over_the_head_limit_in_one_read_is_431(gateway: GatewayProcess) -> None:
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * (2 * MAX_HEAD_BYTES) + b"\r\n\r\n"
+    for _ in range(10):
+        with _connect(gateway) as sock:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(request)
+            _assert_431(*_answer(sock))
 
 
 def test_too_many_headers_is_431(gateway: GatewayProcess) -> None:
