@@ -31,7 +31,7 @@ from gateway.compare import (
     parse_verdict,
     transcript,
 )
-from gateway.config import parse_config
+from gateway.config import Config, parse_config
 from gateway.errors import ConfigError
 from gateway.forward import Forwarder
 from gateway.metrics import Metrics
@@ -396,10 +396,10 @@ def test_rolling_spend_forgets_what_is_older_than_an_hour() -> None:
     assert spend.total() == 0.0
 
 
-async def _in_process_runner(
-    graded: GradedUpstream, tmp_path: Path, **kwargs: Any
-) -> tuple[CompareRunner, DecisionRecorder, UpstreamClient]:
-    """A CompareRunner over the gateway's real forwarding path, pool and recorder (no HTTP server)."""
+async def _in_process_parts(
+    graded: GradedUpstream, tmp_path: Path, flush_interval: float = 0.05
+) -> tuple[Config, BackendPool, Forwarder, DecisionRecorder, UpstreamClient]:
+    """The gateway's real config, pool, forwarding path and recorder over ``graded`` (no HTTP server)."""
     config = parse_config({
         "backends": [{"name": "graded", "base_url": graded.base_url, "health": {"enabled": False},
                       "models": [{"name": "big"}, {"name": "small"}, {"name": "judge"}]}],
@@ -409,10 +409,17 @@ async def _in_process_runner(
     pool = BackendPool(config.backends, config.breaker)
     client = UpstreamClient()
     await client.start()
-    recorder = DecisionRecorder(SQLiteDecisionStore(str(tmp_path / "d.db")), flush_interval=0.05)
+    recorder = DecisionRecorder(SQLiteDecisionStore(str(tmp_path / "d.db")), flush_interval=flush_interval)
     await recorder.start()
-    runner = CompareRunner(config, Forwarder(pool, client, config.retry, Metrics()), pool, recorder, **kwargs)
-    return runner, recorder, client
+    return config, pool, Forwarder(pool, client, config.retry, Metrics()), recorder, client
+
+
+async def _in_process_runner(
+    graded: GradedUpstream, tmp_path: Path, **kwargs: Any
+) -> tuple[CompareRunner, DecisionRecorder, UpstreamClient]:
+    """A CompareRunner over the gateway's real forwarding path, pool and recorder (no HTTP server)."""
+    config, pool, forwarder, recorder, client = await _in_process_parts(graded, tmp_path)
+    return CompareRunner(config, forwarder, pool, recorder, **kwargs), recorder, client
 
 
 def _served(request_id: str) -> DecisionRecord:
@@ -539,18 +546,8 @@ async def test_a_streamed_answer_that_called_a_tool_is_not_judged_on_its_text_al
     from gateway.followups import Followups, Served
     from gateway.trace import RequestTrace
 
-    config = parse_config({
-        "backends": [{"name": "graded", "base_url": graded.base_url, "health": {"enabled": False},
-                      "models": [{"name": "big"}, {"name": "small"}, {"name": "judge"}]}],
-        "classifiers": {"encoder": "static"},
-        "routes": [{"name": "auto", "policy": "rules", **_pair("big", "small")}],
-    })
-    pool = BackendPool(config.backends, config.breaker)
-    client = UpstreamClient()
-    await client.start()
-    recorder = DecisionRecorder(SQLiteDecisionStore(str(tmp_path / "d.db")), flush_interval=0.02)
-    await recorder.start()
-    followups = Followups(config, Forwarder(pool, client, config.retry, Metrics()), pool, recorder)
+    config, pool, forwarder, recorder, client = await _in_process_parts(graded, tmp_path, flush_interval=0.02)
+    followups = Followups(config, forwarder, pool, recorder)
     body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "Weather in Paris?"}],
             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}
 
