@@ -28,9 +28,6 @@ from policies.base import PolicyError
 
 log = logging.getLogger("pointsman")
 
-#: Seconds an idle keep-alive connection is kept open between requests (uvicorn's default, set deliberately).
-KEEP_ALIVE_TIMEOUT = 5
-
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn, plus a drain a load balancer can see.
@@ -143,7 +140,7 @@ async def serve(config: Config) -> None:
                 host=config.server.host,
                 port=config.server.port,
                 http=protocol_for(config.server.header_timeout),  # httptools, with head size and time limits
-                timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
+                timeout_keep_alive=config.server.keep_alive_timeout,  # type: ignore[arg-type]
                 limit_concurrency=None,  # see README "Configuration": at the limit /health would answer 503 too
                 loop="none",
                 lifespan="on",

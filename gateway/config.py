@@ -431,6 +431,11 @@ class ServerConfig(_Strict):
     body_timeout: float = Field(
         default=60.0, gt=0, description="seconds a request body may take to arrive after its headers (then 408)"
     )
+    keep_alive_timeout: float = Field(
+        default=5.0, gt=0, le=3600,
+        description="seconds an idle keep-alive connection is kept open between requests; behind a load balancer "
+        "make it longer than the balancer's own idle timeout, or it may reuse a connection just closed (a 502)",
+    )
     header_timeout: float = Field(
         default=10.0, gt=0,
         description="seconds a connection may take to send a request's headers, from its opening or from the "

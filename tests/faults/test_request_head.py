@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import orjson
@@ -243,3 +244,18 @@ def test_a_body_whose_last_read_is_over_the_head_limit_is_answered(gateway: Gate
         sock.sendall(body)
         status, answer = _answer(sock)
     assert status == 200, answer
+
+
+def test_the_keep_alive_timeout_is_the_configured_one(upstream: FakeUpstream, tmp_path: Path) -> None:
+    # It was uvicorn's 5 s whatever the deployment: behind a load balancer with a longer idle timeout the
+    # balancer reuses connections the gateway has just closed (502s).
+    proc = GatewayProcess(_config(upstream, keep_alive_timeout=0.5), tmp_path).start()
+    try:
+        with _connect(proc) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, _ = _answer(sock)
+            assert status == 200
+            sock.settimeout(3.0)  # well under 5 s: the old fixed timeout would still hold it open
+            assert sock.recv(1) == b""  # closed by the gateway
+    finally:
+        proc.terminate()
