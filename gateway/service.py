@@ -55,6 +55,7 @@ from policies.brain import ActiveRouter, explain_policy, request_context
 from policies.echo import client_echo, masked_prefix
 from policies.knob import REQUEST_FIELD
 from policies.sticky import SESSION_HEADER
+from policies.workflows import workflow_models
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord
 
@@ -116,7 +117,7 @@ class ProxyService:
         # Plans for concrete model names never change: built once (a workflow's virtual model is one
         # more name a client may send).
         self._direct_plans = direct_plans(config)
-        self._workflow_models = {workflow.name: workflow.model_name for workflow in config.workflows}
+        self._workflow_models = workflow_models(config.workflows)
 
     def use_quotas(self, quotas: Quotas) -> None:
         """Reserve every request's rate limits and budgets before forwarding, settle them after."""
