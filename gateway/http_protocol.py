@@ -35,6 +35,7 @@ MAX_HEADERS = 256
 #: The most requests a client may pipeline ahead of the answer being written; more: the connection is closed.
 MAX_PIPELINED = 16
 
+_HEAD_TOO_LARGE = f"the request head is over {MAX_HEAD_BYTES} bytes"
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
@@ -76,7 +77,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self._messages == begun and self._completed == completed:
             self._head_bytes += len(data)
         if self._head_bytes > MAX_HEAD_BYTES:
-            self._refuse(431, f"the request head is over {MAX_HEAD_BYTES} bytes")
+            self._refuse(431, _HEAD_TOO_LARGE)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -91,14 +92,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # data_received, and one socket read can hold a whole 256 KiB request line.
         self._head_parsed += len(url)
         if self._head_parsed > MAX_HEAD_BYTES:
-            self._refuse(431, f"the request head is over {MAX_HEAD_BYTES} bytes")
+            self._refuse(431, _HEAD_TOO_LARGE)
             raise _HeadRefused
 
     def on_header(self, name: bytes, value: bytes) -> None:
         super().on_header(name, value)
         self._head_parsed += len(name) + len(value) + 4  # ": " and CRLF
         if self._head_parsed > MAX_HEAD_BYTES:
-            self._refuse(431, f"the request head is over {MAX_HEAD_BYTES} bytes")
+            self._refuse(431, _HEAD_TOO_LARGE)
             raise _HeadRefused
         if len(self.headers) > MAX_HEADERS:
             # Raised inside the parser's callback: httptools turns it into an HttpParserCallbackError
