@@ -188,11 +188,13 @@ def test_ready_is_503_as_soon_as_sigterm_arrives(upstream: FakeUpstream, tmp_pat
     assert drained_in < 10, f"the gateway exited {drained_in:.1f}s after SIGTERM"
 
 
-def test_a_drain_ends_at_drain_timeout_when_a_request_outlasts_it(upstream: FakeUpstream, tmp_path: Path) -> None:
-    """A request still running at drain_timeout does not hold the process: it is cut, the gateway exits
-    0 with the records flushed, and it waited at least drain_timeout for the request."""
+def _hanging(
+    upstream: FakeUpstream, tmp_path: Path, drain_timeout: float, client_timeout: float
+) -> tuple[GatewayProcess, threading.Thread, list[int | str]]:
+    """A gateway with ``drain_timeout`` and one request it is serving from an upstream that never answers:
+    the gateway, the client's thread, and the client's outcome once it has one (status or transport error)."""
     config = _config(upstream, tmp_path)
-    config["server"] = {"drain_timeout": 1}
+    config["server"] = {"drain_timeout": drain_timeout}
     config["backends"][0]["models"].append({"name": "fake-hang", "upstream_name": "hang"})
     config["backends"][0]["timeouts"]["first_byte"] = 60.0
     config["backends"][0]["timeouts"]["total"] = 60.0
@@ -202,18 +204,35 @@ def test_a_drain_ends_at_drain_timeout_when_a_request_outlasts_it(upstream: Fake
 
     def hang() -> None:
         try:
-            outcome.append(httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
+            outcome.append(httpx.post(f"{gateway.base_url}/chat/completions", timeout=client_timeout,
                                       json={"model": "fake-hang", "messages": MESSAGES, "user": user}).status_code)
         except httpx.TransportError as exc:
             outcome.append(type(exc).__name__)
 
     waiter = threading.Thread(target=hang, daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 10
     try:
-        waiter.start()
-        deadline = time.monotonic() + 10
         while not upstream.state.requests[("hang", user)]:
             assert time.monotonic() < deadline, "the hanging request never reached the upstream"
             time.sleep(0.02)
+    except BaseException:
+        _kill(gateway)
+        raise
+    return gateway, waiter, outcome
+
+
+def _kill(gateway: GatewayProcess) -> None:
+    if gateway.proc is not None and gateway.proc.poll() is None:
+        gateway.proc.kill()
+        gateway.proc.wait()
+
+
+def test_a_drain_ends_at_drain_timeout_when_a_request_outlasts_it(upstream: FakeUpstream, tmp_path: Path) -> None:
+    """A request still running at drain_timeout does not hold the process: it is cut, the gateway exits
+    0 with the records flushed, and it waited at least drain_timeout for the request."""
+    gateway, waiter, outcome = _hanging(upstream, tmp_path, drain_timeout=1, client_timeout=30)
+    try:
         assert gateway.proc is not None
         gateway.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
@@ -223,9 +242,7 @@ def test_a_drain_ends_at_drain_timeout_when_a_request_outlasts_it(upstream: Fake
         waited = time.monotonic() - signalled
         waiter.join(10)
     finally:
-        if gateway.proc is not None and gateway.proc.poll() is None:
-            gateway.proc.kill()
-            gateway.proc.wait()
+        _kill(gateway)
     assert during == 503
     assert exit_code == 0, gateway.log()[-2000:]
     assert waited >= 0.9, f"exited {waited:.2f}s after SIGTERM, before drain_timeout (1 s)"
@@ -235,29 +252,8 @@ def test_a_drain_ends_at_drain_timeout_when_a_request_outlasts_it(upstream: Fake
 def test_a_second_sigterm_stops_waiting_for_requests(upstream: FakeUpstream, tmp_path: Path) -> None:
     """The second signal skips the drain: a request that would hold the gateway for drain_timeout (30 s)
     is cut, and the gateway still exits 0 with the decision log flushed."""
-    config = _config(upstream, tmp_path)
-    config["server"] = {"drain_timeout": 30}
-    config["backends"][0]["models"].append({"name": "fake-hang", "upstream_name": "hang"})
-    config["backends"][0]["timeouts"]["first_byte"] = 60.0
-    config["backends"][0]["timeouts"]["total"] = 60.0
-    gateway = GatewayProcess(config, tmp_path).start()
-    user = uuid.uuid4().hex
-    outcome: list[int | str] = []
-
-    def hang() -> None:
-        try:
-            outcome.append(httpx.post(f"{gateway.base_url}/chat/completions", timeout=60,
-                                      json={"model": "fake-hang", "messages": MESSAGES, "user": user}).status_code)
-        except httpx.TransportError as exc:
-            outcome.append(type(exc).__name__)
-
-    waiter = threading.Thread(target=hang, daemon=True)
+    gateway, waiter, outcome = _hanging(upstream, tmp_path, drain_timeout=30, client_timeout=60)
     try:
-        waiter.start()
-        deadline = time.monotonic() + 10
-        while not upstream.state.requests[("hang", user)]:
-            assert time.monotonic() < deadline, "the hanging request never reached the upstream"
-            time.sleep(0.02)
         assert gateway.proc is not None
         gateway.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
@@ -266,9 +262,7 @@ def test_a_second_sigterm_stops_waiting_for_requests(upstream: FakeUpstream, tmp
         exit_code = gateway.proc.wait(timeout=20)  # well before the 30 s drain_timeout
         waiter.join(10)
     finally:
-        if gateway.proc is not None and gateway.proc.poll() is None:
-            gateway.proc.kill()
-            gateway.proc.wait()
+        _kill(gateway)
     assert exit_code == 0, gateway.log()[-2000:]
     assert outcome and outcome[0] != 200, outcome
     assert [r["requested_model"] for r in gateway.decisions()] == ["fake-hang"]  # the cut request is logged
