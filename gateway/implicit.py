@@ -13,9 +13,15 @@ Four signals, each a feedback row (``source: implicit``, score 0) on the request
 
 A session is the ``x-pointsman-session-id`` header (per tenant) or, without it, the conversation's
 prefix: system prompt(s) and first user message, which every later turn repeats (the same rule as
-session stickiness, ``policies/sticky.py``). Memory is bounded: at most ``max_sessions`` sessions
-(least recently used evicted), a few recent answers each, dropped once older than the window. No
-text is kept: only digests of the conversation prefix and hashed words of the last user turn.
+session stickiness, ``policies/sticky.py``), with the body's ``user`` (OpenAI's end-user id) when it
+has one. A first turn with neither a session id nor a ``user`` judges no earlier answer: the same
+opening question from two end users of one API key (a popular prompt, an eval run twice, a batch job
+resending its inputs) looks exactly like a regeneration, and would score every earlier answer to it
+0. Its answer is still remembered, so a re-ask in the conversation's next turn is seen.
+
+Memory is bounded: at most ``max_sessions`` sessions (least recently used evicted), a few recent
+answers each, dropped once older than the window. No text is kept: only digests of the conversation
+prefix and hashed words of the last user turn.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class Fingerprint:
     session: int  # digest of (tenant, session id or conversation prefix)
     turn: int  # digest of the messages up to and including the last user turn
     words: frozenset[int]  # hashed, normalised words of the last user turn
+    judges: bool = True  # whether it may judge earlier answers (see the module docstring)
 
 
 @dataclass(slots=True)
@@ -84,14 +91,19 @@ def fingerprint(body: Mapping[str, Any], tenant: str | None, session_id: str | N
                 first_user = index
     if last_user < 0:
         return None
+    end_user = body.get("user")
+    end_user = end_user if isinstance(end_user, str) else ""
     if session_id:
         key: Any = ["id", session_id]
+        judges = True
     else:
         prefix = [m for m in messages[:first_user] if isinstance(m, Mapping) and m.get("role") in SYSTEM_ROLES]
-        key = ["prefix", prefix, messages[first_user]]
+        key = ["prefix", end_user, prefix, messages[first_user]]
+        # Past the first turn the conversation carries an earlier answer: strangers rarely share that.
+        judges = bool(end_user) or last_user != first_user
     session = _digest(orjson.dumps([tenant or "", key], option=orjson.OPT_SORT_KEYS))
     turn = _digest(orjson.dumps(messages[: last_user + 1], option=orjson.OPT_SORT_KEYS))
-    return Fingerprint(session=session, turn=turn, words=_words(messages[last_user].get("content")))
+    return Fingerprint(session=session, turn=turn, words=_words(messages[last_user].get("content")), judges=judges)
 
 
 def similarity(a: frozenset[int], b: frozenset[int]) -> float:
@@ -157,7 +169,7 @@ class ImplicitSignals:
         if not settings.enabled:
             return
         try:
-            if print_ is not None:
+            if print_ is not None and print_.judges:
                 self._judge_earlier(record, print_, settings)
             if record.outcome == "ok" and record.status == 200:
                 if finish_length:

@@ -123,16 +123,36 @@ def test_the_same_conversation_sent_again_is_a_regeneration(sdk: OpenAI, gw: Gat
     assert implicit(gw, second)["regenerate"]["metadata"]["by"] == third
 
 
+def test_a_first_turn_regenerates_only_for_the_same_end_user(sdk: OpenAI, gw: GatewayProcess) -> None:
+    # One API key, many end users: the same opening question from two of them (or an eval run twice)
+    # is no regeneration; OpenAI's `user` field, or a session id, says when it is the same person.
+    messages = user(f"What is the capital of Australia? {uuid.uuid4().hex}")
+    anonymous = [chat(sdk, messages) for _ in range(3)]
+    strangers = [chat(sdk, messages, user=f"end-user-{i}") for i in range(2)]
+    same = [chat(sdk, messages, user="end-user-9") for _ in range(2)]
+    eventually(lambda: "regenerate" in implicit(gw, same[0]), "the same end user's regeneration", timeout=10)
+    assert implicit(gw, same[0])["regenerate"]["metadata"]["by"] == same[1]
+    # The anonymous first answer is still remembered: a re-ask in the next turn judges it.
+    question = f"How do I reverse a linked list in place {uuid.uuid4().hex}?"
+    opened = chat(sdk, user(question))
+    follow = chat(sdk, [*user(question), {"role": "assistant", "content": "Use recursion."},
+                        *user(question.lower() + " iteratively")])
+    eventually(lambda: "reask" in implicit(gw, opened), "re-ask of an anonymous first turn", timeout=10)
+    assert implicit(gw, opened)["reask"]["metadata"]["by"] == follow
+    barrier(sdk, gw)
+    assert all(implicit(gw, rid) == {} for rid in [*anonymous, *strangers, same[1]])
+
+
 def test_outside_the_window_or_on_a_quiet_route_nothing_is_recorded(sdk: OpenAI, gw: GatewayProcess) -> None:
     messages = user(f"Summarise this ticket {uuid.uuid4().hex}")
-    old = chat(sdk, messages, model="short")
+    old = chat(sdk, messages, model="short", user="u1")
     time.sleep(0.8)  # past the route's 0.5 s window
-    late = chat(sdk, messages, model="short")
-    soon = chat(sdk, messages, model="short")
+    late = chat(sdk, messages, model="short", user="u1")
+    soon = chat(sdk, messages, model="short", user="u1")
     eventually(lambda: "regenerate" in implicit(gw, late), "regeneration within the window", timeout=10)
     assert implicit(gw, late)["regenerate"]["metadata"]["by"] == soon
     repeat = user(f"Same words again {uuid.uuid4().hex}")
-    quiet = [chat(sdk, repeat, model="quiet"), chat(sdk, repeat, model="quiet")]  # implicit: {enabled: false}
+    quiet = [chat(sdk, repeat, model="quiet", user="u2") for _ in range(2)]  # implicit: {enabled: false}
     barrier(sdk, gw)
     assert implicit(gw, old) == {}
     assert all(implicit(gw, rid) == {} for rid in quiet)
