@@ -6,7 +6,9 @@ line logged while serving it (in its task, or in tasks it started) carries that 
 passed with ``extra={...}`` and, for an exception, ``exc_info``. Whatever the format, a credential
 never reaches the log: ``Authorization``-like extras and ``Bearer``/``sk-`` tokens in messages are
 masked, and prompt-like extras (``prompt``, ``messages``, ``body`` ...) are dropped unless
-``logging.include_prompts`` is true.
+``logging.include_prompts`` is true. So are the messages of exceptions in logged tracebacks that the
+gateway did not raise itself: ``int(value)``, a ``KeyError`` on a client's key or a driver's error can
+quote the request's text; their type, frames and the gateway's own exceptions' messages stay.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import datetime
 import logging
 import re
 import sys
+import traceback
 from collections.abc import Mapping
+from types import TracebackType
 from typing import Any, TextIO
 
 import orjson
@@ -45,6 +49,40 @@ def scrub(text: str) -> str:
     return _TOKEN.sub(lambda m: (m.group(1) or "") + MASK, text)
 
 
+#: Exceptions whose messages the gateway's own code wrote: kept in logged tracebacks.
+_OWN_PACKAGES = ("gateway.", "policies.", "classifiers.", "store.", "evals.")
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+
+
+def format_exception(exc_info: ExcInfo, include_prompts: bool) -> str:
+    """The traceback of ``exc_info`` (and its causes) as logging prints it, credentials masked; without
+    ``include_prompts`` the messages of exceptions not raised by the gateway's own code are withheld
+    (types and frames are kept: enough to find the bug, never the client's text)."""
+    if exc_info[0] is None:
+        return ""
+    error = traceback.TracebackException(*exc_info)
+    if not include_prompts:
+        _withhold_foreign_messages(error)
+    return scrub("".join(error.format()).rstrip("\n"))
+
+
+def _withhold_foreign_messages(error: traceback.TracebackException) -> None:
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        module = getattr(current.exc_type, "__module__", "") or ""
+        text = getattr(current, "_str", None)  # the message, as TracebackException.format prints it
+        if not module.startswith(_OWN_PACKAGES) and isinstance(text, str) and text:
+            withheld = f"[message withheld ({len(text)} chars): logging.include_prompts shows it]"
+            setattr(current, "_str", withheld)  # noqa: B010 (a private attribute: mypy does not know it)
+        if getattr(current, "__notes__", None):
+            current.__notes__ = ["[notes withheld]"]
+        pending.extend(e for e in (current.__cause__, current.__context__, *(current.exceptions or ())) if e)
+
+
 def _clean(key: str, value: Any, include_prompts: bool) -> Any:
     if key.lower() in SECRET_KEYS:
         return MASK
@@ -68,8 +106,12 @@ class RequestIdFilter(logging.Filter):
 class TextFormatter(logging.Formatter):
     """The classic line, with ``[request id]`` when one is known and credentials masked."""
 
-    def __init__(self) -> None:
+    def __init__(self, include_prompts: bool = False) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.include_prompts = include_prompts
+
+    def formatException(self, ei: Any) -> str:
+        return format_exception(ei, self.include_prompts)
 
     def format(self, record: logging.LogRecord) -> str:
         line = scrub(super().format(record))
@@ -83,6 +125,9 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, include_prompts: bool = False) -> None:
         super().__init__()
         self.include_prompts = include_prompts
+
+    def formatException(self, ei: Any) -> str:
+        return format_exception(ei, self.include_prompts)
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -101,7 +146,7 @@ class JsonFormatter(logging.Formatter):
                 continue
             entry[key] = _clean(key, value, self.include_prompts)
         if record.exc_info:
-            entry["exc_info"] = scrub(self.formatException(record.exc_info))
+            entry["exc_info"] = self.formatException(record.exc_info)
         elif record.exc_text:
             entry["exc_info"] = scrub(record.exc_text)
         return orjson.dumps(entry, default=str).decode()
@@ -112,7 +157,8 @@ def configure(config: LoggingConfig, stream: TextIO | None = None) -> logging.Ha
     handler already on the root logger. Python warnings go through the log too (one line each)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(RequestIdFilter())
-    handler.setFormatter(JsonFormatter(config.include_prompts) if config.format == "json" else TextFormatter())
+    formatter = JsonFormatter if config.format == "json" else TextFormatter
+    handler.setFormatter(formatter(config.include_prompts))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -12,7 +12,8 @@ import httpx
 
 from gateway.auth import hash_key
 from gateway.config import LoggingConfig
-from gateway.logs import JsonFormatter, request_id, scrub
+from gateway.errors import PointsmanError
+from gateway.logs import JsonFormatter, configure, request_id, scrub
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 
@@ -94,3 +95,37 @@ def test_include_prompts_keeps_prompt_extras() -> None:
     formatter = JsonFormatter(include_prompts=LoggingConfig(include_prompts=True).include_prompts)
     record = logging.makeLogRecord({"msg": "x", "levelname": "INFO", "name": "t", "prompt": MARKER})
     assert json.loads(formatter.format(record))["prompt"] == MARKER
+
+
+def _logged_failure(include_prompts: bool, text_format: bool) -> str:
+    """What the configured log prints for an unexpected error whose messages quote a client's text."""
+    stream = io.StringIO()
+    handler = configure(LoggingConfig(format="text" if text_format else "json", include_prompts=include_prompts),
+                        stream)
+    try:
+        try:
+            try:
+                int(f"my secret is {MARKER}")  # a builtin error quoting the client's value
+            except ValueError as exc:
+                raise KeyError(f"{MARKER} as a key") from exc
+        except KeyError as exc:
+            raise PointsmanError("the gateway's own words", code="internal_error") from exc
+    except PointsmanError:
+        logging.getLogger("pointsman.test").exception("unhandled error on POST /v1/chat/completions")
+    try:
+        {}[f"{MARKER} key"]
+    except KeyError:
+        logging.getLogger("pointsman.test").exception("implicit feedback failed")
+    logging.getLogger().removeHandler(handler)
+    return stream.getvalue()
+
+
+def test_logged_tracebacks_withhold_foreign_exception_messages_unless_prompts_are_included() -> None:
+    # An unexpected error's traceback is logged by the last-resort middleware (gateway/contain.py) and by
+    # every follow-up that must not fail a request: int(value) or a KeyError can quote the prompt.
+    for text_format in (True, False):
+        logged = _logged_failure(include_prompts=False, text_format=text_format)
+        assert MARKER not in logged, logged
+        assert "ValueError: [message withheld" in logged and "KeyError: [message withheld" in logged
+        assert "the gateway's own words" in logged and "test_json_logs.py" in logged  # own text and frames stay
+        assert MARKER in _logged_failure(include_prompts=True, text_format=text_format)
