@@ -25,6 +25,7 @@ from gateway.contain import ContainUnexpectedErrors
 from gateway.dashboard import DASHBOARD_ROUTES
 from gateway.errors import (
     MethodNotAllowedError,
+    ModelNotFoundError,
     PointsmanError,
     RouteNotFoundError,
     ServiceUnavailableError,
@@ -100,14 +101,9 @@ async def route(request: Request) -> Response:
     return await _service(request).explain(request)
 
 
-async def list_models(request: Request) -> Response:
-    """``GET /v1/models``: every configured model (owned by its backend), every route and every
-    workflow (``cascade/<name>`` …)."""
+def _models(request: Request) -> list[dict[str, Any]]:
+    """Every model a client may name: configured models (owned by their backend), routes and workflows."""
     service = _service(request)
-    try:
-        service.authenticate(request)
-    except PointsmanError as error:
-        return error_response(error)
     created = int(request.app.state.started_at)
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": target.backend.name}
@@ -121,7 +117,32 @@ async def list_models(request: Request) -> Response:
         {"id": workflow.model_name, "object": "model", "created": created, "owned_by": "pointsman-workflow"}
         for workflow in service.workflows.workflows.values()
     ]
-    return json_response({"object": "list", "data": data})
+    return data
+
+
+async def list_models(request: Request) -> Response:
+    """``GET /v1/models``: every configured model (owned by its backend), every route and every
+    workflow (``cascade/<name>`` …)."""
+    try:
+        _service(request).authenticate(request)
+    except PointsmanError as error:
+        return error_response(error)
+    return json_response({"object": "list", "data": _models(request)})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """``GET /v1/models/{model}`` (the SDK's ``models.retrieve``): one entry of the list, or a 404."""
+    try:
+        _service(request).authenticate(request)
+        name = request.path_params["model"]
+        for entry in _models(request):
+            if entry["id"] == name:
+                return json_response(entry)
+        raise ModelNotFoundError(
+            f"The model {client_echo(name)} does not exist; GET /v1/models lists models and routes", param="model"
+        )
+    except PointsmanError as error:
+        return error_response(error)
 
 
 async def health(request: Request) -> Response:
@@ -157,6 +178,7 @@ ROUTES = [
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/v1/route", route, methods=["POST"]),
     Route("/v1/feedback", feedback, methods=["POST"]),
     Route("/health", health, methods=["GET"]),

@@ -215,3 +215,14 @@ def test_health_ready_and_metrics(gateway: GatewayProcess, client: OpenAI) -> No
     assert 'pointsman_breaker_state{backend="fake"' in metrics
     assert "pointsman_decision_log_written" in metrics
     assert "pointsman_decision_log_write_errors 0.0" in metrics
+
+
+def test_models_retrieve_gives_one_entry_or_a_404(client: OpenAI, gateway: GatewayProcess) -> None:
+    # The SDK's models.retrieve (used by clients checking a model exists) is GET /v1/models/{id}.
+    listed = {m.id: m for m in client.models.list()}
+    for name in ("fake-ok", "auto"):
+        assert client.models.retrieve(name) == listed[name]
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no/such-model")
+    error = info.value.body
+    assert isinstance(error, dict) and error["code"] == "model_not_found" and error["param"] == "model"

@@ -108,6 +108,8 @@ def test_models_list_needs_the_key(gateway: GatewayProcess) -> None:
     _assert_openai_error(httpx.get(f"{gateway.base_url}/models"), 401, "authentication_error")
     ids = {m.id for m in _client(gateway, KEYS["team-a"]).models.list()}
     assert {"fake-ok", "auto"} <= ids
+    _assert_openai_error(httpx.get(f"{gateway.base_url}/models/fake-ok"), 401, "authentication_error")
+    assert _client(gateway, KEYS["team-a"]).models.retrieve("fake-ok").id == "fake-ok"
 
 
 def test_health_and_ready_need_no_key(gateway: GatewayProcess) -> None:
