@@ -84,8 +84,10 @@ class DecisionStore(Protocol):
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
         """Delete everything stored about a tenant or about one request (decisions, feedback,
-        conversations, sub-calls) in one transaction; returns rows deleted per table
-        (:data:`store.schema.FORGET_TABLES`). Exactly one of ``tenant`` and ``request_id`` is given."""
+        conversations, sub-calls); returns rows deleted per table (:data:`store.schema.FORGET_TABLES`).
+        Exactly one of ``tenant`` and ``request_id`` is given. A request's rows go in one transaction; a
+        tenant's may go in several (SQLite), each deleting whole requests, so an interrupted forget
+        leaves no row without its decision and running it again finishes it."""
         ...
 
     async def purge_expired_text(self, now: float) -> int:

@@ -49,7 +49,11 @@ from store.records import (
     TrafficWindow,
 )
 from store.schema import (
+    CONVERSATIONS_TABLE,
+    DECISIONS_TABLE,
+    FEEDBACK_TABLE,
     FORGET_TABLES,
+    SUBCALLS_TABLE,
     VERSION_TABLE,
     forget_sql,
     insert_conversation_sql,
@@ -74,6 +78,15 @@ logger = logging.getLogger(__name__)
 #: How long a writer waits for another process's lock before failing (ms).
 BUSY_TIMEOUT_MS = 5000
 
+#: Decisions (with their feedback, conversations and sub-calls) one transaction of a tenant's forget
+#: deletes: a few tens of milliseconds of write lock. Also SQLite's oldest limit on bound parameters
+#: (999) bounds it.
+FORGET_BATCH = 500
+
+#: Tables whose rows hang off a decision by request id and carry a tenant, deleted before the decision.
+_CHILD_TABLES = (FEEDBACK_TABLE, CONVERSATIONS_TABLE, SUBCALLS_TABLE)
+_TENANT_DECISIONS_SQL = f"SELECT request_id FROM {DECISIONS_TABLE} WHERE tenant = ? LIMIT ?"
+
 
 def _file_identity(path: str) -> tuple[int, int] | None:
     """(device, inode) of the file ``path`` names now, or None when there is none."""
@@ -82,6 +95,12 @@ def _file_identity(path: str) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _add(counts: dict[str, int], batch: dict[str, int]) -> None:
+    """Add a committed batch's rows deleted per table to a forget's running ``counts``."""
+    for table, n in batch.items():
+        counts[table] += n
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -271,23 +290,82 @@ class SQLiteDecisionStore:
             conn.execute("PRAGMA synchronous = NORMAL")
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
-        """Delete a tenant's or a request's decisions, feedback, conversations and sub-calls in one
-        transaction."""
-        by_tenant, value = check_forget_args(tenant, request_id)
-        return await self._run(self._forget_sync, by_tenant, value)
+        """Delete a tenant's or a request's decisions, feedback, conversations and sub-calls.
 
-    def _forget_sync(self, by_tenant: bool, value: str) -> dict[str, int]:
+        A request's rows go in one transaction. A tenant's go in batches of :data:`FORGET_BATCH`
+        decisions, each batch one transaction with the decisions' feedback, conversations and sub-calls
+        (so an interrupted forget leaves whole requests, never feedback or a conversation without its
+        decision, and running it again finishes the job), then the tenant's rows that hang off no
+        decision of the tenant. Between transactions the write lock is left free for as long as the
+        last one held it: one transaction for a large tenant held it for seconds, and a gateway writing
+        to the same file waited behind it (decision writes failing with SQLITE_BUSY, feedback answered
+        503).
+        """
+        by_tenant, value = check_forget_args(tenant, request_id)
+        if not by_tenant:
+            return await self._run(self._forget_sync, value)
+        counts = dict.fromkeys(FORGET_TABLES, 0)
+        for step in (self._forget_decisions_sync, self._forget_strays_sync):
+            while True:
+                started = time.monotonic()
+                deleted = await self._run(step, value, counts)
+                if not deleted:
+                    break
+                await asyncio.sleep(time.monotonic() - started)
+        return counts
+
+    def _forget_sync(self, request_id: str) -> dict[str, int]:
+        """One request (and its experiment shadows), in one transaction."""
         conn = self._require_conn()
         counts: dict[str, int] = {}
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for table, sql in forget_sql("sqlite", by_tenant=by_tenant):
-                counts[table] = conn.execute(sql, (value,)).rowcount
+            for table, sql in forget_sql("sqlite", by_tenant=False):
+                counts[table] = conn.execute(sql, (request_id,)).rowcount
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
             raise
         return {name: counts[name] for name in FORGET_TABLES}
+
+    def _forget_decisions_sync(self, tenant: str, counts: dict[str, int]) -> int:
+        """Delete up to FORGET_BATCH of the tenant's decisions with every row hanging off them, in one
+        transaction; adds to ``counts``, returns the decisions deleted (0: none left)."""
+        conn = self._require_conn()
+        batch: dict[str, int] = {}
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            ids = [row[0] for row in conn.execute(_TENANT_DECISIONS_SQL, (tenant, FORGET_BATCH))]
+            if ids:
+                marks = ", ".join("?" * len(ids))
+                for table in (*_CHILD_TABLES, DECISIONS_TABLE):  # children first, as forget_sql does
+                    batch[table] = conn.execute(f"DELETE FROM {table} WHERE request_id IN ({marks})", ids).rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        _add(counts, batch)
+        return len(ids)
+
+    def _forget_strays_sync(self, tenant: str, counts: dict[str, int]) -> int:
+        """Delete up to FORGET_BATCH rows per child table that carry the tenant but hang off none of its
+        decisions (feedback on a request forgotten since, rows whose decision was never written), in
+        one transaction; adds to ``counts``, returns the rows deleted (0: none left)."""
+        conn = self._require_conn()
+        batch: dict[str, int] = {}
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table in _CHILD_TABLES:
+                batch[table] = conn.execute(
+                    f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE tenant = ? LIMIT ?)",
+                    (tenant, FORGET_BATCH),
+                ).rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        _add(counts, batch)
+        return sum(batch.values())
 
     async def purge_expired_text(self, now: float) -> int:
         """Delete the text of conversations whose retention ended at or before ``now``."""
