@@ -31,8 +31,9 @@ quality at a given cost and cost at a given quality from the upper-left envelope
 
 Report helpers (``pointsman eval``): the random router's band (random scores through the same sweep),
 the cost-quality frontier (non-decreasing concave hull) and AIQ, RouterBench's average quality over a
-cost range; calibration (reliability bins and ECE); paired bootstrap resampling with percentile
-intervals; inverse-propensity qualities for logged rows that only show the served model's outcome.
+cost range; calibration (reliability bins and ECE); paired bootstrap resampling (of rows, or of whole
+prompts) with percentile intervals; inverse-propensity qualities for logged rows that only show the served
+model's outcome.
 """
 
 from __future__ import annotations
@@ -478,21 +479,56 @@ def bootstrap(
     draws: int = 1000,
     seed: int = 0,
     progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+    *,
+    groups: Sequence[object] | np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """``stat`` on ``draws`` resamples (with replacement) of the ``n`` rows' indices.
+
+    ``groups`` (per row, e.g. the prompt) makes it a cluster bootstrap: each draw picks as many groups as
+    there are, with replacement, and takes every row of each, so rows that are not independent (one prompt
+    logged many times, several judgments of one prompt) move together and the interval is not too narrow.
+    With every group distinct it draws exactly the rows a plain row bootstrap draws.
 
     Returns every key's values over the draws (paired: draw ``d`` of every key used the same rows, so
     differences between keys have valid intervals too). ``progress`` may wrap the draw loop (tqdm).
     """
     rng = np.random.default_rng(seed)
+    resample = _row_resampler(n) if groups is None else _group_resampler(groups, n)
     values: dict[str, list[float]] = {}
     loop: Iterable[int] = range(draws)
     if progress is not None:
         loop = progress(loop)
     for _ in loop:
-        for key, value in stat(rng.integers(0, n, n)).items():
+        for key, value in stat(resample(rng)).items():
             values.setdefault(key, []).append(float(value))
     return {key: np.array(v) for key, v in values.items()}
+
+
+def _row_resampler(n: int) -> Callable[[np.random.Generator], np.ndarray]:
+    return lambda rng: rng.integers(0, n, n)
+
+
+def _group_resampler(groups: Sequence[object] | np.ndarray, n: int) -> Callable[[np.random.Generator], np.ndarray]:
+    """Draws of whole groups as row indices. Groups are numbered by first appearance, so with every row
+    its own group, group ``g`` is row ``g`` and the draws are the row bootstrap's."""
+    labels = np.asarray(groups, dtype=object)
+    if len(labels) != n:
+        raise ValueError(f"groups has {len(labels)} labels for {n} rows")
+    first: dict[object, int] = {}
+    codes = np.array([first.setdefault(label, len(first)) for label in labels.tolist()], dtype=np.int64)
+    m = len(first)
+    order = np.argsort(codes, kind="stable")  # rows of group 0, then group 1, ...
+    sizes = np.bincount(codes, minlength=m)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+
+    def draw(rng: np.random.Generator) -> np.ndarray:
+        picked = rng.integers(0, m, m)
+        lengths = sizes[picked]
+        # Row j of the draw is the (j - offset)-th row of its group: offsets restart at each picked group.
+        offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return order[np.repeat(starts[picked], lengths) + np.arange(int(lengths.sum())) - offsets]
+
+    return draw
 
 
 def percentile_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:

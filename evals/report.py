@@ -18,9 +18,11 @@ Baselines, computed in the same run on the same rows:
   neighbours' mean quality gain (strong - weak), cross-fitted (k folds: each fold is scored by the
   others), so it is the "just remember similar requests" router trained on this very data.
 
-Headline numbers carry a percentile bootstrap 95% CI over the rows (paired across routers: the
-``router - kNN`` difference has its own interval). Every number here is ``direct``: read from rows with
-both models' labelled quality. Logged rows that only show the served model's outcome are estimated
+Headline numbers carry a percentile bootstrap 95% CI (paired across routers: the ``router - kNN``
+difference has its own interval). The bootstrap resamples prompts, not rows: the rows of one prompt
+(logged traffic repeats prompts; a labelled file may judge one prompt several times) are not independent,
+and resampling them one by one made the intervals too narrow. Every number here is ``direct``: read from
+rows with both models' labelled quality. Logged rows that only show the served model's outcome are estimated
 separately, by inverse propensity (:mod:`evals.offpolicy`); :func:`estimator_block` says which
 estimator produced which part of the report.
 """
@@ -55,6 +57,7 @@ from evals.metrics import (
 from evals.replay import WORKFLOW_EXCLUDED, Replay, pair_arrays, pair_usable
 
 NUM_RESULTS = 10  # RouteLLM's 10 quantile bins: 11 points per curve
+BOOTSTRAP_METHOD = "percentile, prompts resampled (every row of a prompt together)"
 ROUTERS = ("router", "knn", "oracle")
 
 
@@ -74,6 +77,9 @@ class PairTable:
     direct: np.ndarray  # True: both qualities labelled (all of build_table's rows); False rows only
     # estimate a quality and stay out of the oracle and the calibration
     embeddings: np.ndarray | None = None
+    # What identifies each row's prompt (its conversation text, else its id): rows of one prompt are not
+    # independent, so the bootstrap resamples prompts. None: every row its own prompt.
+    prompts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.strong_q)
@@ -88,6 +94,7 @@ class PairTable:
             knob_strong=self.knob_strong[idx], direct=self.direct[idx],
             sources=empty if numbers_only else self.sources[idx], domains=empty if numbers_only else self.domains[idx],
             embeddings=None if numbers_only or self.embeddings is None else self.embeddings[idx],
+            prompts=None if numbers_only or self.prompts is None else self.prompts[idx],
         )
 
 
@@ -171,8 +178,17 @@ def build_table(
         domains=np.array([r.domain or "unknown" for r in kept], dtype=object),
         direct=np.array(direct, dtype=bool),
         embeddings=None if embeddings is None or not len(idx) else np.asarray(embeddings)[idx],
+        prompts=_prompt_keys(kept),
     )
     return table, excluded, basis
+
+
+def _prompt_keys(rows: Sequence[Any]) -> np.ndarray:
+    """Each row's prompt identity, the key folds and the hold-out use (text, else request id, else vector):
+    logged traffic repeats prompts and a labelled file may judge one prompt several times."""
+    from evals.retrain import row_key
+
+    return np.array([row_key(r) for r in rows], dtype=object)
 
 
 DIRECT_NUMBERS = ("routers", "knob", "calibration", "breakdown", "differences")
@@ -356,7 +372,7 @@ def compute_report(
     point = headline(table, knn)
     boot = bootstrap(lambda idx: headline(table.take(idx, numbers_only=True), None if knn is None else knn[idx]),
                      n, draws, seed,
-                     progress=bar("bootstrap", draws))
+                     progress=bar("bootstrap", draws), groups=table.prompts)
     ci = {key: _with_ci(value, boot.get(key), level) for key, value in point.items()}
 
     rand_apgr, rand_share, rand_quality = random_curves(
@@ -437,7 +453,8 @@ def compute_report(
             "source": _breakdown(table, table.sources, knn, draws, seed, level, min_group),
             "domain": _breakdown(table, table.domains, knn, draws, seed, level, min_group),
         },
-        "bootstrap": {"draws": draws, "seed": seed, "level": level, "method": "percentile, rows resampled"},
+        "bootstrap": {"draws": draws, "seed": seed, "level": level, "method": BOOTSTRAP_METHOD,
+                      "prompts": n if table.prompts is None else len(set(table.prompts.tolist()))},
         "baselines": {
             "random": f"uniform random scores through the same threshold sweep, {draws} draws, requests a rule "
                       f"pinned keeping their model; the band is the central {level:.0%} of their APGRs; AIQ: "
@@ -511,7 +528,7 @@ def _breakdown(
                 return {"router": r, "knn": k}
 
             full = stat(np.arange(len(idx)))
-            boot = bootstrap(stat, len(idx), min(draws, max(200, draws // 5)), seed)
+            boot = bootstrap(stat, len(idx), min(draws, max(200, draws // 5)), seed, groups=sub.prompts)
             row["apgr"] = _with_ci(full["router"], boot["router"], level)
             row["knn_apgr"] = _with_ci(full["knn"], boot["knn"], level)
         out.append(row)
