@@ -553,6 +553,11 @@ def requests_from_logs(
     messages, when the route keeps it) or, failing that, the stored embedding with its encoder id
     (training checks the id against its encoder). Requests with no quality feedback, or with neither
     text nor embedding, are skipped and counted.
+
+    Feedback about the served answer of a request that failed (:func:`answer_failed`: a 5xx, a broken
+    stream) is no quality label: the model named by the record never answered, so a thumbs-down on the
+    error would teach that it cannot do the prompt. Such requests are skipped and counted (rows about
+    another model's answer, from a comparison, still count).
     """
     rows: list[LabelledRequest] = []
     skipped: dict[str, int] = defaultdict(int)
@@ -560,18 +565,19 @@ def requests_from_logs(
         record, conversation = item.record, item.conversation
         scores: dict[str, list[float]] = defaultdict(list)
         costs: dict[str, float] = {}
+        failed = answer_failed(record)
         for fb in item.feedback:
             if fb.metric != metric:
                 continue
             model = fb.model or record.model
-            if not model:
+            if not model or (failed and model == record.model):
                 continue
             scores[model].append(float(fb.score))
             cost = (fb.metadata or {}).get("cost_usd")
             if fb.model and isinstance(cost, int | float):
                 costs[fb.model] = float(cost)
         if not scores:
-            skipped[f"no {metric} feedback"] += 1
+            skipped[FAILED_ANSWER if failed else f"no {metric} feedback"] += 1
             continue
         if record.model and record.cost_usd is not None:
             costs.setdefault(record.model, float(record.cost_usd))
@@ -597,6 +603,16 @@ def requests_from_logs(
             )
         )
     return rows, dict(skipped)
+
+
+#: Why a logged request whose served answer failed is no labelled row (see :func:`requests_from_logs`).
+FAILED_ANSWER = "the answer failed (upstream error): its feedback is no quality label"
+
+
+def answer_failed(record: Any) -> bool:
+    """Whether a logged request got no complete answer from its model: an error the client saw (a 5xx
+    after the upstream failed, a refusal before any was asked) or a stream that broke after its 200."""
+    return record.outcome in ("error", "stream_error")
 
 
 def _logged_messages(text: str) -> list[dict[str, Any]]:

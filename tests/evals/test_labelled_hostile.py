@@ -1,0 +1,77 @@
+"""Training and evaluation data as users really have it: labelled files with the quirks of the tools that
+wrote them, and logged traffic with its failures. Each either loads as the data it means or stops with one
+line naming the file, line and field (exit code 2, no traceback), through the real ``pointsman`` CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from evals.labelled import FAILED_ANSWER, load_source
+from tests.fakes.upstream import FakeUpstream
+from tests.gatewayproc import REPO, GatewayProcess
+
+
+def pointsman(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+
+
+# ----------------------------------------------------------------------------- logged traffic
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    server = FakeUpstream().start()
+    yield server
+    server.stop()
+
+
+def _route(name: str, strong: str, weak: str) -> dict[str, Any]:
+    # threshold 0: every request goes to the strong model of the route.
+    return {"name": name, "policy": "rules", "cost_quality": {"strong": strong, "weak": weak, "threshold": 0.0},
+            "record": {"embedding": True, "text": True}}
+
+
+def test_feedback_on_an_answer_that_failed_is_no_quality_label(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """A client thumbs down the 502 it got when the upstream failed: the model the record names never
+    answered, so the row must not teach a router that it cannot do the prompt."""
+    config = {
+        "backends": [{"name": "fake", "base_url": upstream.base_url, "health": {"enabled": False},
+                      "models": [{"name": "broken", "upstream_name": "always-500"},
+                                 {"name": "works", "upstream_name": "ok"}]}],
+        "routes": [_route("to-broken", "broken", "works"), _route("to-works", "works", "broken")],
+        "classifiers": {"encoder": "static"},
+    }
+    gateway = GatewayProcess(config, tmp_path).start()
+    try:
+        ids = {}
+        for route, prompt in (("to-broken", "What is 17 * 23?"), ("to-works", "Say hi to Anna.")):
+            answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=60, json={
+                "model": route, "messages": [{"role": "user", "content": prompt}]})
+            ids[route] = answer.headers["x-pointsman-request-id"]
+            thumbs = "down" if answer.status_code != 200 else "up"
+            posted = httpx.post(f"{gateway.base_url}/feedback", timeout=30,
+                                json={"request_id": ids[route], "thumbs": thumbs})
+            assert posted.status_code == 200, posted.text
+        assert gateway.decision(ids["to-broken"])["status"] == 502
+        assert gateway.decision(ids["to-works"])["status"] == 200
+    finally:
+        gateway.terminate()
+
+    source = load_source(f"logs:sqlite:///{gateway.db_path}")
+    assert [(r.request_id, r.qualities) for r in source.rows] == [(ids["to-works"], {"works": 1.0})]
+    assert source.skipped == {FAILED_ANSWER: 1}
+    # What the user reads when training from the store: one request, of the model that answered.
+    trained = pointsman("train", "--data", f"logs:sqlite:///{gateway.db_path}", "--encoders", "static",
+                        "--out", str(tmp_path / "routers"), "--no-progress")
+    assert "1 requests, models: works (skipped: {'" + FAILED_ANSWER + "': 1})" in trained.stdout, trained.stdout
