@@ -17,13 +17,18 @@ requests). Here:
   closed, when it sent nothing). A request whose head is complete is the app's: its body has
   ``server.body_timeout`` (:func:`gateway.protocol.read_body`), its answer no limit;
 - requests pipelined ahead of the answers are read on only once the queued ones are answered, and
-  more than :data:`MAX_PIPELINED` queued at once (a single socket read can hold thousands) close
-  the connection.
+  more than :data:`MAX_PIPELINED` queued at once (a single socket read can hold thousands) end the
+  connection: the queued ones are answered, the last with ``Connection: close``, the rest are not read.
+
+A pipelined request refused (400, 431) behind requests read whole is answered after them, in order:
+HTTP/1.1 answers every pipelined request before the close, and closing at once dropped their answers
+(the upstream already paid for the one being served).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -54,6 +59,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._completed = 0  # requests (head and body) read whole on this connection
         self._head_parsed = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        # Set once no more requests are read from this connection: what to send after the answers to
+        # the ones read (a refusal, or nothing but the close).
+        self._last_word: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -64,6 +72,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._last_word is not None:
+            return  # no more requests are read (the parser may be stopped mid-request): dropped
         if self._in_head:
             self._head_sent = True
             if self._head_timer is None and self._idle():
@@ -111,13 +121,22 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._in_head = False
         self._cancel_head_timer()
         if len(self.pipeline) >= MAX_PIPELINED:
-            self.transport.close()  # stops the parser (below): no more queued requests from this read
+            # The queued ones are answered, the last with Connection: close; the raise stops the parser
+            # (no more queued requests from this read), and later reads are dropped.
+            self.cycle.keep_alive = False
+            self._stop(lambda: None)
             raise _HeadRefused
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # starts the next pipelined request, and resumes reading
-        if self.pipeline and not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if self._last_word is not None and self._idle():  # the answers to the requests read are written
+            self._last_word()
+            self.transport.close()
+            return
+        if self.pipeline:
             # uvicorn resumes reading after every answer: a client pipelining requests without reading
             # the answers then queued one more socket read of requests (thousands) per answer, without
             # bound (10 MB of pipelined GETs held ~400 MB). Read on once the queued ones are answered.
@@ -131,12 +150,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
-        if self.transport.is_closing():  # after a 431 already sent, or a connection closed
+        if self.transport.is_closing() or self._last_word is not None:  # after a 431, or a connection closed
             return
-        if not self._idle():  # an answer is being written: a 400 now would land inside it
-            self.transport.close()
-            return
-        super().send_400_response(msg)
+        # Not at once while an answer is being written: it would land inside it.
+        self._stop(lambda: super(GatewayHttpProtocol, self).send_400_response(msg))
 
     def _idle(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
@@ -152,7 +169,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self.transport.is_closing() or not self._in_head:
+        if self.transport.is_closing() or not self._in_head or self._last_word is not None:
             return
         if not self._idle():  # the next request's head came while this answer streams: wait for it
             self._arm_head_timer()
@@ -162,14 +179,24 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         else:
             self.transport.close()  # nothing sent (or only between requests): no request to answer
 
-    def _refuse(self, status: int, message: str) -> None:
-        """An OpenAI-shaped error and a closed connection, unless an answer is already being written."""
+    def _stop(self, last_word: Callable[[], None]) -> None:
+        """Read no more requests: answer the ones read whole, in order, then ``last_word()`` and close."""
         self._cancel_head_timer()
-        if self.transport.is_closing():
-            return
-        if not self._idle():  # a pipelined head while an answer streams: just stop reading it
+        self._last_word = last_word
+        if self._idle():
+            last_word()
             self.transport.close()
+        elif self.cycle.more_body:  # the request still being read is the bad one: it can get no answer
+            self.transport.close()
+        # else: on_response_complete, once the last answer is written
+
+    def _refuse(self, status: int, message: str) -> None:
+        """An OpenAI-shaped error and a closed connection, after the answers to the requests read whole."""
+        if self.transport.is_closing() or self._last_word is not None:
             return
+        self._stop(lambda: self._write_refusal(status, message))
+
+    def _write_refusal(self, status: int, message: str) -> None:
         code = "request_header_fields_too_large" if status == 431 else "request_timeout"
         body = (b'{"error":{"message":"%s","type":"invalid_request_error","param":null,"code":"%s"}}'
                 % (message.encode("ascii"), code.encode("ascii")))
@@ -177,7 +204,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
             % (status, _REASONS[status], len(body), body)
         )
-        self.transport.close()
 
 
 class _HeadRefused(Exception):
