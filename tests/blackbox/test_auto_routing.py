@@ -164,6 +164,18 @@ def test_pii_is_redacted_before_forwarding(sdk: OpenAI, upstream: FakeUpstream) 
     assert "[EMAIL]" in text
 
 
+def test_cards_written_with_dots_slashes_or_line_breaks_are_redacted_before_forwarding(
+    sdk: OpenAI, upstream: FakeUpstream
+) -> None:
+    """Only spaces and dashes between a card's groups were read as a card: these reached the upstream."""
+    user = uuid.uuid4().hex
+    content = "Cards 4111.1111.1111.1111, 5555/5555/5555/4444 and 4012 8888\n8888 1881. Build 1.2.3.4 of 2024.01.15."
+    _ask(sdk, [{"role": "user", "content": content}], user=user)
+    sent = [b for b in upstream.state.bodies if b.get("user") == user][-1]
+    expected = "Cards [CREDIT_CARD], [CREDIT_CARD] and [CREDIT_CARD]. Build 1.2.3.4 of 2024.01.15."
+    assert sent["messages"][0]["content"] == expected
+
+
 def test_pii_in_an_embeddings_or_completions_request_is_redacted_before_forwarding(
     sdk: OpenAI, upstream: FakeUpstream
 ) -> None:

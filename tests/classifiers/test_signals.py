@@ -318,6 +318,43 @@ def test_card_like_numbers_that_fail_validation_are_ignored(number: str) -> None
 
 
 @pytest.mark.parametrize(
+    "card",
+    [
+        "4111.1111.1111.1111",
+        "4111/1111/1111/1111",
+        "4111_1111_1111_1111",
+        "4111 - 1111 - 1111 - 1111",
+        "4111  1111  1111  1111",
+        "4111\t1111\t1111\t1111",
+        "4111\n1111\n1111\n1111",  # one group a line
+        "4111 1111\r\n1111 1111",  # wrapped onto the next line
+        "3782.822463.10005",  # Amex 4-6-5
+    ],
+)
+def test_cards_written_with_other_separators_are_found_and_redacted(card: str) -> None:
+    text = f"Please charge {card} for the order."
+    assert kinds(text) == ["credit_card"]
+    assert redact(text)[0] == "Please charge [CREDIT_CARD] for the order."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "release 1.2.3.4, then 10.20.30.40.50",
+        "released 2024.01.15, 2024/01/15 and 15.01.2024",
+        "pi is 3.14159265358979, ratio 0.4111111111111111, value 4111111111111111.5",
+        "order 4111.1111.1111.1112 and 4111/1111/1111/1112",  # Luhn fails
+        "ids 1234.5678.9012.3456",  # no issuer starts with 1
+        "serial 4111.1111.1111.1111.2 and 12.4111.1111.1111.1111",  # pieces of a longer dotted number
+        "mixed 4111-1111.1111/1111",  # not one separator
+        "years\n2019\n2020\n2021\n2022\n",
+    ],
+)
+def test_dotted_and_slashed_numbers_that_are_not_cards_are_ignored(text: str) -> None:
+    assert "credit_card" not in kinds(text)
+
+
+@pytest.mark.parametrize(
     "iban",
     [
         "DE89 3704 0044 0532 0130 00",

@@ -3,7 +3,8 @@
 Every detector is a candidate regex followed by a validator, so that order numbers, version strings
 and test fixtures do not count as personal data:
 
-* ``credit_card`` — 13-19 digits (consistently grouped), a known issuer prefix and length, Luhn check.
+* ``credit_card`` — 12-19 digits, bare or in the issuers' groups (4-4-4-4, 4-6-5) between spaces or line
+  breaks or one repeated ``-`` ``.`` ``/`` ``_``; a known issuer prefix and length, Luhn check.
 * ``iban`` — country code with its registered IBAN length, ISO 13616 mod-97 check.
 * ``us_ssn`` — SSA rules: area not 000, 666 or 9xx; group not 00; serial not 0000; not a famous
   advertising number. Ungrouped nine-digit runs count only next to an SSN keyword.

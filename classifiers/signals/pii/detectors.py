@@ -73,17 +73,41 @@ def _near(rx: re.Pattern[str], text: str, start: int, end: int, window: int = 40
 
 # The boundary look-behinds sit after the first character so that the regex engine can still skip
 # quickly to candidate characters (a leading look-behind disables that and costs ~3x).
-_CARD_RE = re.compile(r"\d(?<![\d.,-]\d)(?:[ -]?\d){11,18}(?![\d-]|[.,]\d)")
-_CARD_GROUPED = re.compile(r"^\d{4}([ -])\d{4}\1\d{4}\1\d{4}(?:\1\d{1,3})?$|^\d{4}([ -])\d{6}\2\d{4,5}$")
+# Groups are the issuers' (4-4-4-4 with up to 3 more digits, 4-6-5 / 4-6-4) or none, so that the groups
+# themselves refuse a number before or after a card ("qty 2 4111 1111 1111 1111" still holds one).
+# Whitespace between groups may vary (a card wrapped onto the next line); a punctuation separator
+# (- . / _, spaces around it allowed) must be the same throughout: "4111.1111-1111/1111" is not a card.
+_CARD_WS = r"(?:[ \t]{1,3}|[ \t]{0,3}\r?\n[ \t]{0,3})"
+
+
+def _card_groups(first: str, again: str) -> tuple[str, str]:
+    """The 4-4-4-4(-1..3) and the 4-6-5 / 4-6-4 groupings after a first digit matched apart, ``first``
+    between the first two groups and ``again`` between the others."""
+    return (
+        rf"\d{{3}}{first}\d{{4}}{again}\d{{4}}{again}\d{{4}}(?:{again}\d{{1,3}})?",
+        rf"\d{{3}}{first}\d{{6}}{again}\d{{4,5}}",
+    )
+
+
+def _card_pattern() -> re.Pattern[str]:
+    """The candidate pattern: a bare run of 12-19 digits or the issuers' groupings (see above)."""
+    spaced = _card_groups(_CARD_WS, _CARD_WS)
+    # One capture group per alternative: a back-reference names the separator its alternative captured.
+    dotted16, _ = _card_groups(r"[ \t]?(?P<s16>[-./_])[ \t]?", r"[ \t]?(?P=s16)[ \t]?")
+    _, dotted15 = _card_groups(r"[ \t]?(?P<s15>[-./_])[ \t]?", r"[ \t]?(?P=s15)[ \t]?")
+    shapes = "|".join([r"\d{11,18}", *spaced, dotted16, dotted15])
+    # Not a piece of a longer number: no digit, decimal point, comma or minus just before; no digit or
+    # separator-and-digit just after (4111.1111.1111.1111.2 reads as one dotted number).
+    return re.compile(rf"\d(?<![\d.,-]\d)(?<!\d[/_]\d)(?:{shapes})(?![\d-]|[.,/_]\d)")
+
+
+_CARD_RE = _card_pattern()
+_NON_DIGIT = re.compile(r"\D")
 
 
 def _card(m: re.Match[str], text: str) -> Finding | None:
-    raw = m.group(0)
-    digits = raw.replace(" ", "").replace("-", "")
-    if not 12 <= len(digits) <= 19 or len(set(digits)) < 2:
-        return None
-    # Grouped numbers must use the issuers' groupings; a bare run is fine, mixed spacing is not.
-    if raw != digits and not _CARD_GROUPED.match(raw):
+    digits = _NON_DIGIT.sub("", m.group(0))
+    if len(set(digits)) < 2:
         return None
     brand = card_brand(digits)
     if brand is None or not luhn_ok(digits):
@@ -167,7 +191,6 @@ _PHONE_RE = re.compile(r"[+(\d](?<![\w+.-][+(\d])(?:(?<=\+)\(?\d|(?<=\()\d|(?<=\
 _DATE_LIKE = re.compile(r"^\d{1,4}[-./]\d{1,2}[-./]\d{1,4}$")
 _DOTTED_QUAD = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
 _DIGIT_RUN = re.compile(r"\d+")
-_NON_DIGIT = re.compile(r"\D")
 
 
 def _phone_groups_ok(raw: str, intl: bool, nanp: bool) -> bool:
