@@ -33,6 +33,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.responses import gateway_headers
+
 #: The largest request head (request line plus headers) read, in bytes; larger: 431.
 MAX_HEAD_BYTES = 64 * 1024
 #: The most header lines one request may carry; more: 431.
@@ -200,9 +202,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         code = "request_header_fields_too_large" if status == 431 else "request_timeout"
         body = (b'{"error":{"message":"%s","type":"invalid_request_error","param":null,"code":"%s"}}'
                 % (message.encode("ascii"), code.encode("ascii")))
+        # The x-pointsman-* headers (a fresh request id) every other answer carries: a client reports it.
+        headers = b"".join(b"%s: %s\r\n" % header for header in gateway_headers())
         self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-            % (status, _REASONS[status], len(body), body)
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%sconnection: close\r\n\r\n%s"
+            % (status, _REASONS[status], len(body), headers, body)
         )
 
 

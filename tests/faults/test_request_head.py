@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 import resource
 import socket
 import time
@@ -259,3 +260,28 @@ def test_the_keep_alive_timeout_is_the_configured_one(upstream: FakeUpstream, tm
             assert sock.recv(1) == b""  # closed by the gateway
     finally:
         proc.terminate()
+
+
+def _refusal_headers(gateway: GatewayProcess, request: bytes) -> http.client.HTTPMessage:
+    with _connect(gateway) as sock:
+        sock.sendall(request)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        response.read()
+        assert response.status in (408, 431)
+        return response.headers
+
+
+def test_refusals_carry_a_fresh_request_id(gateway: GatewayProcess) -> None:
+    # The 408 and 431 had no x-pointsman-request-id, unlike every other gateway answer: nothing to quote
+    # to an operator, nothing to find in the logs.
+    too_many = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(MAX_HEADERS + 1))
+    refusals = [
+        _refusal_headers(gateway, too_many + b"\r\n"),
+        _refusal_headers(gateway, too_many + b"\r\n"),
+        _refusal_headers(gateway, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"),  # then nothing: 408
+    ]
+    ids = [headers["x-pointsman-request-id"] for headers in refusals]
+    assert all(re.fullmatch(r"psm-[0-9a-f]{32}", str(request_id)) for request_id in ids), ids
+    assert len(set(ids)) == len(ids)
+    assert all(headers["x-pointsman-model"] == "" for headers in refusals)
