@@ -338,6 +338,19 @@ def test_cards_written_with_other_separators_are_found_and_redacted(card: str) -
 
 
 @pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("card 5555 5555 5555 4444 01 27, cvc 123", "card [CREDIT_CARD] 01 27, cvc 123"),  # then its expiry
+        ("charge 4111 1111 1111 1111 12 times", "charge [CREDIT_CARD] 12 times"),
+        ("card 4111 1111 1111 1111\n123 Main Street", "card [CREDIT_CARD]\n123 Main Street"),
+    ],
+)
+def test_a_card_followed_by_a_short_number_is_found_and_only_the_card_redacted(text: str, redacted: str) -> None:
+    assert kinds(text) == ["credit_card"]
+    assert redact(text)[0] == redacted
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "release 1.2.3.4, then 10.20.30.40.50",

@@ -105,15 +105,40 @@ _CARD_RE = _card_pattern()
 _NON_DIGIT = re.compile(r"\D")
 
 
-def _card(m: re.Match[str], text: str) -> Finding | None:
-    digits = _NON_DIGIT.sub("", m.group(0))
-    if len(set(digits)) < 2:
+def _after_digits(raw: str, n: int) -> int:
+    """The index just after the ``n``-th digit of ``raw`` (which holds at least ``n``)."""
+    for i, ch in enumerate(raw):
+        if "0" <= ch <= "9":
+            n -= 1
+            if n == 0:
+                return i + 1
+    return len(raw)
+
+
+def _card_brand(digits: str) -> str | None:
+    """The issuer of a valid card number ``digits``, or None."""
+    if len(set(digits)) < 2 or not luhn_ok(digits):
         return None
-    brand = card_brand(digits)
-    if brand is None or not luhn_ok(digits):
+    return card_brand(digits)
+
+
+def _card(m: re.Match[str], text: str) -> Finding | None:
+    raw = m.group(0)
+    digits = _NON_DIGIT.sub("", raw)
+    end = m.end()
+    brand = _card_brand(digits)
+    if brand is None and len(digits) > 16 and not raw.isdigit():
+        # Four groups of four then, after a space or line break, a short number ("4111 1111 1111 1111 01 27":
+        # an expiry date, a count): the pattern took it for a fifth group; the card is the first four.
+        # After a dot, slash or dash it is read as one longer number, as the pattern reads 4111.1111.1111.1111.22.
+        cut = _after_digits(raw, 16)
+        if raw[cut].isspace():
+            digits, end = digits[:16], m.start() + cut
+            brand = _card_brand(digits)
+    if brand is None:
         return None
     conf = 0.8 if brand == "maestro" else 0.95
-    return Finding("credit_card", m.start(), m.end(), conf, f"…{digits[-4:]} ({len(digits)} digits)", brand)
+    return Finding("credit_card", m.start(), end, conf, f"…{digits[-4:]} ({len(digits)} digits)", brand)
 
 
 _IBAN_RE = re.compile(r"[A-Z](?<!\w[A-Z])[A-Z]\d{2}(?: ?[A-Z0-9]){10,32}\b")
