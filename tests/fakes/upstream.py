@@ -49,6 +49,13 @@ switch:<tag>       like ``ok`` (streamed or not) until the test adds ``tag`` to 
                    then HTTP 500 every time: an upstream that starts failing at a moment the test picks
 text-only          like ``echo`` (streamed or not), but it answers text even when tools are offered (a
                    model that chose not to call one)
+multi              what a full OpenAI server does with ``n``, several tools and ``logprobs``: ``n``
+                   choices (``Choice <i> says hi.``, indexed 0..n-1; streamed, the choices' deltas
+                   interleave), with tools one call per tool in each choice (``call_<i>_<k>``,
+                   arguments ``{"k": <k>}`` streamed in two pieces, the calls' pieces interleaved),
+                   token logprobs -0.1 (with ``top_logprobs`` alternatives) when asked; usage 11
+                   prompt tokens and one completion token per text token or tool-call piece.
+                   On ``/v1/completions`` it streams ``WORDS`` when asked (usage: 2 prompt tokens)
 =================  =============================================================================
 
 ``length``, ``always-a`` and the scripted models are not in ``BEHAVIOURS`` (the faults every standard
@@ -242,6 +249,111 @@ def scripted_completion(model: str, body: dict[str, Any], seen: int) -> dict[str
     return completion
 
 
+class MultiAnswer:
+    """The ``multi`` model's answer to one request: ``n`` choices, each text or one call per tool."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.n = int(body.get("n") or 1)
+        self.tools = [t["function"]["name"] for t in body.get("tools") or []]
+        self.logprobs = bool(body.get("logprobs"))
+        self.top = int(body.get("top_logprobs") or 0)
+
+    def words(self, index: int) -> list[str]:
+        return _words(f"Choice {index} says hi.")
+
+    def calls(self, index: int) -> list[dict[str, Any]]:
+        return [{"id": f"call_{index}_{k}", "type": "function",
+                 "function": {"name": name, "arguments": orjson.dumps({"k": k}).decode()}}
+                for k, name in enumerate(self.tools)]
+
+    def usage(self) -> dict[str, int]:
+        completion = sum(2 * len(self.tools) if self.tools else len(self.words(i)) for i in range(self.n))
+        return {"prompt_tokens": 11, "completion_tokens": completion, "total_tokens": 11 + completion}
+
+    def completion(self) -> dict[str, Any]:
+        """The whole answer as one chat.completion object."""
+        choices = []
+        for i in range(self.n):
+            choice: dict[str, Any] = {"index": i, "finish_reason": "stop", "logprobs": None}
+            if self.tools:
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": self.calls(i)}
+                choice["finish_reason"] = "tool_calls"
+            else:
+                choice["message"] = {"role": "assistant", "content": "".join(self.words(i))}
+                if self.logprobs:
+                    choice["logprobs"] = _logprobs("lp-0.1", self.words(i), self.top)
+            choices.append(choice)
+        return {"id": "chatcmpl-multi", "object": "chat.completion", "created": 1700000000,
+                "model": self.body.get("model"), "choices": choices, "usage": self.usage(),
+                "system_fingerprint": "fp_fake"}
+
+    def _event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        chunk = {"id": "chatcmpl-multi", "object": "chat.completion.chunk", "created": 1700000000,
+                 "model": self.body.get("model"), "choices": choices, **extra}
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def _deltas(self, index: int) -> list[dict[str, Any]]:
+        """Choice ``index``'s streamed deltas after its role delta (finish not included)."""
+        if self.tools:
+            calls = self.calls(index)
+            heads = [{"index": k, "id": c["id"], "type": "function",
+                      "function": {"name": c["function"]["name"], "arguments": ""}} for k, c in enumerate(calls)]
+            pieces = [[{"index": k, "function": {"arguments": c["function"]["arguments"][:3]}}
+                       for k, c in enumerate(calls)],
+                      [{"index": k, "function": {"arguments": c["function"]["arguments"][3:]}}
+                       for k, c in enumerate(calls)]]
+            return [{"delta": {"tool_calls": [h]}} for h in heads] + [
+                {"delta": {"tool_calls": [p]}} for round_ in pieces for p in round_]
+        deltas = []
+        for word in self.words(index):
+            delta: dict[str, Any] = {"delta": {"content": word}}
+            if self.logprobs:
+                delta["logprobs"] = _logprobs("lp-0.1", [word], self.top)
+            deltas.append(delta)
+        return deltas
+
+    def events(self) -> list[bytes]:
+        """The streamed answer: every choice's role delta, then the choices' deltas interleaved, then
+        each choice's finish, the usage chunk when asked, ``[DONE]``."""
+        events = [self._event([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}]) for i in range(self.n)]
+        per_choice = [self._deltas(i) for i in range(self.n)]
+        for step in range(max(len(d) for d in per_choice)):
+            for i, deltas in enumerate(per_choice):
+                if step < len(deltas):
+                    events.append(self._event([{"index": i, "logprobs": None, "finish_reason": None,
+                                                **deltas[step]}]))
+        finish = "tool_calls" if self.tools else "stop"
+        events += [self._event([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
+                   for i in range(self.n)]
+        if (self.body.get("stream_options") or {}).get("include_usage"):
+            events.append(self._event([], usage=self.usage()))
+        events.append(b"data: [DONE]\n\n")
+        return events
+
+
+def multi_answer(body: dict[str, Any]) -> MultiAnswer:
+    """The ``multi`` model's answer to ``body``."""
+    return MultiAnswer(body)
+
+
+def legacy_stream_events(body: dict[str, Any]) -> list[bytes]:
+    """The ``multi`` model's streamed legacy completion (``/v1/completions``): ``WORDS`` as text
+    chunks, a finish chunk, the usage chunk when asked, ``[DONE]``."""
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        chunk = {"id": "cmpl-multi", "object": "text_completion", "created": 1700000000,
+                 "model": body.get("model"), "choices": choices, **extra}
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    events = [event([{"index": 0, "text": w, "logprobs": None, "finish_reason": None}]) for w in WORDS]
+    events.append(event([{"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}]))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": 2, "completion_tokens": len(WORDS), "total_tokens": 2 + len(WORDS)}
+        events.append(event([], usage=usage))
+    return [*events, b"data: [DONE]\n\n"]
+
+
 def build_app(state: UpstreamState) -> Starlette:
     async def chat(request: Request) -> Response:
         body = orjson.loads(await request.body())
@@ -282,6 +394,11 @@ def build_app(state: UpstreamState) -> Starlette:
                 state.disconnects[model] += 1
                 raise
             return JSONResponse(_completion(body, f"slow answer {model}"))
+        if model == "multi":
+            answer = multi_answer(body)
+            if stream:
+                return StreamingResponse(iter(answer.events()), media_type="text/event-stream")
+            return JSONResponse(answer.completion())
         if _scripted(model):
             if stream:
                 return StreamingResponse(_scripted_stream(body, model, seen), media_type="text/event-stream")
@@ -356,6 +473,8 @@ def build_app(state: UpstreamState) -> Starlette:
         state.requests[(body.get("model", "ok"), str(body.get("user", "")))] += 1
         state.bodies.append(body)
         state.headers.append(dict(request.headers))  # bodies[i] and headers[i] are the same request
+        if body.get("model") == "multi" and body.get("stream"):
+            return StreamingResponse(iter(legacy_stream_events(body)), media_type="text/event-stream")
         return JSONResponse({
             "id": "cmpl-fake", "object": "text_completion", "created": 1700000000, "model": body["model"],
             "choices": [{"index": 0, "text": " world", "finish_reason": "length", "logprobs": None}],
