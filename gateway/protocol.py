@@ -127,6 +127,8 @@ def validate_request(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]
 
 #: Roles OpenAI's chat API takes ("function" is the deprecated form of "tool").
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+#: Roles whose ``content`` may be null: an assistant turn that only calls tools, a function result.
+NULL_CONTENT_ROLES = frozenset({"assistant", "function"})
 
 
 def _check_sampling(body: dict[str, Any]) -> None:
@@ -174,12 +176,13 @@ def _check_messages(messages: Any) -> None:
                 param=f"messages.{index}.role",
             )
         content = message.get("content")
-        # null content is how an assistant turn that only calls tools is written; a list holds content parts.
-        if not (isinstance(content, str) or (content is None and role == "assistant") or (
+        # A list holds content parts; null is how an assistant turn that only calls tools is written, and
+        # a legacy function result that returned nothing (OpenAI's spec and SDK type it Optional[str]).
+        if not (isinstance(content, str) or (content is None and role in NULL_CONTENT_ROLES) or (
             isinstance(content, list) and all(isinstance(part, dict) for part in content)
         )):
             raise InvalidRequestError(
                 f"messages[{index}].content must be a string or an array of content parts"
-                + (" (null only for an assistant turn)" if content is None else ""),
+                + (" (null only for an assistant or function turn)" if content is None else ""),
                 param=f"messages.{index}.content",
             )

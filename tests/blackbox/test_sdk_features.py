@@ -339,3 +339,23 @@ def test_legacy_completions_streamed(client: OpenAI, gateway: GatewayProcess, up
     assert record["endpoint"] == "completions"
     _assert_record(gateway, request_id, "multi-model", 2, len(WORDS), stream=True)
 
+
+@pytest.mark.parametrize("model", ["auto", "multi-model"])
+def test_legacy_function_result_with_no_content(
+    client: OpenAI, upstream: FakeUpstream, gateway: GatewayProcess, model: str
+) -> None:
+    """A deprecated function-calling conversation whose function returned nothing: the SDK types a
+    ``function`` turn's content ``Optional[str]`` (as OpenAI's spec does), so null must be served."""
+    user = _user()
+    messages: list[Any] = [
+        {"role": "user", "content": "Turn the lights off."},
+        {"role": "assistant", "content": None, "function_call": {"name": "lights_off", "arguments": "{}"}},
+        {"role": "function", "name": "lights_off", "content": None},
+    ]
+    functions = [{"name": "lights_off", "parameters": {"type": "object", "properties": {}}}]
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=messages, functions=functions, user=user)
+    assert raw.parse().choices[0].message.content == "Choice 0 says hi."
+    sent = _sent(upstream, user)[-1]
+    assert sent["messages"] == messages and sent["functions"] == functions
+    _assert_record(gateway, raw.headers["x-pointsman-request-id"], raw.headers["x-pointsman-model"], 11, 4)
