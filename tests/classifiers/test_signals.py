@@ -400,6 +400,13 @@ def test_iban_stops_at_its_registered_length() -> None:
     assert text[f.start : f.end] == "DE89 3704 0044 0532 0130 00"
 
 
+def test_an_iban_right_after_another_is_found_too() -> None:
+    """The first candidate ran on over "OR" into the second IBAN, which the next search then started after."""
+    text = "Pay DE89 3704 0044 0532 0130 00 OR GB82 WEST 1234 5698 7654 32 today"
+    assert kinds(text) == ["iban", "iban"]
+    assert redact(text)[0] == "Pay [IBAN] OR [IBAN] today"
+
+
 @pytest.mark.parametrize(
     ("ssn", "valid"),
     [

@@ -141,11 +141,14 @@ def _card(m: re.Match[str], text: str) -> Finding | None:
     return Finding("credit_card", m.start(), end, conf, f"…{digits[-4:]} ({len(digits)} digits)", brand)
 
 
-_IBAN_RE = re.compile(r"[A-Z](?<!\w[A-Z])[A-Z]\d{2}(?: ?[A-Z0-9]){10,32}\b")
+# The match is the country code and check digits only; the rest is read by a look-ahead, so that a
+# candidate running on into the next words ("DE89 3704 0044 0532 0130 00 OR GB82 WEST ...") does not hide
+# an IBAN starting among them from the next search.
+_IBAN_RE = re.compile(r"[A-Z](?<!\w[A-Z])[A-Z]\d{2}(?=((?: ?[A-Z0-9]){10,32})\b)")
 
 
 def _iban(m: re.Match[str], text: str) -> Finding | None:
-    raw = m.group(0)
+    raw = m.group(0) + m.group(1)
     expected = IBAN_LENGTHS.get(raw[:2])
     if expected is None:
         return None
