@@ -43,7 +43,8 @@ MAX_HEADERS = 256
 MAX_PIPELINED = 16
 
 _HEAD_TOO_LARGE = f"the request head is over {MAX_HEAD_BYTES} bytes"
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_CODES = {400: "invalid_http_request", 408: "request_timeout", 431: "request_header_fields_too_large"}
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -152,10 +153,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
-        if self.transport.is_closing() or self._last_word is not None:  # after a 431, or a connection closed
-            return
-        # Not at once while an answer is being written: it would land inside it.
-        self._stop(lambda: super(GatewayHttpProtocol, self).send_400_response(msg))
+        # OpenAI-shaped with the gateway's headers (uvicorn's is a text/plain line), after the answers
+        # being written (it would land inside them), and none after a 431 (whose raise reaches uvicorn
+        # as a parser error) or on a closed connection.
+        self._refuse(400, "the request is not valid HTTP/1.1")
 
     def _idle(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
@@ -199,9 +200,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._stop(lambda: self._write_refusal(status, message))
 
     def _write_refusal(self, status: int, message: str) -> None:
-        code = "request_header_fields_too_large" if status == 431 else "request_timeout"
         body = (b'{"error":{"message":"%s","type":"invalid_request_error","param":null,"code":"%s"}}'
-                % (message.encode("ascii"), code.encode("ascii")))
+                % (message.encode("ascii"), _CODES[status].encode("ascii")))
         # The x-pointsman-* headers (a fresh request id) every other answer carries: a client reports it.
         headers = b"".join(b"%s: %s\r\n" % header for header in gateway_headers())
         self.transport.write(

@@ -285,3 +285,22 @@ def test_refusals_carry_a_fresh_request_id(gateway: GatewayProcess) -> None:
     assert all(re.fullmatch(r"psm-[0-9a-f]{32}", str(request_id)) for request_id in ids), ids
     assert len(set(ids)) == len(ids)
     assert all(headers["x-pointsman-model"] == "" for headers in refusals)
+
+
+@pytest.mark.parametrize("request_line", [b"NOT HTTP", b"GET /health HTTP/1.1\r\nHost x", b"GET /he\x01lth HTTP/1.1"])
+def test_a_malformed_request_is_an_openai_shaped_400(gateway: GatewayProcess, request_line: bytes) -> None:
+    # It was uvicorn's text/plain "Invalid HTTP request received.", without x-pointsman-request-id: an
+    # OpenAI client's error handling could not read it.
+    with _connect(gateway) as sock:
+        sock.sendall(request_line + b"\r\n\r\n")
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        body = response.read()
+        assert response.status == 400, body
+        assert response.getheader("content-type") == "application/json"
+        assert re.fullmatch(r"psm-[0-9a-f]{32}", str(response.getheader("x-pointsman-request-id")))
+        error = orjson.loads(body)["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert error["type"] == "invalid_request_error" and error["code"] == "invalid_http_request"
+        assert _closed(sock)
+    _health(gateway)
