@@ -655,6 +655,11 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (at_path.st_dev, at_path.st_ino)
 
 
+def is_version_id(text: str) -> bool:
+    """Whether ``text`` reads as a registry version id (``v0002-1a2b3c4d``), not ``bundled-…`` or ``dir-…``."""
+    return _VERSION_ID.match(text) is not None
+
+
 def _sequence(version: str) -> int:
     match = _VERSION_ID.match(version)
     return int(match.group(1)) if match else -1

@@ -38,6 +38,7 @@ model's outcome.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -207,9 +208,12 @@ def apgr(curve: Sequence[CurvePoint], strong: float, weak: float) -> float:
     return (auc(curve) - weak_auc) / (strong_auc - weak_auc)
 
 
-def cpt(curve: Sequence[CurvePoint], pgr_target: float, strong: float, weak: float) -> float:
+def cpt(
+    curve: Sequence[CurvePoint], pgr_target: float, strong: float, weak: float, *, never: float = float("nan")
+) -> float:
     """The smallest strong-call share (0-1) at which the curve's PGR reaches ``pgr_target``, linear between
-    its points; NaN when it never does or when ``strong == weak`` (PGR is undefined).
+    its points; ``never`` (default NaN) when it never does, NaN when ``strong == weak`` (PGR is undefined).
+    ``never=math.inf`` tells the two apart (a bootstrap counts the resamples that never reach the target).
 
     Equal to RouteLLM's ``pct_call_metric`` (``np.interp`` of share against quality) wherever quality
     increases along the curve; unlike it, right where it does not (see the module docstring)."""
@@ -222,7 +226,7 @@ def cpt(curve: Sequence[CurvePoint], pgr_target: float, strong: float, weak: flo
     # A point whose PGR is the target up to rounding (0.7999999999999999) reaches it.
     reached = np.flatnonzero(p >= pgr_target - 1e-9 * max(1.0, abs(pgr_target)))
     if len(reached) == 0:
-        return float("nan")
+        return never
     i = int(reached[0])
     if i == 0 or p[i] <= pgr_target:
         return float(x[i])
@@ -540,6 +544,32 @@ def percentile_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float
     tail = (1.0 - level) / 2 * 100
     lo, hi = np.percentile(v, [tail, 100 - tail])
     return float(lo), float(hi)
+
+
+def censored_percentile_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """The central ``level`` percentile interval of bootstrap values where ``+inf`` means "never" (a CPT
+    whose curve never reaches its target in that resample) and NaN "undefined" (left out), with the share
+    of the defined values that are "never".
+
+    "Never" ranks above every value (it would take more than all the calls), so a bound that falls among the
+    "never" draws is ``inf``: the upper bound is finite only when at most ``(1 - level) / 2`` of the
+    resamples never reach the target, the lower one when fewer than ``1 - (1 - level) / 2`` do. Without any
+    "never" this is :func:`percentile_ci`. Dropping them instead reported an interval over the resamples that
+    happened to reach the target, hiding that many did not. All NaN: ``(nan, nan, nan)``.
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if len(v) == 0:
+        return float("nan"), float("nan"), float("nan")
+    never = np.isposinf(v)
+    share = float(never.mean())
+    if share == 0.0:
+        return (*percentile_ci(v, level), 0.0)
+    top = float(v[~never].max()) if (~never).any() else 0.0
+    # A stand-in above every value: a percentile landing on it, or between it and the top value, is "never".
+    tail = (1.0 - level) / 2 * 100
+    lo, hi = np.percentile(np.where(never, top + 1.0, v), [tail, 100 - tail])
+    return (float(lo) if lo <= top else math.inf), (float(hi) if hi <= top else math.inf), share
 
 
 def ips_qualities(

@@ -44,6 +44,7 @@ from evals.metrics import (
     aiq,
     apgr,
     bootstrap,
+    censored_percentile_ci,
     cpt,
     ece,
     oracle_curve,
@@ -280,8 +281,9 @@ def _curve_numbers(curve: Sequence[CurvePoint], t: PairTable, cost_min: float, c
     quals = [p.quality for p in curve] + [weak, strong]
     return {
         "apgr": apgr(curve, strong, weak) if gap else float("nan"),
-        "cpt50": cpt(curve, 0.5, strong, weak) if gap else float("nan"),
-        "cpt80": cpt(curve, 0.8, strong, weak) if gap else float("nan"),
+        # inf, not NaN, when the curve never reaches the target: the bootstrap counts those resamples.
+        "cpt50": cpt(curve, 0.5, strong, weak, never=math.inf) if gap else float("nan"),
+        "cpt80": cpt(curve, 0.8, strong, weak, never=math.inf) if gap else float("nan"),
         # Any router can degenerate to always-weak or always-strong: both ends are on its frontier.
         "aiq": aiq(costs, quals, cost_min, cost_max),
     }
@@ -334,6 +336,25 @@ def _with_ci(value: float, draws: np.ndarray | None, level: float) -> dict[str, 
     return {"value": value, "ci": [lo, hi]}
 
 
+def _cpt_with_ci(value: float, draws: np.ndarray | None, level: float) -> dict[str, Any]:
+    """A CPT (``inf``: the curve never reaches the target) with its interval and ``unreached``, the share of
+    resamples whose curve never reaches it. ``reached`` says whether this data's curve does (None: CPT is
+    undefined here). A bound the resamples put at "never" is NaN (null in JSON; :func:`censored_percentile_ci`)."""
+    lo, hi, unreached = censored_percentile_ci(draws, level) if draws is not None else (math.nan,) * 3
+    return {
+        "value": value if math.isfinite(value) else math.nan,
+        "reached": None if math.isnan(value) else math.isfinite(value),
+        "ci": [lo if math.isfinite(lo) else math.nan, hi if math.isfinite(hi) else math.nan],
+        "unreached": unreached,
+    }
+
+
+def _entry(key: str, value: float, draws: np.ndarray | None, level: float) -> dict[str, Any]:
+    if key.endswith((".cpt50", ".cpt80")):
+        return _cpt_with_ci(value, draws, level)
+    return _with_ci(value, draws, level)
+
+
 def _progress_factory(progress: bool) -> Callable[[str, int], Callable[[Iterable[int]], Iterable[int]] | None]:
     def make(desc: str, total: int) -> Callable[[Iterable[int]], Iterable[int]] | None:
         if not progress:
@@ -373,7 +394,7 @@ def compute_report(
     boot = bootstrap(lambda idx: headline(table.take(idx, numbers_only=True), None if knn is None else knn[idx]),
                      n, draws, seed,
                      progress=bar("bootstrap", draws), groups=table.prompts)
-    ci = {key: _with_ci(value, boot.get(key), level) for key, value in point.items()}
+    ci = {key: _entry(key, value, boot.get(key), level) for key, value in point.items()}
 
     rand_apgr, rand_share, rand_quality = random_curves(
         table.strong_q, table.weak_q, draws, seed + 1, pinned=table.pins, num_results=NUM_RESULTS,

@@ -561,7 +561,7 @@ async def _embed(brain: Any, config: Any, texts: Sequence[str], *, progress: boo
 
 def summary(report: dict[str, Any]) -> str:
     """A few lines for the terminal."""
-    from evals.report_render import _est
+    from evals.report_render import _est, cpt_text
 
     lines = [f"route {report['route']} (estimator: {report['estimator']['name']}; router {report['router_version']})"]
     r = report.get("routers")
@@ -574,7 +574,7 @@ def summary(report: dict[str, Any]) -> str:
             if key in r:
                 lines.append(
                     f"  {label:<8} APGR {_est(r[key].get('apgr'))}"
-                    + (f"  CPT(50) {_est(r[key].get('cpt50'), pct=True)}" if "cpt50" in r[key] else "")
+                    + (f"  CPT(50) {cpt_text(r[key].get('cpt50'))}" if "cpt50" in r[key] else "")
                 )
         k = report["knob"]
         lines.append(f"  knob     {_est(k['strong_share'], pct=True)} strong calls, PGR {_est(k['pgr'])}")

@@ -77,6 +77,25 @@ def _est(entry: Mapping[str, Any] | None, digits: int = 3, pct: bool = False) ->
     return f"{fmt(entry.get('value'))} [{fmt(lo)}, {fmt(hi)}]"
 
 
+def cpt_text(entry: Mapping[str, Any] | None) -> str:
+    """A CPT with its interval, saying how often the curve never reaches the target: ``62.0% [43.7%, not
+    reached] (not reached in 28% of resamples)``; ``not reached`` when this data's curve does not."""
+    if not entry:
+        return "n/a"
+    unreached = entry.get("unreached")
+    if _missing(unreached) or not unreached:
+        return _est(entry, pct=True)
+    note = f" (not reached in {100 * unreached:.0f}% of resamples)"
+    if entry.get("reached") is False:
+        return "not reached" + note
+    if _missing(entry.get("value")):
+        return "n/a"
+    lo, hi = (entry.get("ci") or [None, None])[:2]
+    # Resamples that never reach the target rank above every share: a missing bound is "not reached".
+    interval = "" if _missing(lo) else f" [{_pct(lo)}, {'not reached' if _missing(hi) else _pct(hi)}]"
+    return _pct(entry["value"]) + interval + note
+
+
 def _cost(entry: Mapping[str, Any] | None, report: Mapping[str, Any]) -> str:
     if not entry:
         return "n/a"
@@ -132,14 +151,16 @@ def _tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[s
         entry = routers.get(key)
         if entry is None:
             continue
-        rows.append([label, _est(entry.get("apgr")), _est(entry.get("cpt50"), pct=True),
-                     _est(entry.get("cpt80"), pct=True), _est(entry.get("aiq"))])
+        rows.append([label, _est(entry.get("apgr")), cpt_text(entry.get("cpt50")), cpt_text(entry.get("cpt80")),
+                     _est(entry.get("aiq"))])
     for key, label in (("always_weak", "always-weak"), ("always_strong", "always-strong")):
         entry = routers[key]
         rows.append([label, "—", "—", "—", f"quality {_est(entry['quality'])}"])
     tables.append(("Routers on the same requests", ["router", "APGR", "CPT(50)", "CPT(80)", "AIQ"], rows,
                    "APGR: average performance gap recovered over the strong-call share (random 0.5). "
-                   "CPT(x): the strong-call share needed to recover x of the gap. AIQ: mean quality of the "
+                   "CPT(x): the strong-call share needed to recover x of the gap (not reached: the curve never "
+                   "gets there, rules pinning too much weak; the share of bootstrap resamples where it never "
+                   "does is given, and an interval bound among them reads not reached). AIQ: mean quality of the "
                    "cost-quality frontier over the range always-weak … always-strong cost."))
     knob = report["knob"]
     threshold = knob.get("threshold")
@@ -358,7 +379,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         router = report["routers"].get("router", {})
         out += [
             f"**APGR {_est(router.get('apgr'))}** (random {_est(report['routers']['random']['apgr'])}), "
-            f"CPT(50) {_est(router.get('cpt50'), pct=True)}, CPT(80) {_est(router.get('cpt80'), pct=True)}, "
+            f"CPT(50) {cpt_text(router.get('cpt50'))}, CPT(80) {cpt_text(router.get('cpt80'))}, "
             f"AIQ {_est(router.get('aiq'))}; at the configured knob {_est(report['knob']['strong_share'], pct=True)} "
             f"strong calls recover PGR {_est(report['knob']['pgr'])}.",
             "",
@@ -461,7 +482,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         router = report["routers"].get("router", {})
         headline = (
             f"<b>APGR {e(_est(router.get('apgr')))}</b> (random {e(_est(report['routers']['random']['apgr']))}) · "
-            f"CPT(50) {e(_est(router.get('cpt50'), pct=True))} · CPT(80) {e(_est(router.get('cpt80'), pct=True))} · "
+            f"CPT(50) {e(cpt_text(router.get('cpt50')))} · CPT(80) {e(cpt_text(router.get('cpt80')))} · "
             f"AIQ {e(_est(router.get('aiq')))}<br>At the configured knob: "
             f"{e(_est(report['knob']['strong_share'], pct=True))} strong calls, PGR {e(_est(report['knob']['pgr']))}"
         )

@@ -26,7 +26,7 @@ from classifiers.encoders import load_encoder
 from classifiers.heads import Head
 from classifiers.offload import ScanPool
 from classifiers.provider import ClassifierSignalProvider, HeadSource, RouterHeads, build_extractors
-from classifiers.registry import RouterRegistry, active_marker, has_heads, is_registry
+from classifiers.registry import RouterRegistry, active_marker, has_heads, is_registry, is_version_id
 from policies.base import Policy
 from policies.brain.active import ActiveRouter
 from policies.brain.config import RoutingConfig, RoutingConfigError
@@ -223,6 +223,29 @@ class Brain:
                 message = _rename(message, key, where)
             raise RoutingConfigError(message) from exc
 
+    def reload_router(self) -> RouterVersion:
+        """:meth:`load_router` for the registry watcher, refusing to leave a registry version for the
+        shipped heads.
+
+        Once a registry version serves, ``routers_dir`` resolving to the shipped heads means the registry is
+        gone or lost its active version (``registry.json`` or ``active.json`` deleted, the directory moved
+        or unmounted): no ``pointsman`` command does that, so it is a broken registry, and the version
+        serving now keeps serving (the watcher logs this error and counts a failed reload). A restart
+        serves what is on disk.
+        """
+        version = self.load_router()
+        serving = self.router.current
+        if is_version_id(serving.version) and not is_version_id(version.version):
+            if is_registry(self.routers_dir):
+                why = "has no active version (active.json is missing)"
+            else:
+                why = "is no longer a router registry (no registry.json there)"
+            raise RoutingConfigError(
+                f"classifiers.routers_dir {self.routers_dir} {why}; keeping router version {serving.version} "
+                "rather than falling back to the shipped heads"
+            )
+        return version
+
     def policy(self, route: str) -> Policy:
         """The policy of ``route`` (``KeyError`` naming the configured routes otherwise)."""
         try:
@@ -267,7 +290,7 @@ class Brain:
             assert self._marker is not None
             interval = self.config.classifiers.reload_interval
             self._watcher = asyncio.create_task(
-                self.router.watch(functools.partial(active_marker, self.routers_dir), self.load_router, interval,
+                self.router.watch(functools.partial(active_marker, self.routers_dir), self.reload_router, interval,
                                   seen=self._marker),
                 name="pointsman-router-watch",
             )

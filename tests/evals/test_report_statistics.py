@@ -3,17 +3,21 @@ prompts that repeat, targets a curve does not reach, and rules that pin requests
 
 from __future__ import annotations
 
+import html
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from evals.metrics import bootstrap, percentile_ci
+from evals.metrics import bootstrap, cpt, percentile_ci, routing_curve
+from evals.report import PairTable, jsonable
+from evals.report_render import cpt_text, write_report
 from gateway.cli import main as pointsman
 from tests.evals.labelled_files import rows as labelled_rows
 from tests.evals.labelled_files import write_jsonl
-from tests.evals.test_report import eval_config
+from tests.evals.test_report import _report, eval_config, table
 
 # ----------------------------------------------------------------------------- repeated prompts
 
@@ -95,3 +99,69 @@ def test_a_file_judging_each_prompt_four_times_gets_the_intervals_of_its_distinc
         assert 0.75 < ratio < 1.33, (path, ratio)
     distinct = len({r["prompt"] for r in items})
     assert once["bootstrap"]["prompts"] == four["bootstrap"]["prompts"] == distinct  # type: ignore[index]
+
+
+# ----------------------------------------------------------------------------- a CPT the curve may not reach
+
+
+def _pinned_weak(share_of_gains: float, n: int = 400) -> PairTable:
+    """A good router, but a rule pins ``share_of_gains`` of the requests the strong model wins to the weak
+    model: the curve's PGR tops out near ``1 - share_of_gains``."""
+    t = table(n=n, informative=3.0)
+    gain = t.strong_q - t.weak_q
+    pin = (gain > 0) & (np.random.default_rng(0).random(n) < share_of_gains)
+    t.pins = np.where(pin, -1, 0)
+    t.scores = np.where(pin, np.nan, t.scores)
+    t.knob_strong = ~pin & (t.scores >= 0.5)
+    return t
+
+
+def _resampled_cpt80(t: PairTable, draws: int) -> np.ndarray:
+    """CPT(80) of the route on the report's bootstrap resamples (same seed, rows), +inf where the resample's
+    curve has no point at PGR 0.8 or above, computed here from the curve's points."""
+    out = []
+    rng = np.random.default_rng(0)
+    for _ in range(draws):
+        i = rng.integers(0, len(t), len(t))
+        qs, qw = t.strong_q[i], t.weak_q[i]
+        curve = routing_curve(t.scores[i], qs, qw, 10, pinned=t.pins[i])
+        strong, weak = qs.mean(), qw.mean()
+        best = max((p.quality - weak) / (strong - weak) for p in curve)
+        out.append(cpt(curve, 0.8, strong, weak) if best >= 0.8 - 1e-9 else math.inf)
+    return np.array(out)
+
+
+def test_a_cpt_that_many_resamples_never_reach_says_so_instead_of_an_interval_over_the_others(tmp_path: Path) -> None:
+    # A fifth of the strong model's wins pinned weak: PGR 0.8 is reached on this data, but not in about a
+    # quarter of the resamples. The interval over the resamples that reach it, [44%, 77%], read as if 0.8
+    # were reachable at worst with 77% of calls.
+    t = _pinned_weak(0.2)
+    report = _report(t)
+    entry = report["routers"]["router"]["cpt80"]
+    expected = _resampled_cpt80(t, 100)
+    never = float(np.isinf(expected).mean())
+    assert 0.1 < never < 0.5  # the case this test is about
+    # "Never" ranks above every share: the 97.5th percentile is among those resamples; the 2.5th is not.
+    ranked = np.where(np.isinf(expected), 2.0, expected)
+    assert math.isnan(entry["ci"][1])
+    assert entry["ci"][0] == pytest.approx(np.percentile(ranked, 2.5))
+    assert entry["unreached"] == pytest.approx(never)
+    assert entry["reached"] is True and math.isfinite(entry["value"])
+    write_report(report, tmp_path / "out", [])
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    note = f"(not reached in {100 * never:.0f}% of resamples)"
+    assert f"CPT(80) {100 * entry['value']:.1f}% [{100 * entry['ci'][0]:.1f}%, not reached] {note}" in markdown
+    assert note in html.unescape((tmp_path / "out" / "report.html").read_text())
+    # A quarter pinned: not reached on this data either, and the report says so rather than "n/a".
+    worse = _report(_pinned_weak(0.25))["routers"]["router"]["cpt80"]
+    assert worse["reached"] is False and worse["unreached"] > 0.5
+    assert cpt_text(jsonable(worse)).startswith("not reached (not reached in ")
+
+
+def test_a_cpt_every_resample_reaches_keeps_its_plain_interval() -> None:
+    t = _pinned_weak(0.0)
+    entry = _report(t)["routers"]["router"]["cpt80"]
+    expected = _resampled_cpt80(t, 100)
+    assert not np.isinf(expected).any() and entry["unreached"] == 0.0
+    assert entry["ci"] == pytest.approx(list(percentile_ci(expected)))
+    assert cpt_text(entry) == f"{100 * entry['value']:.1f}% [{100 * entry['ci'][0]:.1f}%, {100 * entry['ci'][1]:.1f}%]"

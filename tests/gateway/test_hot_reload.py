@@ -137,3 +137,37 @@ def test_a_registry_created_after_start_up_is_picked_up(
         assert serve(proc)[:2] == ("big", version)
     finally:
         proc.terminate()
+
+
+def _failed_reloads(gateway: GatewayProcess) -> float:
+    return metric(gateway, r'pointsman_router_reloads_total\{result="failed"\}') or 0.0
+
+
+@pytest.mark.parametrize("breakage", ["registry moved away", "registry.json deleted", "active.json deleted"])
+def test_a_registry_that_goes_away_keeps_the_last_version_serving(
+    gateway: GatewayProcess, registry: RouterRegistry, tmp_path: Path, breakage: str
+) -> None:
+    # A registry directory moved or unmounted, or its registry.json / active.json deleted (no pointsman
+    # command does either) resolved to the shipped heads, and every replica silently swapped to them.
+    serving, model = registry.active_version(), dry_run(gateway)["model"]
+    failures = _failed_reloads(gateway)
+    root = registry.root
+    aside = tmp_path / "aside"
+    moved = {"registry moved away": root, "registry.json deleted": root / "registry.json",
+             "active.json deleted": root / "active.json"}[breakage]
+    moved.rename(aside)
+    try:
+        eventually(lambda: _failed_reloads(gateway) > failures or dry_run(gateway)["router_version"] != serving,
+                   "the gateway notices the change")
+        after = dry_run(gateway)
+        assert (after["router_version"], after["model"]) == (serving, model)
+        assert serve(gateway)[:2] == (model, serving)
+        assert _failed_reloads(gateway) == failures + 1
+        assert metric(gateway, rf'pointsman_router_info\{{version="{serving}"\}}') == 1.0
+        assert "rather than falling back to the shipped heads" in gateway.log()
+    finally:
+        aside.rename(moved)
+    # Back in place: the same version, and the watcher still follows promotions.
+    newer = add_version(registry, WEAK if model == "big" else STRONG)
+    registry.promote(newer, {"decision": "promoted", "reason": "test"})
+    eventually(lambda: dry_run(gateway)["router_version"] == newer, "a later promotion serves")
