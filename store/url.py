@@ -90,6 +90,12 @@ async def _open(store: DecisionStore, name: str) -> None:
         await store.open()
     except _DRIVER_ERRORS as exc:
         raise _unavailable(name, exc) from exc
+    except ValueError as exc:
+        if not isinstance(store, PostgresDecisionStore):
+            raise
+        # asyncpg could not parse the DSN; its message quotes pieces of it (a password's among them).
+        raise StoreUnavailable(f"store {masked_store_url(name)}: cannot parse the URL ({type(exc).__name__})"
+                               f"{_ENCODE_HINT}") from exc
 
 
 # What the drivers raise when a database cannot be reached or read (the store's methods raise these).
@@ -101,7 +107,13 @@ def masked_store_url(url: str) -> str:
     part and a ``password=`` query parameter, which asyncpg (like libpq) accepts as well."""
     if "://" not in url:
         return url
-    parts = urlsplit(url)
+    unparsed = _unparsed_password(url)
+    if unparsed is not None:
+        return url[: unparsed.start("pw")] + "***" + url[unparsed.end("pw") :]
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL": nothing to show but the scheme
+        return url.split("://", 1)[0] + "://***"
     masked = parts
     if parts.password is not None:
         host = parts.netloc.rsplit("@", 1)[1]
@@ -114,7 +126,24 @@ def masked_store_url(url: str) -> str:
 
 
 _QUERY_PASSWORD = re.compile(r"(?<![^&;])(password)=[^&;]*", re.IGNORECASE)
+# A password holding an unencoded "/", "?" or "#": URL parsing (asyncpg's too) ends the host there and
+# sees no password at all (postgresql://u:ab/cd@h/db reads as host "u", port "ab"). The password runs
+# from the user's ":" to the "@" the host follows.
+_UNPARSED_PASSWORD = re.compile(r"[a-z][a-z0-9+.\-]*://[^:/?#@]*:(?P<pw>.*?[/?#].*?)@[^@/?#]*(?:[/?#]|$)", re.I | re.S)
+# ... unless that "@" is inside a query parameter's value (postgresql://h:5432/db?user=me@corp).
+_QUERY_VALUE = re.compile(r"\?(?:[^&=]*&)*[^&=]*=[^&]*$")
+def _unparsed_password(url: str) -> re.Match[str] | None:
+    """The match of a password URL parsing cannot see in ``url`` (group ``pw``), or None."""
+    unparsed = _UNPARSED_PASSWORD.match(url)
+    return None if unparsed is None or _QUERY_VALUE.search(unparsed["pw"]) else unparsed
+
+
+_ENCODE_HINT = "; percent-encode a user name or password holding / ? # @ : (%2F %3F %23 %40 %3A)"
 
 
 def _unavailable(url: str, exc: Exception) -> StoreUnavailable:
+    if _unparsed_password(url) is not None:
+        # The driver took the user name for the host and the password's start for the port: its message
+        # ("Connect call failed ('127.0.0.1', 12)") can quote them.
+        return StoreUnavailable(f"store {masked_store_url(url)}: {type(exc).__name__}{_ENCODE_HINT}")
     return StoreUnavailable(f"store {masked_store_url(url)}: {type(exc).__name__}: {exc}")

@@ -32,10 +32,24 @@ def test_a_password_in_the_dsn_query_is_not_printed() -> None:
     assert "s3cret-pw" not in done.stderr + done.stdout
 
 
+@pytest.mark.parametrize("password", ["12/Xy9-s3cret", "ab?s3cret", "ab#s3cret", "a@b/s3cret"])
+def test_a_password_url_parsing_cannot_see_is_not_printed(password: str) -> None:
+    # Unencoded, "/", "?" or "#" ends the host for asyncpg (and urlsplit): the password was not masked and
+    # was printed whole ("12/..." read as host "ops", port 12) or in pieces (asyncpg's parse errors).
+    url = f"postgresql://ops:{password}@127.0.0.1:{free_port()}/pointsman"
+    done = forget_command("--store", url, "--tenant", "acme")
+    assert done.returncode == 2
+    assert done.stderr.startswith("pointsman forget: store postgresql://ops:***@127.0.0.1:"), done.stderr
+    assert "percent-encode" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert "s3cret" not in done.stderr + done.stdout and password.split("s3cret")[0] not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("url", "masked"),
     [
         ("postgresql://u:pw@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u:ab/cd==@h:5/db?sslmode=disable", "postgresql://u:***@h:5/db?sslmode=disable"),
+        ("postgresql://h:5432/db?user=me@corp", "postgresql://h:5432/db?user=me@corp"),
         ("postgresql://u@h/db?sslmode=require&PASSWORD=pw", "postgresql://u@h/db?sslmode=require&PASSWORD=***"),
         ("postgresql://u@h/db?mypassword=x", "postgresql://u@h/db?mypassword=x"),
     ],
