@@ -22,6 +22,8 @@ from gateway.workflows.confidence import first_choice
 DONE = b"data: [DONE]\n\n"
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
+#: The message fields :func:`render` writes as chunks of their own; every other one rides on one delta.
+_RENDERED_FIELDS = frozenset({"role", "content", "refusal", "tool_calls"})
 
 
 def _event(payload: Mapping[str, Any]) -> bytes:
@@ -47,6 +49,11 @@ def render(completion: Mapping[str, Any], *, include_usage: bool) -> bytes:
         return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
     events = [chunk({"role": "assistant", "content": ""})]
+    others = {k: v for k, v in message.items() if k not in _RENDERED_FIELDS and v is not None}
+    if others:
+        # reasoning_content, annotations, audio, a legacy function_call: a streaming client would lose
+        # them otherwise; one delta carries each whole (the SDK merges deltas into the message).
+        events.append(chunk(others))
     content = message.get("content")
     if isinstance(content, str) and content:
         events.append(chunk({"content": content}, logprobs=choice.get("logprobs")))

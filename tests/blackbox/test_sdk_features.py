@@ -53,7 +53,7 @@ def sdk_config(upstream: FakeUpstream) -> dict[str, Any]:
             ],
         }],
         "classifiers": {"encoder": "static"},
-        "workflows": [cascade("sure", "draft"), cascade("escalate", "unsure")],
+        "workflows": [cascade("sure", "draft"), cascade("escalate", "unsure"), cascade("think", "multi-model")],
         "routes": [{
             "name": "auto", "policy": "rules",
             "rules": [{"name": "tools-need-big", "priority": 50, "when": {"signal": "tools", "op": "truthy"},
@@ -359,3 +359,19 @@ def test_legacy_function_result_with_no_content(
     sent = _sent(upstream, user)[-1]
     assert sent["messages"] == messages and sent["functions"] == functions
     _assert_record(gateway, raw.headers["x-pointsman-request-id"], raw.headers["x-pointsman-model"], 11, 4)
+
+
+@pytest.mark.parametrize("model", ["multi-model", "cascade/think"])
+def test_reasoning_content_reaches_a_streaming_client(client: OpenAI, model: str) -> None:
+    """A reasoning model's ``reasoning_content`` (vLLM, DeepSeek) is part of its answer: a client
+    streaming a workflow whose checked stage answered (written out as chunks) gets it as a direct one does."""
+    whole = client.chat.completions.create(model=model, messages=MESSAGES, reasoning_effort="low")
+    assert (whole.choices[0].message.model_extra or {}).get("reasoning_content") == "Thinking."
+    with client.chat.completions.with_streaming_response.create(
+        model=model, messages=MESSAGES, reasoning_effort="low", stream=True,
+    ) as response:
+        assert response.headers["x-pointsman-model"] == "multi-model"  # the cascade's first stage answered
+        chunks = [c for c in response.parse() if c.choices]
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks)
+    assert reasoning == "Thinking."
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Choice 0 says hi."

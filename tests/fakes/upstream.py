@@ -54,7 +54,9 @@ multi              what a full OpenAI server does with ``n``, several tools and 
                    interleave), with tools one call per tool in each choice (``call_<i>_<k>``,
                    arguments ``{"k": <k>}`` streamed in two pieces, the calls' pieces interleaved),
                    token logprobs -0.1 (with ``top_logprobs`` alternatives) when asked; usage 11
-                   prompt tokens and one completion token per text token or tool-call piece.
+                   prompt tokens and one completion token per text token or tool-call piece. With
+                   ``reasoning_effort`` each choice also carries ``reasoning_content`` (``Thinking.``),
+                   as reasoning models served by vLLM or DeepSeek do (streamed: a delta before the text).
                    On ``/v1/completions`` it streams ``WORDS`` when asked (usage: 2 prompt tokens)
 =================  =============================================================================
 
@@ -281,6 +283,8 @@ class MultiAnswer:
                 choice["finish_reason"] = "tool_calls"
             else:
                 choice["message"] = {"role": "assistant", "content": "".join(self.words(i))}
+                if self.body.get("reasoning_effort"):
+                    choice["message"]["reasoning_content"] = "Thinking."
                 if self.logprobs:
                     choice["logprobs"] = _logprobs("lp-0.1", self.words(i), self.top)
             choices.append(choice)
@@ -305,7 +309,9 @@ class MultiAnswer:
                        for k, c in enumerate(calls)]]
             return [{"delta": {"tool_calls": [h]}} for h in heads] + [
                 {"delta": {"tool_calls": [p]}} for round_ in pieces for p in round_]
-        deltas = []
+        deltas: list[dict[str, Any]] = []
+        if self.body.get("reasoning_effort"):
+            deltas.append({"delta": {"reasoning_content": "Thinking."}})
         for word in self.words(index):
             delta: dict[str, Any] = {"delta": {"content": word}}
             if self.logprobs:
