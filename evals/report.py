@@ -16,7 +16,8 @@ Baselines, computed in the same run on the same rows:
   qualities: direct rows only);
 - **kNN**: cosine k-nearest-neighbours over the requests' embeddings, scoring a request by its
   neighbours' mean quality gain (strong - weak), cross-fitted (k folds: each fold is scored by the
-  others), so it is the "just remember similar requests" router trained on this very data.
+  others), so it is the "just remember similar requests" router trained on this very data; like random,
+  it keeps the requests a rule pinned on their model.
 
 Headline numbers carry a percentile bootstrap 95% CI (paired across routers: the ``router - kNN``
 difference has its own interval). The bootstrap resamples prompts, not rows: the rows of one prompt
@@ -293,7 +294,9 @@ def _curves(t: PairTable, knn: np.ndarray | None) -> dict[str, list[CurvePoint]]
     cost = {"strong_cost": t.strong_cost, "weak_cost": t.weak_cost}
     curves = {"router": routing_curve(t.scores, t.strong_q, t.weak_q, NUM_RESULTS, pinned=t.pins, **cost)}
     if knn is not None:
-        curves["knn"] = routing_curve(knn, t.strong_q, t.weak_q, NUM_RESULTS, **cost)
+        # Under the route's rules, like the random band: a pinned request keeps its model whatever kNN scores
+        # it, so the baseline ranks only what the route's knob ranks (free, kNN "beat" a route the rules bind).
+        curves["knn"] = routing_curve(knn, t.strong_q, t.weak_q, NUM_RESULTS, pinned=t.pins, **cost)
     if t.direct.all():
         curves["oracle"] = oracle_curve(t.strong_q, t.weak_q, NUM_RESULTS, **cost)
     return curves
@@ -481,7 +484,8 @@ def compute_report(
                       f"pinned keeping their model; the band is the central {level:.0%} of their APGRs; AIQ: "
                       "mixing always-weak and always-strong",
             "knn": "cosine kNN on the requests' embeddings, score = mean quality gain of the k nearest "
-                   "requests, cross-fitted over 5 folds" if knn is not None else "not computed (no embeddings)",
+                   "requests, cross-fitted over 5 folds; requests a rule pinned keep their model"
+                   if knn is not None else "not computed (no embeddings)",
             "oracle": "the strong model exactly where it gains most (needs both qualities)"
                       if "oracle" in curves else "not computed: some rows only have the served model's quality",
         },
@@ -545,7 +549,8 @@ def _breakdown(
                 if s == w:
                     return {"router": math.nan, "knn": math.nan}
                 r = apgr(routing_curve(t.scores, t.strong_q, t.weak_q, NUM_RESULTS, pinned=t.pins), s, w)
-                k = math.nan if sub_knn is None else apgr(routing_curve(sub_knn[i], t.strong_q, t.weak_q), s, w)
+                k = math.nan if sub_knn is None else apgr(
+                    routing_curve(sub_knn[i], t.strong_q, t.weak_q, NUM_RESULTS, pinned=t.pins), s, w)
                 return {"router": r, "knn": k}
 
             full = stat(np.arange(len(idx)))
