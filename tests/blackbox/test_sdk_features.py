@@ -15,11 +15,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from tests.fakes.upstream import WORDS, FakeUpstream
 from tests.gatewayproc import GatewayProcess
+from tests.polling import eventually
 
 #: Prices (USD per million tokens in, out) of the gateway's models.
 PRICES = {"small-model": (0.6, 0.6), "big-model": (10.0, 30.0), "multi-model": (1.0, 2.0),
@@ -49,7 +51,7 @@ def sdk_config(upstream: FakeUpstream) -> dict[str, Any]:
             "models": [
                 model("small-model", "multi"), model("big-model", "multi", tags=["tools"]),
                 model("multi-model", "multi"), model("draft", "lp-0.05"), model("unsure", "lp-0.60"),
-                model("strong", f"say:{STRONG_TEXT}"),
+                model("strong", f"say:{STRONG_TEXT}"), {"name": "hang-model", "upstream_name": "hang"},
             ],
         }],
         "classifiers": {"encoder": "static"},
@@ -375,3 +377,20 @@ def test_reasoning_content_reaches_a_streaming_client(client: OpenAI, model: str
     reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks)
     assert reasoning == "Thinking."
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Choice 0 says hi."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_timeout_cancels_the_upstream_call(
+    client: OpenAI, upstream: FakeUpstream, gateway: GatewayProcess, stream: bool
+) -> None:
+    """``with_options(timeout=...)`` running out: the SDK gives up, the gateway drops the upstream call
+    (the model stops generating) and records the request as the client's disconnect."""
+    records, dropped = len(gateway.decisions()), upstream.state.disconnects["hang"]
+    with pytest.raises(openai.APITimeoutError):
+        client.with_options(timeout=0.5).chat.completions.create(
+            model="hang-model", messages=MESSAGES, stream=stream, user=_user())
+    eventually(lambda: len(gateway.decisions()) > records, "the request's decision record", timeout=10)
+    record = gateway.decisions()[-1]
+    assert (record["model"], record["status"], record["outcome"], record["stream"]) == (
+        "hang-model", 499, "client_disconnected", int(stream))
+    eventually(lambda: upstream.state.disconnects["hang"] > dropped, "the upstream call dropped", timeout=10)
