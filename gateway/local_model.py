@@ -22,7 +22,7 @@ Behaviour of the child worth knowing:
   token (``logits_all``: ~28 M multiply-adds a token for SmolLM2, and up to ~400 MB of scores at
   ``n_ctx=2048``); the child computes only each batch's last row instead (see ``_llama_child.py``),
   which is all that completion logprobs read. Off: logprob requests are refused with a 400.
-  Streams carry no usage chunk, whatever ``stream_options`` says.
+  ``stream_options.include_usage`` ends a stream with OpenAI's usage chunk (``_llama_guard.py``).
 * What it cannot serve is a 400 in OpenAI's error shape naming the field, never a 500 the gateway
   would retry: ``n`` > 1, image or audio parts, a ``tool_choice`` naming no offered tool, a malformed
   field. Valid conversations the model's template cannot render as they are (content-part lists, an
