@@ -369,23 +369,27 @@ def random_curves(
     pinned: np.ndarray | None = None,
     num_results: int = 10,
     progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+    groups: Sequence[object] | np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A random router on this data: ``draws`` routers with uniform random scores, through the same
     threshold sweep. Returns (APGR per draw, strong share per point, quality per draw and point).
 
     Its APGR is 0.5 in expectation (without ``pinned``); the spread of the draws is the band a real router
     must clear. ``pinned`` (as :func:`routing_curve`'s) keeps the prompts a rule routed on their model, as in
-    the route's own curve; with every prompt pinned the APGRs are NaN.
+    the route's own curve; with every prompt pinned the APGRs are NaN. ``groups`` (per row, the prompt): one
+    score per prompt, as any router scores a prompt the same every time it comes (a score per row let the
+    copies of a repeated prompt split and the band was too narrow); every group distinct draws as without.
     """
     qs, qw = np.asarray(strong_quality, dtype=float), np.asarray(weak_quality, dtype=float)
     strong, weak = float(qs.mean()), float(qw.mean())
+    codes, m = _group_codes(groups, len(qs)) if groups is not None else (np.arange(len(qs)), len(qs))
     rng = np.random.default_rng(seed)
     apgrs = np.empty(draws)
     qualities = np.empty((draws, num_results + 1))
     shares = np.zeros(num_results + 1)
     loop: Iterable[int] = range(draws) if progress is None else progress(range(draws))
     for d in loop:
-        curve = routing_curve(rng.random(len(qs)), qs, qw, num_results, pinned=pinned)
+        curve = routing_curve(rng.random(m)[codes], qs, qw, num_results, pinned=pinned)
         # Every prompt pinned: one point (no threshold moves anything), so no APGR.
         spread = max(p.strong_share for p in curve) > min(p.strong_share for p in curve)
         apgrs[d] = apgr(curve, strong, weak) if strong != weak and spread else float("nan")
@@ -512,15 +516,20 @@ def _row_resampler(n: int) -> Callable[[np.random.Generator], np.ndarray]:
     return lambda rng: rng.integers(0, n, n)
 
 
-def _group_resampler(groups: Sequence[object] | np.ndarray, n: int) -> Callable[[np.random.Generator], np.ndarray]:
-    """Draws of whole groups as row indices. Groups are numbered by first appearance, so with every row
-    its own group, group ``g`` is row ``g`` and the draws are the row bootstrap's."""
+def _group_codes(groups: Sequence[object] | np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """Each row's group number, numbered by first appearance, and the number of groups."""
     labels = np.asarray(groups, dtype=object)
     if len(labels) != n:
         raise ValueError(f"groups has {len(labels)} labels for {n} rows")
     first: dict[object, int] = {}
     codes = np.array([first.setdefault(label, len(first)) for label in labels.tolist()], dtype=np.int64)
-    m = len(first)
+    return codes, len(first)
+
+
+def _group_resampler(groups: Sequence[object] | np.ndarray, n: int) -> Callable[[np.random.Generator], np.ndarray]:
+    """Draws of whole groups as row indices. Groups are numbered by first appearance, so with every row
+    its own group, group ``g`` is row ``g`` and the draws are the row bootstrap's."""
+    codes, m = _group_codes(groups, n)
     order = np.argsort(codes, kind="stable")  # rows of group 0, then group 1, ...
     sizes = np.bincount(codes, minlength=m)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])

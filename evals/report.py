@@ -401,7 +401,7 @@ def compute_report(
 
     rand_apgr, rand_share, rand_quality = random_curves(
         table.strong_q, table.weak_q, draws, seed + 1, pinned=table.pins, num_results=NUM_RESULTS,
-        progress=bar("random baseline", draws),
+        progress=bar("random baseline", draws), groups=table.prompts,
     )
     strong, weak = point["always_strong.quality"], point["always_weak.quality"]
     cost_min, cost_max = point["always_weak.cost"], point["always_strong.cost"]
@@ -480,9 +480,9 @@ def compute_report(
         "bootstrap": {"draws": draws, "seed": seed, "level": level, "method": BOOTSTRAP_METHOD,
                       "prompts": n if table.prompts is None else len(set(table.prompts.tolist()))},
         "baselines": {
-            "random": f"uniform random scores through the same threshold sweep, {draws} draws, requests a rule "
-                      f"pinned keeping their model; the band is the central {level:.0%} of their APGRs; AIQ: "
-                      "mixing always-weak and always-strong",
+            "random": f"uniform random scores (one per prompt) through the same threshold sweep, {draws} draws, "
+                      f"requests a rule pinned keeping their model; the band is the central {level:.0%} of their "
+                      "APGRs; AIQ: mixing always-weak and always-strong",
             "knn": "cosine kNN on the requests' embeddings, score = mean quality gain of the k nearest "
                    "requests, cross-fitted over 5 folds; requests a rule pinned keep their model"
                    if knn is not None else "not computed (no embeddings)",

@@ -211,3 +211,31 @@ def test_the_knn_baseline_keeps_the_requests_a_rule_pinned_like_the_route_and_ra
     free = np.zeros(600, dtype=int)
     assert _apgr_keeping_pins(knn, t.strong_q, t.weak_q, free) == pytest.approx(
         apgr(routing_curve(knn, t.strong_q, t.weak_q), float(t.strong_q.mean()), float(t.weak_q.mean())))
+
+
+# ----------------------------------------------------------------------------- the random band on repeated prompts
+
+
+def test_the_random_band_scores_a_repeated_prompt_once_like_any_router() -> None:
+    # 150 prompts, each logged four times. A router scores a prompt the same every time it comes, so a coin
+    # of a router moves all four copies together; a coin per row split them and drew a band about half as
+    # wide, which a router no better than a coin cleared far more often than 2.5% of the time.
+    base = table(n=150, informative=0.0)
+    four = base.take(np.repeat(np.arange(150), 4))
+    four.prompts = np.repeat(np.array([f"prompt {i}" for i in range(150)], dtype=object), 4)
+    band = _report(four)["routers"]["random"]["apgr"]["ci"]
+    # Independently: 300 routers, each drawing one random score per prompt for all its copies.
+    s, w = float(four.strong_q.mean()), float(four.weak_q.mean())
+    coins = [
+        apgr(routing_curve(np.random.default_rng(seed).random(150)[np.repeat(np.arange(150), 4)],
+                           four.strong_q, four.weak_q), s, w)
+        for seed in range(1000, 1300)
+    ]
+    lo, hi = np.percentile(coins, [2.5, 97.5])
+    assert band[1] - band[0] == pytest.approx(hi - lo, rel=0.2)
+    assert band[0] == pytest.approx(lo, abs=0.03) and band[1] == pytest.approx(hi, abs=0.03)
+    # Every prompt once: the same band as before (one draw per row).
+    once = table(n=300, informative=0.0)
+    plain = _report(once)["routers"]["random"]["apgr"]
+    once.prompts = np.array([f"p{i}" for i in range(300)], dtype=object)
+    assert _report(once)["routers"]["random"]["apgr"] == plain
