@@ -19,7 +19,9 @@ the estimate and ``τ² = ρ²s²`` it reads ``± sqrt( V(V + τ²)/τ² · (2 l
 
 For a difference of two independent arms, ``V = s_T²/n_T + s_C²/n_C`` and the per-pair variance
 is ``s² = s_T² + s_C²``, so the "intrinsic time" is ``t = s²/V`` (exactly ``n`` for balanced arms,
-where this is the CS of the paired differences). ``ρ`` is the mixing parameter: it only decides at
+where this is the CS of the paired differences). With unequal arms ``V`` is never taken below the pooled
+variance's (:func:`pooled_floor`): the small arm's plug-in variance is too small early on, exactly when
+its mean is off. ``ρ`` is the mixing parameter: it only decides at
 which sample size the sequence is tightest (it stays valid for any ρ). :func:`rho_for_planned_n`
 gives the ρ that minimises the width at a planned number of requests per arm (the paper's
 Lambert-W closed form); the default plans for :data:`DEFAULT_PLANNED_N` per arm.
@@ -198,6 +200,7 @@ def mean_difference_path(
     if bounds is not None:
         vt = bounded_variance(nt, mt, vt, bounds)
         vc = bounded_variance(nc, mc, vc, bounds)
+    vt, vc = pooled_floor(nt, vt, nc, vc)
     with np.errstate(divide="ignore", invalid="ignore"):
         estimate = mt - mc
         v = vt / nt + vc / nc
@@ -249,6 +252,34 @@ def mean_path(
     if bounds is not None and clip:
         lower, upper = np.maximum(lower, min(bounds)), np.minimum(upper, max(bounds))
     return np.where(enough, lower, -np.inf), np.where(enough, upper, np.inf)
+
+
+def pooled_floor(
+    n_treatment: ArrayLike, var_treatment: ArrayLike, n_control: ArrayLike, var_control: ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
+    """Both arms' variances, scaled up together so the difference's variance is never below the pooled one.
+
+    With unequal arms the smaller arm's variance dominates ``V = s_T²/n_T + s_C²/n_C``, and a plug-in
+    variance from few observations of skewed values (thumbs at 90%, a rare error, a model that is
+    seldom picked) is too small exactly when its mean is off: 25 thumbs up in a row make the small arm's
+    variance near 0 and its mean 1. Read after every request, a 90/10 split then declared a winner
+    between identical arms in 10-15% of experiments at alpha 5%. The pooled variance
+    ``((n_T - 1)s_T² + (n_C - 1)s_C²)/(n_T + n_C - 2)`` is the common variance when the arms do not
+    differ, estimated from both; ``V`` is raised to ``pooled x (1/n_T + 1/n_C)`` when that is larger.
+    Balanced arms are unchanged (both are the same then), and the result is never below the plug-in
+    ``V`` (so the asymptotic guarantee holds for any difference). Scaling both variances by one factor
+    keeps the intrinsic time ``(s_T² + s_C²)/V`` of :func:`normal_mixture_margin` as it was.
+    """
+    nt = np.asarray(n_treatment, dtype=float)
+    nc = np.asarray(n_control, dtype=float)
+    vt = np.asarray(var_treatment, dtype=float)
+    vc = np.asarray(var_control, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pooled = ((nt - 1) * vt + (nc - 1) * vc) / (nt + nc - 2)
+        factor = pooled * (1 / nt + 1 / nc) / (vt / nt + vc / nc)
+    # Where the ratio is undefined (no variance yet, or both 0) the variances stay as they are.
+    factor = np.where(np.isfinite(factor), np.maximum(factor, 1.0), 1.0)
+    return vt * factor, vc * factor
 
 
 def bounded_variance(n: ArrayLike, mean: ArrayLike, var: ArrayLike, bounds: Bounds) -> np.ndarray:
