@@ -208,11 +208,13 @@ def srm_check(data: ExperimentData, opts: Options) -> tuple[SampleRatioCheck | N
     if isinstance(allocation, dict) and allocation.get("kind") not in (None, "fixed"):
         return None, f"skipped: adaptive allocation ({allocation.get('kind')}: arm probabilities change over time)"
     rows = data.served
+    before = rows.created_at < min((s.stopped_at for s in data.stops), default=math.inf)
+    # Only the rows the check counts: after a stop the control's logged propensity rises to its share
+    # plus the stopped arm's (the rerouted keys) on purpose, which is not adaptive allocation.
     for arm in weights:
-        p = rows.propensity[(rows.arm == arm) & np.isfinite(rows.propensity)]
+        p = rows.propensity[before & (rows.arm == arm) & np.isfinite(rows.propensity)]
         if p.size and float(p.max() - p.min()) > ADAPTIVE_SPREAD:
             return None, "skipped: adaptive allocation (arm probabilities change over time)"
-    before = rows.created_at < min((s.stopped_at for s in data.stops), default=math.inf)
     arm_values = rows.arm[before].tolist()
     what = "requests"
     if rows.unit is not None:

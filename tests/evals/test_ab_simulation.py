@@ -4,7 +4,7 @@
   about ``alpha`` of experiments: thumbs (0/1), continuous scores in [0, 1], costs, 50/50 and 90/10;
 - a real difference is found, on the right side, and the interval's centre is unbiased;
 - the sample-ratio check fires at its level under the configured split (equal or not) and catches a
-  real mismatch, and never fires under a bandit's allocation;
+  real mismatch, never fires under a bandit's allocation, and still runs after a guardrail stop;
 - "about N more requests per arm" is roughly where the interval shrinks to ``--min-effect``.
 
 Every simulation is vectorised over its replicates and seeded. The running statistics and the
@@ -15,9 +15,12 @@ with near certainty and the old 90/10 plug-in variance (10-15% false winners) di
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +28,11 @@ from scipy import stats
 
 from evals.ab import ArmSpec, ExperimentData, analyze, served_rows
 from evals.ab.data import empty_shadows
+from gateway.cli import main as pointsman
 from policies.experiments.sequential import mean_difference_path, rho_for_planned_n, sample_ratio_check
+from store import DecisionRecord, SQLiteDecisionStore
 
+ASYNC = pytest.mark.asyncio(loop_scope="session")
 ALPHA = 0.05
 RHO = rho_for_planned_n(1000, ALPHA)  # the report's default (--planned-n 1000)
 CHUNK = 50  # replicates per vectorised block (memory: CHUNK x requests floats per array)
@@ -209,6 +215,58 @@ def test_a_bandit_allocation_never_raises_srm() -> None:
         report = analyze(ExperimentData("bandit", "auto", spec_arms, rows, empty_shadows(), spec=spec))
         assert report["srm"] is None and report["srm_note"].startswith("skipped: adaptive allocation")
         assert report["verdicts"]["treatment"]["kind"] != "srm"
+
+
+NAME = "stopped-exp"
+START = 1_760_000_000.0
+
+
+async def stopped_store(path: Path) -> None:
+    """A 50/50 fixed-weight experiment whose treatment logged only 400 of 500 keys (a broken split), then
+    was stopped by its cost guardrail: from then on its keys are served by the control, whose logged
+    propensity is 0.5 + 0.5 (what the gateway records after a stop)."""
+    store = SQLiteDecisionStore(str(path))
+    await store.open()
+    try:
+        arms = ["control"] * 500 + ["treatment"] * 400
+        np.random.default_rng(2).shuffle(arms)
+        records = [DecisionRecord(
+            request_id=f"r{i}", created_at=START + i, endpoint="chat.completions", route="auto",
+            requested_model="auto", model="small", backend="fake", status=200, outcome="ok", cost_usd=1e-4,
+            experiment=NAME, experiment_arm=arm, arm_propensity=0.5,
+            decision={"experiment": {"name": NAME, "arm": arm, "unit": f"u{i:04d}"}},
+        ) for i, arm in enumerate(arms)]
+        stop_at = START + len(records)
+        records += [DecisionRecord(
+            request_id=f"s{i}", created_at=stop_at + 1 + i, endpoint="chat.completions", route="auto",
+            requested_model="auto", model="small", backend="fake", status=200, outcome="ok", cost_usd=1e-4,
+            experiment=NAME, experiment_arm="control", arm_propensity=1.0,
+            decision={"experiment": {"name": NAME, "arm": "control", "unit": f"v{i:04d}"}},
+        ) for i in range(200)]
+        await store.write_batch(records)
+        spec = {"arms": [{"name": "control", "weight": 0.5, "control": True},
+                         {"name": "treatment", "weight": 0.5}], "allocation": {"kind": "fixed"}}
+        await store.register_experiment(NAME, "auto", spec)
+        await store.stop_arm(NAME, "treatment", "cost", {"ratio": 2.0}, "replica-1", stop_at)
+    finally:
+        await store.close()
+
+
+@ASYNC
+async def test_srm_still_runs_after_a_guardrail_stop_and_catches_the_broken_split(tmp_path: Path) -> None:
+    """After a stop the control's propensity changes on purpose; that is not adaptive allocation. The
+    report used to skip the check (and call the split adaptive) for every experiment with a stop."""
+    db, out = tmp_path / "store.db", tmp_path / "report"
+    await stopped_store(db)
+    code = await asyncio.to_thread(pointsman, ["ab", "report", NAME, "--store", str(db), "--out", str(out),
+                                               "--format", "json", "--no-progress"])
+    assert code == 0
+    report = json.loads((out / "ab-report.json").read_text())
+    assert report["srm"] is not None, report["srm_note"]
+    assert report["srm"]["counts"] == {"control": 500, "treatment": 400}  # keys before the stop only
+    assert report["srm"]["mismatch"] and report["srm_note"].endswith("before the first arm stop")
+    assert report["verdicts"]["treatment"]["kind"] == "srm"
+    assert not any("adaptively" in c for c in report["caveats"])
 
 
 # ----------------------------------------------------------------------------- 5. "about N more requests per arm"
