@@ -47,7 +47,7 @@ def routing_config(upstream: FakeUpstream) -> dict[str, object]:
                  "when": {"signal": "jailbreak", "op": "ge", "value": 0.8},
                  "action": {"block": "blocked by policy", "status": 403}},
                 {"name": "redact-pii", "priority": 90, "when": {"signal": "pii", "op": "truthy"},
-                 "action": {"redact": ["email", "credit_card"]}},
+                 "action": {"redact": ["email", "credit_card", "iban"]}},
                 {"name": "tools-need-big", "priority": 50, "when": {"signal": "tools", "op": "truthy"},
                  "action": {"route": "big-model"}},
             ],
@@ -174,6 +174,15 @@ def test_cards_written_with_dots_slashes_or_line_breaks_are_redacted_before_forw
     sent = [b for b in upstream.state.bodies if b.get("user") == user][-1]
     expected = "Cards [CREDIT_CARD], [CREDIT_CARD] and [CREDIT_CARD]. Build 1.2.3.4 of 2024.01.15."
     assert sent["messages"][0]["content"] == expected
+
+
+def test_an_iban_in_lower_case_is_redacted_before_forwarding(sdk: OpenAI, upstream: FakeUpstream) -> None:
+    """Only IBANs in capitals were read as IBANs: "gb82 west ..." reached the upstream."""
+    user = uuid.uuid4().hex
+    content = "Refund to gb82 west 1234 5698 7654 32 or Gb82West12345698765432 please, es2015 build."
+    _ask(sdk, [{"role": "user", "content": content}], user=user)
+    sent = [b for b in upstream.state.bodies if b.get("user") == user][-1]
+    assert sent["messages"][0]["content"] == "Refund to [IBAN] or [IBAN] please, es2015 build."
 
 
 def test_pii_in_an_embeddings_or_completions_request_is_redacted_before_forwarding(

@@ -400,6 +400,34 @@ def test_iban_stops_at_its_registered_length() -> None:
     assert text[f.start : f.end] == "DE89 3704 0044 0532 0130 00"
 
 
+@pytest.mark.parametrize(
+    "iban",
+    [
+        "gb82 west 1234 5698 7654 32",
+        "gb82west12345698765432",
+        "Gb82 West 1234 5698 7654 32",
+        "GB82 west 1234 5698 7654 32",
+        "fr14 2004 1010 0505 0001 3m02 606",
+    ],
+)
+def test_ibans_in_lower_or_mixed_case_are_found_and_redacted(iban: str) -> None:
+    text = f"Wire it to {iban} today"
+    assert kinds(text) == ["iban"]
+    assert redact(text)[0] == "Wire it to [IBAN] today"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "wire it to de89 3704 0044 0532 0130 01 today",  # checksum fails
+        "es2015 modules and py39 wheels, see pg15 notes",
+        "de89 37 04 00 44 05 32 01 30 00",  # lower case outside an IBAN's groups of four
+    ],
+)
+def test_lower_case_iban_look_alikes_are_ignored(text: str) -> None:
+    assert "iban" not in kinds(text)
+
+
 def test_an_iban_right_after_another_is_found_too() -> None:
     """The first candidate ran on over "OR" into the second IBAN, which the next search then started after."""
     text = "Pay DE89 3704 0044 0532 0130 00 OR GB82 WEST 1234 5698 7654 32 today"

@@ -143,32 +143,43 @@ def _card(m: re.Match[str], text: str) -> Finding | None:
 
 # The match is the country code and check digits only; the rest is read by a look-ahead, so that a
 # candidate running on into the next words ("DE89 3704 0044 0532 0130 00 OR GB82 WEST ...") does not hide
-# an IBAN starting among them from the next search.
-_IBAN_RE = re.compile(r"[A-Z](?<!\w[A-Z])[A-Z]\d{2}(?=((?: ?[A-Z0-9]){10,32})\b)")
+# an IBAN starting among them from the next search. Any case: people type "gb82 west ..." too. It is
+# anchored on the first check digit (letters are everywhere in prose, two letters then two digits not);
+# [0-9] rather than \d: the text is folded to ASCII digits, and the engine skips to an ASCII range ~1.5x
+# faster than to a Unicode category.
+_IBAN_RE = re.compile(r"[0-9](?<=\b[A-Za-z]{2}[0-9])[0-9](?=((?: ?[A-Za-z0-9]){10,32})\b)")
+# How an IBAN is written when not in capitals: in one piece or in the print format's groups of four.
+_IBAN_WRITTEN = re.compile(r"[A-Za-z0-9]+|[A-Za-z0-9]{4}(?: [A-Za-z0-9]{4})*(?: [A-Za-z0-9]{1,3})?")
 
 
 def _iban(m: re.Match[str], text: str) -> Finding | None:
-    raw = m.group(0) + m.group(1)
-    expected = IBAN_LENGTHS.get(raw[:2])
+    start = m.start() - 2
+    raw = text[start : m.end()] + m.group(1)
+    expected = IBAN_LENGTHS.get(raw[:2].upper())
     if expected is None:
         return None
-    # The candidate may run into following upper-case words; take exactly the registered length.
+    # The candidate may run into following words; take exactly the registered length.
     compact_len = 0
-    end = m.start()
+    end = start
     for i, ch in enumerate(raw):
         if ch != " ":
             compact_len += 1
             if compact_len == expected:
-                end = m.start() + i + 1
+                end = start + i + 1
                 break
     if compact_len != expected:
         return None
     if end < len(text) and text[end].isalnum():
         return None  # the number goes on: not this IBAN
-    iban = text[m.start() : end].replace(" ", "")
+    written = text[start:end]
+    # Lower-case words run together far more often than capitals do: outside capitals, only the shapes
+    # IBANs are written in (the mod-97 check alone would pass one candidate in 97).
+    if not written.isupper() and not _IBAN_WRITTEN.fullmatch(written):
+        return None
+    iban = written.replace(" ", "").upper()
     if not iban_ok(iban):
         return None
-    return Finding("iban", m.start(), end, 0.97, f"{iban[:2]}…{iban[-2:]} ({len(iban)} chars)")
+    return Finding("iban", start, end, 0.97, f"{iban[:2]}…{iban[-2:]} ({len(iban)} chars)")
 
 
 _SSN_RE = re.compile(r"(\d(?<![\d-]\d)\d\d)([- ]?)(\d{2})\2(\d{4})(?![\d-])")
