@@ -25,6 +25,8 @@ import csv
 import hashlib
 import json
 import math
+import re
+import sys
 import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -273,10 +275,7 @@ def _load_jsonl(path: Path) -> list[LabelledRequest]:
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not JSON ({exc.msg})") from None
+            obj = _parse_json(line, where)
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object per line")
             out.append(_row(obj, where, _default_source(path)))
@@ -319,10 +318,7 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
                 "costs": {m: v for i, m in cost_cols if (v := _cell_number(cells[i], where, header[i])) is not None},
             }
             if "messages" in plain and cells[plain["messages"]]:
-                try:
-                    obj["messages"] = json.loads(cells[plain["messages"]])
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{where}: column messages is not JSON ({exc.msg})") from None
+                obj["messages"] = _parse_json(cells[plain["messages"]], where, "messages")
             else:
                 obj["prompt"] = cells[plain["prompt"]] if "prompt" in plain else ""
             for key in ("weight", "source", "domain", "id"):
@@ -331,6 +327,50 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
                     obj[key] = _cell_number(value, where, key) if key == "weight" else value
             out.append(_row(obj, where, _default_source(path)))
     return out
+
+
+#: A ``\uD800``-``\uDFFF`` escape: JSON can spell half of a UTF-16 surrogate pair, which is no character.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _parse_json(text: str, where: str, column: str | None = None) -> Any:
+    """``text`` (a JSONL line, or the cell of CSV column ``column``) as JSON; :class:`DataError` at ``where``
+    for what is not JSON, and for a string holding half a surrogate pair: JSON's escapes can spell one (a
+    text cut inside an emoji by a tool counting UTF-16 units), but it is no character, so it could not be
+    hashed, encoded or sent (the gateway refuses such a body)."""
+    what = f"column {column} is " if column else ""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: {what}not JSON ({exc.msg})") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise DataError(f"{where}: {what}not JSON (a number of more than {sys.get_int_max_str_digits()} "
+                        "digits)") from None
+    if _SURROGATE_ESCAPE.search(text):  # a valid pair decodes to one character: only a lone half stays one
+        found = _lone_surrogate(value, column or "")
+        if found is not None:
+            name, char = found
+            raise DataError(f"{where}: {name or 'the line'}: \\u{ord(char):04x} is half of a surrogate pair, not a "
+                            "character (a text cut inside an emoji?)")
+    return value
+
+
+def _lone_surrogate(value: Any, path: str) -> tuple[str, str] | None:
+    """The field (a dotted path) of the first string in ``value`` holding a lone surrogate, and that character."""
+    if isinstance(value, str):
+        return next(((path, c) for c in value if "\ud800" <= c <= "\udfff"), None)
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := _lone_surrogate(item, f"{path}[{i}]")) is not None:
+                return found
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            field_ = f"{path}.{key}" if path else str(key)
+            if (found := _lone_surrogate(key, f"a name in {path or 'the object'}")) is not None:
+                return found
+            if (found := _lone_surrogate(item, field_)) is not None:
+                return found
+    return None
 
 
 def _csv_columns(path: Path, line: int, header: Sequence[str]) -> dict[int, tuple[str, str]]:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from evals.labelled import FAILED_ANSWER, load_source
+from tests.evals.test_report import eval_config
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import REPO, GatewayProcess
 
@@ -75,3 +76,43 @@ def test_feedback_on_an_answer_that_failed_is_no_quality_label(
     trained = pointsman("train", "--data", f"logs:sqlite:///{gateway.db_path}", "--encoders", "static",
                         "--out", str(tmp_path / "routers"), "--no-progress")
     assert "1 requests, models: works (skipped: {'" + FAILED_ANSWER + "': 1})" in trained.stdout, trained.stdout
+
+
+# ----------------------------------------------------------------------------- labelled files
+
+
+def _cli(command: str, data: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``pointsman train`` or ``pointsman eval`` on one labelled file, as small and quick as they go."""
+    if command == "train":
+        return pointsman("train", "--data", f"file:{data}", "--encoders", "static", "--out",
+                         str(tmp_path / "routers"), "--no-progress", "--no-warm-start")
+    config = eval_config(tmp_path / "config.yaml", threshold=0.5)
+    return pointsman("eval", "--config", str(config), "--route", "auto", "--data", f"file:{data}", "--out",
+                     str(tmp_path / "report"), "--bootstrap", "20", "--no-progress")
+
+
+def _refused(run: subprocess.CompletedProcess[str], message: str) -> None:
+    """Exit code 2 and one line saying ``message``, no traceback."""
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1, run.stderr
+    assert message in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_text_cut_inside_an_emoji_is_named_where_it_is(command: str, tmp_path: Path) -> None:
+    """A tool that truncates by UTF-16 units leaves half an emoji, which JSON spells as a lone \\ud83d
+    escape: not a character (it cannot be encoded, so it cannot be hashed or embedded)."""
+    data = tmp_path / "labels.jsonl"
+    whole = r'{"prompt": "Thanks \ud83d\ude00", "scores": {"big-model": 1, "small-model": 1}}'
+    cut = (r'{"messages": [{"role": "user", "content": "Great job \ud83d"}], '
+           r'"scores": {"big-model": 1, "small-model": 0}}')
+    data.write_text(f"{whole}\n{whole}\n{cut}\n", encoding="utf-8")
+    _refused(_cli(command, data, tmp_path), f"{data}:3: messages[0].content: \\ud83d is half of a surrogate pair")
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_number_too_long_to_read_is_named_where_it_is(command: str, tmp_path: Path) -> None:
+    data = tmp_path / "labels.jsonl"
+    data.write_text('{"prompt": "hi", "scores": {"big-model": 1, "small-model": 0}, "costs": {"big-model": '
+                    + "9" * 5000 + "}}\n", encoding="utf-8")
+    _refused(_cli(command, data, tmp_path), f"{data}:1: not JSON (a number of more than 4300 digits)")
