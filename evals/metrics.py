@@ -382,7 +382,7 @@ def random_curves(
     """
     qs, qw = np.asarray(strong_quality, dtype=float), np.asarray(weak_quality, dtype=float)
     strong, weak = float(qs.mean()), float(qw.mean())
-    codes, m = _group_codes(groups, len(qs)) if groups is not None else (np.arange(len(qs)), len(qs))
+    codes, m = group_codes(groups, len(qs)) if groups is not None else (np.arange(len(qs)), len(qs))
     rng = np.random.default_rng(seed)
     apgrs = np.empty(draws)
     qualities = np.empty((draws, num_results + 1))
@@ -516,8 +516,9 @@ def _row_resampler(n: int) -> Callable[[np.random.Generator], np.ndarray]:
     return lambda rng: rng.integers(0, n, n)
 
 
-def _group_codes(groups: Sequence[object] | np.ndarray, n: int) -> tuple[np.ndarray, int]:
-    """Each row's group number, numbered by first appearance, and the number of groups."""
+def group_codes(groups: Sequence[object] | np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """Each row's group number (numbered by first appearance, so every row its own group numbers them
+    0, 1, ...) and the number of groups. ``ValueError`` when there are not ``n`` labels."""
     labels = np.asarray(groups, dtype=object)
     if len(labels) != n:
         raise ValueError(f"groups has {len(labels)} labels for {n} rows")
@@ -529,7 +530,7 @@ def _group_codes(groups: Sequence[object] | np.ndarray, n: int) -> tuple[np.ndar
 def _group_resampler(groups: Sequence[object] | np.ndarray, n: int) -> Callable[[np.random.Generator], np.ndarray]:
     """Draws of whole groups as row indices. Groups are numbered by first appearance, so with every row
     its own group, group ``g`` is row ``g`` and the draws are the row bootstrap's."""
-    codes, m = _group_codes(groups, n)
+    codes, m = group_codes(groups, n)
     order = np.argsort(codes, kind="stable")  # rows of group 0, then group 1, ...
     sizes = np.bincount(codes, minlength=m)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
