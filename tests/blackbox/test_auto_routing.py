@@ -185,6 +185,14 @@ def test_an_iban_in_lower_case_is_redacted_before_forwarding(sdk: OpenAI, upstre
     assert sent["messages"][0]["content"] == "Refund to [IBAN] or [IBAN] please, es2015 build."
 
 
+def test_an_internationalised_email_address_is_redacted_before_forwarding(sdk: OpenAI, upstream: FakeUpstream) -> None:
+    """Only ASCII letters were read in an address: "jürgen@müller.de" reached the upstream."""
+    user = uuid.uuid4().hex
+    _ask(sdk, [{"role": "user", "content": "Mail jürgen@müller.de and jane@例え.jp today."}], user=user)
+    sent = [b for b in upstream.state.bodies if b.get("user") == user][-1]
+    assert sent["messages"][0]["content"] == "Mail [EMAIL] and [EMAIL] today."
+
+
 def test_pii_in_an_embeddings_or_completions_request_is_redacted_before_forwarding(
     sdk: OpenAI, upstream: FakeUpstream
 ) -> None:

@@ -470,6 +470,17 @@ def test_emails_with_real_domains_only() -> None:
     assert kinds("Use logo@2x.png and git@github.com:org/repo.git") == []
 
 
+@pytest.mark.parametrize(
+    "address",
+    ["jürgen.groß@müller-bau.de", "jane@例え.jp", "用户@例子.广告", "иван@почта.рф", "jane@acme.xn--p1ai"],
+)
+def test_internationalised_email_addresses_are_found_and_redacted(address: str) -> None:
+    text = f"Write to {address} today"
+    assert kinds(text) == ["email"]
+    assert redact(text)[0] == "Write to [EMAIL] today"
+    assert kinds("Docs use jürgen@bücher.example") == []  # reserved in any script
+
+
 def test_phone_numbers_need_plausible_digit_counts() -> None:
     assert kinds("Call me on +44 20 7946 0958") == ["phone"]
     assert kinds("US office: (415) 555-2671") == ["phone"]

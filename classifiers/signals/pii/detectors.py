@@ -213,9 +213,11 @@ def _nino(m: re.Match[str], text: str) -> Finding | None:
 
 # The look-behind refuses a start inside a run of local-part characters: otherwise "@" followed by
 # a long run of "!" or "#" would be re-scanned from every position in it (quadratic: 100 s for 64 KB).
+# Letters and digits of any script (\w, [^\W_]): internationalised addresses (RFC 6531) such as
+# jürgen@müller.de or jane@例え.jp, and TLDs in Unicode or in their xn-- (punycode) form.
 _EMAIL_RE = re.compile(
-    r"(?<![\w.%+!#$&'*/=?^`{|}~-])([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*)"
-    r"@((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+([A-Za-z]{2,24}))(?![\w-]|\.\w)"
+    r"(?<![\w.%+!#$&'*/=?^`{|}~-])([\w!#$%&'*+/=?^`{|}~-]+(?:\.[\w!#$%&'*+/=?^`{|}~-]+)*)"
+    r"@((?:[^\W_](?:[\w-]{0,61}[^\W_])?\.)+([^\W\d_]{2,24}|xn--[A-Za-z0-9-]{2,59}))(?![\w-]|\.\w)"
 )
 
 
