@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from evals.run_sync import run_sync
+from gateway.errors import InvalidRequestError
+from gateway.protocol import CHAT, validate_request
 from policies.textfile import first_non_utf8
 
 if TYPE_CHECKING:
@@ -481,6 +483,7 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
         messages = obj["messages"]
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise DataError(f"{where}: messages must be a non-empty list of message objects")
+        _check_servable(messages, where)
     elif isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
         messages = user_messages(obj["prompt"])
     else:
@@ -529,6 +532,20 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
         domain=None if domain is None else str(domain),
         request_id=None if request_id is None else str(request_id),
     )
+
+
+def _check_servable(messages: list[dict[str, Any]], where: str) -> None:
+    """Refuse a conversation the gateway would refuse (a role it does not know, a ``content`` that is not a
+    string or a list of content parts: another API's shape, such as ``parts``) or one without any text: the
+    serving encoder reads nothing in it, so every such row would be trained and graded as the empty prompt."""
+    try:
+        validate_request({"model": "labelled", "messages": messages}, CHAT)
+    except InvalidRequestError as exc:
+        raise DataError(f"{where}: {exc.message}") from None
+    from classifiers.conversation import conversation_text
+
+    if not conversation_text({"messages": messages}, max_chars=MAX_CHARS).strip():
+        raise DataError(f"{where}: messages hold no text (every content is empty)")
 
 
 def _model_key(raw: object, written: dict[str, object], where: str) -> str:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from evals.labelled import FAILED_ANSWER, load_source
+from tests.evals.labelled_files import STRONG, WEAK, rows, write_jsonl
 from tests.evals.test_report import eval_config
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import REPO, GatewayProcess
@@ -116,3 +117,38 @@ def test_a_number_too_long_to_read_is_named_where_it_is(command: str, tmp_path: 
     data.write_text('{"prompt": "hi", "scores": {"big-model": 1, "small-model": 0}, "costs": {"big-model": '
                     + "9" * 5000 + "}}\n", encoding="utf-8")
     _refused(_cli(command, data, tmp_path), f"{data}:1: not JSON (a number of more than 4300 digits)")
+
+
+@pytest.mark.parametrize(
+    ("message", "refused"),
+    [
+        # Gemini's shape: no content at all, so the router would have read the empty prompt.
+        ({"role": "user", "parts": [{"text": "Prove that sqrt(2) is irrational."}]},
+         "messages[0].content must be a string or an array of content parts"),
+        ({"role": "user", "content": {"text": "hi"}}, "messages[0].content must be a string or an array"),
+        ({"content": "hi"}, "messages[0].role is required and must be a string"),
+        ({"role": "human", "content": "hi"}, "messages[0].role must be one of"),
+        ({"role": "user", "content": "  "}, "messages hold no text (every content is empty)"),
+    ],
+)
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_messages_the_gateway_would_refuse_are_named_where_they_are(
+    command: str, message: dict[str, Any], refused: str, tmp_path: Path
+) -> None:
+    """Each of these loaded before, and was trained and graded as the empty prompt (or a dict's repr)."""
+    data = write_jsonl(tmp_path / "labels.jsonl", [
+        *rows(seed=5, n=30), {"messages": [message], "scores": {STRONG: 1, WEAK: 0}}, *rows(seed=6, n=10)])
+    _refused(_cli(command, data, tmp_path), f"{data}:31: {refused}")
+
+
+def test_content_parts_and_tool_turns_still_load(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "labels.jsonl", [{"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                     {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "look", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a cat"},
+    ], "scores": {STRONG: 1, WEAK: 0}}])
+    (row,) = load_source(f"file:{data}").rows
+    assert "What is in this picture?" in row.text() and row.labelled_for(STRONG, WEAK)
