@@ -72,7 +72,11 @@ def _near(rx: re.Pattern[str], text: str, start: int, end: int, window: int = 40
 # Payment cards, IBANs, national ids
 
 # The boundary look-behinds sit after the first character so that the regex engine can still skip
-# quickly to candidate characters (a leading look-behind disables that and costs ~3x).
+# quickly to candidate characters (a leading look-behind disables that and costs ~3x). That first
+# character is [0-9], not \d, in every pattern that starts with a digit: the scanned text holds only ASCII
+# digits (the fold makes every decimal digit ASCII), and the engine skips to an ASCII range faster than
+# to a Unicode category (2 KB of text with numbers: 25 instead of 31 us for cards, 18 instead of 32 for
+# phones).
 # Groups are the issuers' (4-4-4-4 with up to 3 more digits, 4-6-5 / 4-6-4) or none, so that the groups
 # themselves refuse a number before or after a card ("qty 2 4111 1111 1111 1111" still holds one).
 # Whitespace between groups may vary (a card wrapped onto the next line); a punctuation separator
@@ -98,7 +102,7 @@ def _card_pattern() -> re.Pattern[str]:
     shapes = "|".join([r"\d{11,18}", *spaced, dotted16, dotted15])
     # Not a piece of a longer number: no digit, decimal point, comma or minus just before; no digit or
     # separator-and-digit just after (4111.1111.1111.1111.2 reads as one dotted number).
-    return re.compile(rf"\d(?<![\d.,-]\d)(?<!\d[/_]\d)(?:{shapes})(?![\d-]|[.,/_]\d)")
+    return re.compile(rf"[0-9](?<![\d.,-]\d)(?<!\d[/_]\d)(?:{shapes})(?![\d-]|[.,/_]\d)")
 
 
 _CARD_RE = _card_pattern()
@@ -144,9 +148,7 @@ def _card(m: re.Match[str], text: str) -> Finding | None:
 # The match is the country code and check digits only; the rest is read by a look-ahead, so that a
 # candidate running on into the next words ("DE89 3704 0044 0532 0130 00 OR GB82 WEST ...") does not hide
 # an IBAN starting among them from the next search. Any case: people type "gb82 west ..." too. It is
-# anchored on the first check digit (letters are everywhere in prose, two letters then two digits not);
-# [0-9] rather than \d: the text is folded to ASCII digits, and the engine skips to an ASCII range ~1.5x
-# faster than to a Unicode category.
+# anchored on the first check digit (letters are everywhere in prose, two letters then two digits not).
 _IBAN_RE = re.compile(r"[0-9](?<=\b[A-Za-z]{2}[0-9])[0-9](?=((?: ?[A-Za-z0-9]){10,32})\b)")
 # How an IBAN is written when not in capitals: in one piece or in the print format's groups of four.
 _IBAN_WRITTEN = re.compile(r"[A-Za-z0-9]+|[A-Za-z0-9]{4}(?: [A-Za-z0-9]{4})*(?: [A-Za-z0-9]{1,3})?")
@@ -182,7 +184,7 @@ def _iban(m: re.Match[str], text: str) -> Finding | None:
     return Finding("iban", start, end, 0.97, f"{iban[:2]}…{iban[-2:]} ({len(iban)} chars)")
 
 
-_SSN_RE = re.compile(r"(\d(?<![\d-]\d)\d\d)([- ]?)(\d{2})\2(\d{4})(?![\d-])")
+_SSN_RE = re.compile(r"([0-9](?<![\d-]\d)\d\d)([- ]?)(\d{2})\2(\d{4})(?![\d-])")
 
 
 def _ssn(m: re.Match[str], text: str) -> Finding | None:
@@ -228,7 +230,7 @@ def _email(m: re.Match[str], text: str) -> Finding | None:
     return Finding("email", m.start(), m.end(), 0.9, f"{local[:1]}…@…{domain[domain.rfind('.') :]}")
 
 
-_PHONE_RE = re.compile(r"[+(\d](?<![\w+.-][+(\d])(?:(?<=\+)\(?\d|(?<=\()\d|(?<=\d))[\d ().-]{5,20}\d(?![\w-]|\.\d)")
+_PHONE_RE = re.compile(r"[+(0-9](?<![\w+.-][+(\d])(?:(?<=\+)\(?\d|(?<=\()\d|(?<=\d))[\d ().-]{5,20}\d(?![\w-]|\.\d)")
 _DATE_LIKE = re.compile(r"^\d{1,4}[-./]\d{1,2}[-./]\d{1,4}$")
 _DOTTED_QUAD = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
 _DIGIT_RUN = re.compile(r"\d+")
@@ -276,7 +278,7 @@ def _phone(m: re.Match[str], text: str) -> Finding | None:
     return Finding("phone", m.start(), m.end(), conf, f"…{digits[-2:]} ({len(digits)} digits)")
 
 
-_IPV4_RE = re.compile(r"\d(?<![\w.]\d)\d{0,2}(?:\.\d{1,3}){3}(?!\w|\.\d)")
+_IPV4_RE = re.compile(r"[0-9](?<![\w.]\d)\d{0,2}(?:\.\d{1,3}){3}(?!\w|\.\d)")
 # Global IPv6 unicast addresses start with a hex digit (2000::/3), never with "::".
 _IPV6_RE = re.compile(
     r"[0-9A-Fa-f](?<![\w:][0-9A-Fa-f])[0-9A-Fa-f]{0,3}(?::[0-9A-Fa-f]{0,4}){2,7}(?<=[0-9A-Fa-f])(?![\w:])"
