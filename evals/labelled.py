@@ -248,7 +248,10 @@ def load_file(path: Path) -> list[LabelledRequest]:
     one ``score:<model>`` column per model (a number or true/false; an empty cell or NaN = unknown),
     optional ``cost:<model>``, ``weight``, ``source``, ``domain`` and ``id`` columns. Every row has as
     many cells as the header (a short or long row is refused: its cells would land in the wrong columns),
-    and no column is named twice.
+    and no column is named twice. Column names and prefixes are read in any case (``Prompt``,
+    ``Score:gpt-4o``; a model's name keeps its case). A header with semicolons and no comma makes a
+    semicolon-separated file, whose numbers may have a decimal comma (``0,5``), as spreadsheets in such
+    locales save them; a tab-separated header likewise.
 
     Model names lose surrounding spaces; an empty one, or one with a control character, is refused. Errors
     name the file, the line (for a CSV row, the line where it starts) and the field.
@@ -288,8 +291,11 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
     """A labelled CSV (see :func:`load_file`). Errors name the line where the bad row starts: a quoted
     prompt may span several lines."""
     out = []
+    delimiter = _csv_delimiter(path)
+    # A semicolon file is what a spreadsheet set to a decimal-comma locale writes: its numbers read 0,5.
+    number = _decimal_comma if delimiter == ";" else str
     with path.open(encoding="utf-8-sig", newline="") as fh:
-        reader = csv.reader(fh)
+        reader = csv.reader(fh, delimiter=delimiter)
         raw_header = next(reader, [])
         header_line = reader.line_num or 1
         header = [c.strip() for c in raw_header]
@@ -300,10 +306,10 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
         if not score_cols:
             raise DataError(
                 f"{path}: no score:<model> columns (header: {', '.join(header) or 'empty'})"
-                + _score_column_hint(path, header)
+                + _score_column_hint(path, header, delimiter)
             )
         if "prompt" not in plain and "messages" not in plain:
-            raise DataError(f"{path}: needs a prompt or a messages column")
+            raise DataError(f"{path}: needs a prompt or a messages column (header: {', '.join(header)})")
         end = reader.line_num
         for cells in reader:
             start, end = end + 1, reader.line_num  # the physical lines this row spans
@@ -316,8 +322,9 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
                     "a cell holding a comma or a line break must be quoted"
                 )
             obj: dict[str, Any] = {
-                "scores": {m: _cell_score(cells[i], where, header[i]) for i, m in score_cols},
-                "costs": {m: v for i, m in cost_cols if (v := _cell_number(cells[i], where, header[i])) is not None},
+                "scores": {m: _cell_score(number(cells[i]), where, header[i]) for i, m in score_cols},
+                "costs": {m: v for i, m in cost_cols
+                          if (v := _cell_number(number(cells[i]), where, header[i])) is not None},
             }
             if "messages" in plain and cells[plain["messages"]]:
                 obj["messages"] = _parse_json(cells[plain["messages"]], where, "messages")
@@ -326,9 +333,29 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
             for key in ("weight", "source", "domain", "id"):
                 if key in plain and cells[plain[key]]:
                     value = cells[plain[key]]
-                    obj[key] = _cell_number(value, where, key) if key == "weight" else value
+                    obj[key] = _cell_number(number(value), where, key) if key == "weight" else value
             out.append(_row(obj, where, _default_source(path)))
     return out
+
+
+def _csv_delimiter(path: Path) -> str:
+    """``;`` when the header line has semicolons and no comma (a spreadsheet in a decimal-comma locale saves
+    CSV so), a tab likewise, else ``,``."""
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        first = fh.readline()
+    if "," not in first:
+        for delimiter in (";", "\t"):
+            if delimiter in first:
+                return delimiter
+    return ","
+
+
+_DECIMAL_COMMA = re.compile(r"\s*[+-]?\d*,\d+\s*")
+
+
+def _decimal_comma(cell: str) -> str:
+    """A number written with a decimal comma (``0,5``) with a decimal point; any other cell as it is."""
+    return cell.replace(",", ".") if _DECIMAL_COMMA.fullmatch(cell) else cell
 
 
 #: A ``\uD800``-``\uDFFF`` escape: JSON can spell half of a UTF-16 surrogate pair, which is no character.
@@ -377,18 +404,21 @@ def _lone_surrogate(value: Any, path: str) -> tuple[str, str] | None:
 
 def _csv_columns(path: Path, line: int, header: Sequence[str]) -> dict[int, tuple[str, str]]:
     """Each named column of a labelled CSV header: ``(kind, name)`` by position, kind ``score``, ``cost``
-    (name = the model) or ``plain`` (name = the column), spaces around names dropped. Refuses a column
-    named twice and a model name that :func:`check_model_name` refuses, naming the header line and the
-    column as written."""
+    (name = the model, its case kept) or ``plain`` (name = the column), spaces around names dropped; the
+    known columns and prefixes in any case (``Prompt``, ``Score:gpt-4o``). Refuses a column named twice
+    and a model name that :func:`check_model_name` refuses, naming the header line and the column as
+    written."""
     columns: dict[int, tuple[str, str]] = {}
     seen: dict[tuple[str, str], str] = {}
     for i, written in enumerate(header):
         column = written.strip()
         if not column:
             continue  # an unnamed column (a trailing comma): nothing reads it
-        kind, name = "plain", column
+        # Spreadsheets and pandas capitalise headers; a model's name keeps its case (it names the model).
+        lower = column.lower()
+        kind, name = "plain", lower if lower in _KNOWN_COLUMNS else column
         for prefix in ("score:", "cost:"):
-            if column.startswith(prefix):
+            if lower.startswith(prefix):
                 kind = prefix[:-1]
                 # Spreadsheets keep stray spaces: "score: gpt-4o " is gpt-4o, as in the other columns.
                 name = check_model_name(column[len(prefix) :], f"{path}:{line}: column {written!r}")
@@ -415,14 +445,14 @@ def check_model_name(name: object, where: str) -> str:
 _KNOWN_COLUMNS = frozenset({"prompt", "messages", "weight", "source", "domain", "id"})
 
 
-def _score_column_hint(path: Path, header: Sequence[str], sample: int = 50) -> str:
+def _score_column_hint(path: Path, header: Sequence[str], delimiter: str = ",", sample: int = 50) -> str:
     """A hint naming the columns that look like per-model outcomes (every cell of the first rows a number,
     a true/false or empty), as RouteLLM's and RouterBench's exports have them, with the rename they need."""
     # A cost column (RouterBench's ``<model>|total_cost``) holds small numbers too: not a quality.
     candidates = [c for c in header if c and c.lower() not in _KNOWN_COLUMNS and "cost" not in c.lower()]
     looks_like_score = dict.fromkeys(candidates, False)
     with path.open(encoding="utf-8-sig", newline="") as fh:
-        for i, cells in enumerate(csv.DictReader(fh)):
+        for i, cells in enumerate(csv.DictReader(fh, delimiter=delimiter)):
             if i >= sample:
                 break
             for c in list(looks_like_score):

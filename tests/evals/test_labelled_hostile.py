@@ -4,6 +4,7 @@ line naming the file, line and field (exit code 2, no traceback), through the re
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -152,3 +153,36 @@ def test_content_parts_and_tool_turns_still_load(tmp_path: Path) -> None:
     ], "scores": {STRONG: 1, WEAK: 0}}])
     (row,) = load_source(f"file:{data}").rows
     assert "What is in this picture?" in row.text() and row.labelled_for(STRONG, WEAK)
+
+
+def test_a_spreadsheet_in_a_decimal_comma_locale_loads_like_the_same_rows_in_jsonl(tmp_path: Path) -> None:
+    """Excel in a German or French locale saves "CSV UTF-8" with a byte-order mark, CRLF, semicolons between
+    cells and decimal commas; people capitalise headers. Before, it was refused as having no score columns
+    (or no prompt column), with a hint to name them score:<model>, which they were."""
+    items = rows(seed=8, n=40)
+    items[0]["prompt"] = "Plan a trip; three days, two cities."  # a semicolon and a comma inside a cell
+    items[1]["scores"][WEAK] = 0.25
+    items[2]["weight"] = 1.5
+
+    def decimal_comma(value: object) -> str:
+        return "" if value is None else str(value).replace(".", ",")
+
+    lines = [f"Prompt;Score:{STRONG};Score:{WEAK};Cost:{STRONG};Cost:{WEAK};Weight"]
+    for item in items:
+        scores, costs = item["scores"], item["costs"]
+        cells = [scores[STRONG], scores[WEAK], costs[STRONG], costs[WEAK], item.get("weight", 1.0)]
+        prompt = '"' + item["prompt"] + '"' if ";" in item["prompt"] else item["prompt"]
+        lines.append(";".join([prompt, *map(decimal_comma, cells)]))
+    excel = tmp_path / "labels.csv"
+    excel.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+
+    loaded = load_source(f"file:{excel}").rows
+    expected = load_source(f"file:{write_jsonl(tmp_path / 'labels.jsonl', items)}").rows
+    assert [(r.messages, r.qualities, r.costs, r.weight) for r in loaded] == [
+        (r.messages, r.qualities, r.costs, r.weight) for r in expected]
+    assert loaded[1].qualities[WEAK] == 0.25 and loaded[0].messages[0]["content"].startswith("Plan a trip; three")
+    report = tmp_path / "report"
+    run = pointsman("eval", "--config", str(eval_config(tmp_path / "config.yaml", threshold=0.5)), "--route", "auto",
+                    "--data", f"file:{excel}", "--out", str(report), "--bootstrap", "20", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    assert json.loads((report / "report.json").read_text())["rows"]["evaluated"] == 40
