@@ -324,6 +324,7 @@ def run_gate(
         raise GateError(f"--seed {seed}: give a whole number >= 0")
     registry, info = _inactive_version(registry_dir, version)
     _check_writable(registry_dir, info, "the gate records its verdict there")
+    _check_loads(info)
     baseline = resolve_routers_dir(registry_dir)
     if not info.pairs:
         raise GateError(f"{version} has no pair difficulty head to compare")
@@ -443,6 +444,26 @@ def _check_writable(registry_dir: Path, info: VersionInfo, why: str) -> None:
     problem = unwritable(registry_dir, info.path)
     if problem:
         raise GateError(f"--registry {registry_dir}: cannot write to it: {problem} ({why})")
+
+
+def _check_loads(info: VersionInfo) -> None:
+    """:class:`GateError` unless every head of ``info``'s version loads the way a gateway loads it (weights
+    matching their manifest's sha256, every pair head ``version.json`` lists present), for each encoder.
+
+    The gate scores only the pair heads it judges, and ``--force`` scores none, yet every head goes live:
+    a version with a truncated or missing head would be made active, running gateways would log a failed
+    reload and every gateway (re)started on the registry would refuse to start."""
+    from classifiers.provider import load_router_heads
+
+    for encoder in sorted({*info.encoders, *(p.get("encoder", "static") for p in info.pairs)}):
+        try:
+            load_router_heads(encoder, info.path)
+        except (ValueError, OSError, KeyError) as exc:
+            problem = os_error_line(exc) if isinstance(exc, OSError) else " ".join(str(exc).split())
+            raise GateError(
+                f"{info.version} cannot be made active: its {encoder} heads do not load, so no gateway could "
+                f"serve it: {problem}"
+            ) from None
 
 
 def _trained_rows(info: VersionInfo) -> TrainedRows | None:
@@ -668,6 +689,7 @@ def force_promote(registry_dir: Path, version: str, reason: str) -> str | None:
         raise GateError("--force needs --reason TEXT: it is recorded with the promotion")
     registry, info = _inactive_version(registry_dir, version)
     _check_writable(registry_dir, info, "a forced promotion is recorded there")
+    _check_loads(info)
     previous = registry.active_version()
     registry.promote(version, {
         "decision": "promoted", "forced": True, "against": previous,

@@ -632,6 +632,44 @@ def test_seed_and_margin_are_checked_when_parsed(
     assert _registry_files(registry) == before
 
 
+def _truncate_weights(head_dir: Path) -> None:
+    """What a disk error or an interrupted copy of the registry leaves: half of a head's weights."""
+    weights = head_dir / "weights.npz"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def test_a_forced_rollback_to_a_version_whose_heads_do_not_load_is_refused(
+    registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --force made it active: running gateways logged a failed reload, and every gateway started on the
+    # registry afterwards (a restart, a new replica) refused to start.
+    _, _, (v1, v2, _) = trained
+    (head,) = [d for d in RouterRegistry(registry).version_dir(v2).iterdir() if d.name.startswith("difficulty-")]
+    _truncate_weights(head)
+    before = _registry_files(registry)
+    code, out, err = _promote(capsys, v2, "--registry", str(registry), "--force", "--reason", "p99 alert")
+    assert code == 2 and out == "", out
+    assert f"{v2} cannot be made active" in err and f"{head}/weights.npz" in err and "Traceback" not in err
+    assert RouterRegistry(registry).active_version() == v1 and _registry_files(registry) == before
+    assert load_router_heads("static", registry).version == v1  # what a gateway starting now serves
+
+
+def test_the_gate_does_not_promote_a_version_with_a_head_it_did_not_score(
+    three_models: tuple[Path, Path, list[str]], registry3: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --pair gates one pair head; the version's other heads (here its quality head) went live unchecked.
+    _, heldout, (v1, v2) = three_models
+    (quality,) = RouterRegistry(registry3).version_dir(v2).glob("quality-*")
+    _truncate_weights(quality)
+    code, out, err = _promote(capsys, v2, "--registry", str(registry3), "--data", f"file:{heldout}",
+                              "--pair", f"{STRONG},{WEAK}")
+    assert code == 2, out + err
+    assert f"{v2} cannot be made active" in err and f"{quality}/weights.npz" in err
+    reg = RouterRegistry(registry3)
+    assert reg.active_version() == v1 and reg.info(v2).verdicts == []
+    assert load_router_heads("static", registry3).version == v1
+
+
 def test_a_forced_promotion_names_the_user_without_user_or_logname(
     registry: Path, trained: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
