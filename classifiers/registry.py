@@ -542,6 +542,16 @@ class RouterRegistry:
         with self._locked():
             self._promote_locked(version, verdict)
 
+    def promote_over(self, version: str, verdict: Mapping[str, Any], expected: str | None) -> bool:
+        """:meth:`promote`, but only while ``expected`` is still the active version (None: none is); whether it
+        did. Checked under the lock, so a promotion another process makes meanwhile is never overwritten by
+        one whose numbers were against the version it replaced."""
+        with self._locked():
+            if self.active_version() != expected:
+                return False
+            self._promote_locked(version, verdict)
+        return True
+
     def record_verdict(self, version: str, verdict: Mapping[str, Any]) -> None:
         """Append ``verdict`` (a promotion's or a refusal's numbers) to the version's ``verdicts.json``."""
         with self._locked():

@@ -396,18 +396,12 @@ def run_gate(
     judged = [c for c in verdict.comparisons if c.judged]
     verdict.promoted = bool(judged) and all(c.passed for c in judged)
     failing = [c for c in judged if not c.passed]
-    current = resolve_routers_dir(registry_dir).version
     if not judged:
         verdict.reason = (
             "no pair could be judged: on these held-out prompts no pair's strong model beats its weak one in "
             "mean quality with a 95% interval that excludes zero, or too few are labelled for both of its models "
             "(label more held-out requests, or name the pairs your routes use with --pair)"
         )
-    elif verdict.promoted and current != baseline.version:
-        # Someone promoted another version while this gate ran: its numbers are against a router
-        # that no longer serves. Refuse; run the gate again.
-        verdict.promoted = False
-        verdict.reason = f"the active version changed during the gate ({baseline.version} -> {current}); run it again"
     elif verdict.promoted:
         verdict.reason = "every judged pair's 95% CI lower end of the APGR difference exceeds the margin " + ", ".join(
             f"{c.strong} vs {c.weak} [{c.encoder}]: {_r(c.ci_low)} > {margin:g}" for c in judged
@@ -416,10 +410,16 @@ def run_gate(
         verdict.reason = "95% CI lower end of the APGR difference not above the margin for " + ", ".join(
             f"{c.strong} vs {c.weak} [{c.encoder}]: {_r(c.ci_low)} <= {margin:g}" for c in failing
         )
+    # The version the numbers are against must still be active when the promotion is written: checked
+    # under the registry's lock, so another promotion made meanwhile is never silently replaced.
+    if verdict.promoted and registry.promote_over(version, verdict.as_dict(), baseline.version if from_registry
+                                                  else None):
+        return verdict
     if verdict.promoted:
-        registry.promote(version, verdict.as_dict())
-    else:
-        registry.record_verdict(version, verdict.as_dict())
+        verdict.promoted = False
+        current = resolve_routers_dir(registry_dir).version
+        verdict.reason = f"the active version changed during the gate ({baseline.version} -> {current}); run it again"
+    registry.record_verdict(version, verdict.as_dict())
     return verdict
 
 
@@ -780,5 +780,7 @@ def _gate(args: argparse.Namespace, registry: Path) -> int:
         print(f"PROMOTED: {verdict.version} is now the active version of {args.registry} "
               f"(was {verdict.against}). {verdict.reason}")
         return 0
-    print(f"REFUSED: {verdict.version} stays inactive; {verdict.against} stays active. {verdict.reason}")
+    # Not verdict.against: another promotion may have replaced it during the gate.
+    active = resolve_routers_dir(registry).version
+    print(f"REFUSED: {verdict.version} stays inactive; {active} stays active. {verdict.reason}")
     return 1

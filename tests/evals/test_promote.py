@@ -11,6 +11,8 @@ import os
 import pwd
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from evals.registry_cli import corrupt_file
 from evals.retrain import row_key
 from gateway.cli import main
 from tests.evals.labelled_files import STRONG, TWIN, WEAK, rows, with_twin, write_jsonl
+from tests.polling import eventually
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +125,45 @@ def test_an_equal_version_is_refused(
     (cmp,) = reg.info(v3).verdicts[-1]["comparisons"]
     assert cmp["apgr_diff"] == 0.0 and cmp["apgr_diff_ci95"] == [0.0, 0.0]
     assert reg.active_version() == v2
+
+
+def _someone_waits_for(lock: Path) -> bool:
+    """Whether a process is blocked in flock() on ``lock`` (a ``->`` line of /proc/locks for its inode)."""
+    st = lock.stat()
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any("->" in line and "FLOCK" in line and device in line.split()
+               for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_a_promotion_made_while_the_gate_waits_for_the_lock_is_not_overwritten(
+    registry: Path, trained: tuple[Path, Path, list[str]]
+) -> None:
+    # Two `pointsman promote` at once: the gate checked that the active version had not changed, then took
+    # the lock to write its promotion. A promotion made in between was overwritten by one whose numbers were
+    # against the version it had replaced (and "REFUSED ... v0001 stays active" named a replaced version).
+    _, heldout, (v1, v2, v3) = trained
+    reg = RouterRegistry(registry)
+    with reg._locked():  # what another promote holds while it writes
+        gate = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "promote", v3, "--registry", str(registry), "--data",
+             f"file:{heldout}", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            eventually(lambda: gate.poll() is not None or _someone_waits_for(registry / ".lock"),
+                       "the gate waits for the registry lock", timeout=100)
+            assert gate.poll() is None, gate.communicate()
+            reg._promote_locked(v2, {"decision": "promoted", "reason": "the other promote"})
+        except BaseException:
+            gate.kill()
+            raise
+    out, err = gate.communicate(timeout=100)
+    assert gate.returncode == 1, out + err
+    active = reg.active()
+    assert active is not None and (active["version"], active["previous"]) == (v2, v1)
+    refusal = reg.info(v3).verdicts[-1]
+    assert refusal["decision"] == "refused" and refusal["against"] == v1
+    assert refusal["reason"] == f"the active version changed during the gate ({v1} -> {v2}); run it again"
+    assert out.splitlines()[-1].startswith(f"REFUSED: {v3} stays inactive; {v2} stays active.")
 
 
 def test_the_margin_is_what_the_ci_must_clear(
