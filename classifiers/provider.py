@@ -9,7 +9,6 @@ reads the whole request body, never just the last message.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,12 +126,16 @@ def load_router_heads(encoder: str, routers_dir: str | Path | None = None) -> Ro
 def _check_listed_pairs(root: Path, encoder: str, sources: dict[str, str]) -> None:
     """A registry version's ``version.json`` lists its pair heads: each must have loaded. A head directory
     that lost its manifest would otherwise be skipped, and its routes silently fall back to another head."""
-    from classifiers.registry import VERSION_FILE
+    from classifiers.registry import VERSION_FILE, RegistryError, read_json_file
 
     try:
-        listed = json.loads((root / VERSION_FILE).read_text(encoding="utf-8")).get("pairs") or []
+        record = read_json_file(root / VERSION_FILE)  # a RegistryError naming the file when it is not JSON
     except FileNotFoundError:
         return  # a plain directory of heads, not a registry version
+    listed = (record.get("pairs") or []) if isinstance(record, dict) else None
+    if not isinstance(listed, list) or not all(isinstance(pair, dict) for pair in listed):
+        raise RegistryError(f"{root / VERSION_FILE}: not a version record (an object whose pairs are a list of "
+                            "objects); the file is corrupt")
     loaded = set(sources.values())
     for pair in listed:
         if pair.get("encoder", "static") != encoder:

@@ -712,11 +712,27 @@ def resolve_routers_dir(path: str | Path | None) -> ResolvedRouters:
             registry = RouterRegistry(root)
             active = registry.active_version()
             if active is not None:
-                return ResolvedRouters(registry.version_dir(active), active, registry=root)
+                return ResolvedRouters(_active_dir(registry, active), active, registry=root)
             return ResolvedRouters(SHIPPED_ROUTERS_DIR, _bundled_version(), registry=root)
         if has_heads(root):
             return ResolvedRouters(root, f"dir-{manifests_digest(root)[:8]}")
     return ResolvedRouters(SHIPPED_ROUTERS_DIR, _bundled_version())
+
+
+def _active_dir(registry: RouterRegistry, active: str) -> Path:
+    """The directory of the version ``active.json`` names; :class:`RegistryError` naming that file when the
+    registry has no such version (deleted by hand, a partial copy of the registry, an edited pointer)."""
+    path = registry.root / ACTIVE_FILE
+    if not _VERSION_ID.match(active):
+        raise RegistryError(f"{path}: {active!r} is not a version id (like v0001-0123abcd); the file is corrupt")
+    try:
+        return registry.version_dir(active)
+    except KeyError:
+        known = ", ".join(registry.version_ids()) or "none"
+        raise RegistryError(
+            f"{path}: names version {active}, which is not in the registry (versions: {known}); restore it, or make "
+            "another active with pointsman promote VERSION --force --reason TEXT"
+        ) from None
 
 
 def has_heads(directory: Path) -> bool:

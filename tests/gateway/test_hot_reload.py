@@ -9,7 +9,11 @@ chosen model as well as in ``/v1/route``, the ``x-pointsman-router`` header, the
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,7 @@ from openai import OpenAI
 
 from classifiers.registry import RouterRegistry
 from tests.fakes.routers import add_version, break_version
-from tests.fakes.upstream import FakeUpstream
+from tests.fakes.upstream import FakeUpstream, free_port
 from tests.gatewayproc import GatewayProcess
 from tests.polling import eventually
 
@@ -171,3 +175,28 @@ def test_a_registry_that_goes_away_keeps_the_last_version_serving(
     newer = add_version(registry, WEAK if model == "big" else STRONG)
     registry.promote(newer, {"decision": "promoted", "reason": "test"})
     eventually(lambda: dry_run(gateway)["router_version"] == newer, "a later promotion serves")
+
+
+@pytest.mark.parametrize("breakage", ["version.json truncated", "version.json not an object", "active version deleted"])
+def test_a_gateway_started_on_a_broken_active_version_says_which_file(
+    upstream: FakeUpstream, tmp_path: Path, breakage: str
+) -> None:
+    # A truncated version.json stopped start-up with a bare JSON parser message naming no file, one that
+    # is not an object with a traceback, and an active.json naming a deleted version with a quoted KeyError.
+    registry = RouterRegistry(tmp_path / "routers")
+    version = add_version(registry, STRONG)
+    version_dir = registry.version_dir(version)
+    if breakage == "active version deleted":
+        shutil.rmtree(version_dir)
+        named = registry.root / "active.json"
+    else:
+        named = version_dir / "version.json"
+        named.write_text("{" if breakage == "version.json truncated" else "[]")
+    config = tmp_path / "config.yaml"
+    server = {"host": "127.0.0.1", "port": free_port()}  # never another gateway's, should it start
+    config.write_text(json.dumps({**gateway_config(upstream, registry.root), "server": server}))  # JSON is YAML
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"pointsman: classifiers.routers_dir: {named}"), line
