@@ -608,8 +608,8 @@ def test_a_registry_write_that_fails_anyway_is_one_line_and_exit_2_never_1(
     # The file system turns read-only after the check (or access() cannot tell): still no traceback, and
     # never exit 1, which means "refused by the gate".
     _, heldout, (_, v2, _) = trained
-    monkeypatch.setattr(RouterRegistry, "promote", _read_only_error)
-    monkeypatch.setattr(RouterRegistry, "record_verdict", _read_only_error)
+    for method in ("promote", "promote_over", "record_verdict"):
+        monkeypatch.setattr(RouterRegistry, method, _read_only_error)
     for extra in (["--data", f"file:{heldout}", "--resamples", "1000"], ["--force", "--reason", "rollback"]):
         code, _, err = _promote(capsys, v2, "--registry", str(registry), *extra)
         assert code == 2 and err == "pointsman promote: routers/.lock: read-only file system\n", (extra, err)
