@@ -76,9 +76,9 @@ from classifiers.registry import (
 )
 from evals.holdout import holdout_fraction, split_sources
 from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
-from evals.metrics import QualityGap, quality_gap
+from evals.metrics import QualityGap, bootstrap, quality_gap
 from evals.registry_cli import corrupt_file, error_line, int_at_least, os_error_line, unwritable
-from evals.retrain import Embedded, embed_rows, head_features, safe_apgr
+from evals.retrain import Embedded, embed_rows, head_features, row_key, safe_apgr
 from evals.trained_rows import (
     TrainedRows,
     key_hashes,
@@ -199,21 +199,27 @@ def _r(v: float) -> float | None:
 
 
 def paired_bootstrap(
-    new: np.ndarray, old: np.ndarray, strong: np.ndarray, weak: np.ndarray, *, resamples: int, seed: int
+    new: np.ndarray,
+    old: np.ndarray,
+    strong: np.ndarray,
+    weak: np.ndarray,
+    *,
+    resamples: int,
+    seed: int,
+    groups: Sequence[object] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """APGR of ``new`` and of ``old`` on the same ``resamples`` bootstrap resamples of the prompts.
 
-    Resamples on which APGR is undefined (the two models tie on average) come back as NaN.
+    ``groups`` (each row's prompt) resamples whole prompts, so a held-out file judging one prompt several
+    times does not narrow the interval the gate reads. Resamples on which APGR is undefined (the two
+    models tie on average) come back as NaN.
     """
-    rng = np.random.default_rng(seed)
-    n = len(new)
-    a = np.empty(resamples)
-    b = np.empty(resamples)
-    for i in range(resamples):
-        idx = rng.integers(0, n, n)
-        a[i] = safe_apgr(new[idx], strong[idx], weak[idx])
-        b[i] = safe_apgr(old[idx], strong[idx], weak[idx])
-    return a, b
+
+    def stat(idx: np.ndarray) -> dict[str, float]:
+        return {"new": safe_apgr(new[idx], strong[idx], weak[idx]), "old": safe_apgr(old[idx], strong[idx], weak[idx])}
+
+    boot = bootstrap(stat, len(new), resamples, seed, groups=groups)
+    return boot.get("new", np.array([])), boot.get("old", np.array([]))
 
 
 def _percentiles(values: np.ndarray) -> tuple[float, float]:
@@ -270,7 +276,9 @@ def compare_pair(
             baseline_head=baseline_name, resamples_used=0, gap=quality_gap(qs, qw),
         )
     apgr_new, apgr_old = safe_apgr(s_new, qs, qw), safe_apgr(s_old, qs, qw)
-    boot_new, boot_old = paired_bootstrap(s_new, s_old, qs, qw, resamples=resamples, seed=seed)
+    boot_new, boot_old = paired_bootstrap(
+        s_new, s_old, qs, qw, resamples=resamples, seed=seed, groups=[row_key(r) for r in rows]
+    )
     diffs = boot_new - boot_old
     lo, hi = _percentiles(diffs)
     comparison = Comparison(

@@ -46,7 +46,7 @@ from evals.data.split import fold_of
 from evals.holdout import describe as describe_holdout
 from evals.holdout import split_sources
 from evals.labelled import LabelledRequest, LoadedSource, display_spec, encoder_matches, models_of
-from evals.metrics import QualityGap, evaluate_scores, quality_gap
+from evals.metrics import QualityGap, bootstrap, evaluate_scores, group_codes, quality_gap
 from evals.trained_rows import write_trained_rows
 
 Log = Callable[[str], None]
@@ -181,26 +181,36 @@ def safe_apgr(scores: np.ndarray, strong: np.ndarray, weak: np.ndarray) -> float
 
 
 def bootstrap_apgr(
-    scores: np.ndarray, strong: np.ndarray, weak: np.ndarray, *, resamples: int, seed: int
+    scores: np.ndarray,
+    strong: np.ndarray,
+    weak: np.ndarray,
+    *,
+    resamples: int,
+    seed: int,
+    groups: Sequence[object] | None = None,
 ) -> tuple[float, float]:
-    """95% percentile bootstrap CI of APGR over prompts."""
-    rng = np.random.default_rng(seed)
-    n = len(scores)
-    values = []
-    for _ in range(resamples):
-        idx = rng.integers(0, n, n)
-        values.append(safe_apgr(scores[idx], strong[idx], weak[idx]))
-    arr = np.array(values)
+    """95% percentile bootstrap CI of APGR over prompts. ``groups`` (each row's prompt, e.g. its
+    :func:`row_key`) resamples whole prompts: rows judging one prompt several times are not independent,
+    and drawing them one by one makes the interval too narrow. Rows all distinct: the plain bootstrap."""
+
+    def stat(idx: np.ndarray) -> dict[str, float]:
+        return {"apgr": safe_apgr(scores[idx], strong[idx], weak[idx])}
+
+    arr = bootstrap(stat, len(scores), resamples, seed, groups=groups).get("apgr", np.array([]))
     arr = arr[np.isfinite(arr)]
     if len(arr) == 0:
         return float("nan"), float("nan")
     return float(np.percentile(arr, 2.5)), float(np.percentile(arr, 97.5))
 
 
-def random_band(strong: np.ndarray, weak: np.ndarray, *, resamples: int, seed: int) -> tuple[float, float]:
-    """The 95% band of APGR that random scores reach on these prompts."""
+def random_band(
+    strong: np.ndarray, weak: np.ndarray, *, resamples: int, seed: int, groups: Sequence[object] | None = None
+) -> tuple[float, float]:
+    """The 95% band of APGR that random scores reach on these prompts: one score per prompt (``groups``),
+    as any router scores a prompt the same each time it comes."""
     rng = np.random.default_rng(seed + 7919)
-    values = [safe_apgr(rng.random(len(strong)), strong, weak) for _ in range(resamples)]
+    codes, m = group_codes(groups, len(strong)) if groups is not None else (np.arange(len(strong)), len(strong))
+    values = [safe_apgr(rng.random(m)[codes], strong, weak) for _ in range(resamples)]
     arr = np.array(values)
     arr = arr[np.isfinite(arr)]
     if len(arr) == 0:
@@ -340,8 +350,8 @@ def train_pair(
         x, qs, qw, w, keys, seed=seed, folds=k, prior=prior, prior_weight=prior_weight, progress=progress, label=label
     )
     apgr = safe_apgr(oof, qs, qw)
-    lo, hi = bootstrap_apgr(oof, qs, qw, resamples=resamples, seed=seed)
-    r_lo, r_hi = random_band(qs, qw, resamples=min(resamples, 500), seed=seed)
+    lo, hi = bootstrap_apgr(oof, qs, qw, resamples=resamples, seed=seed, groups=keys)
+    r_lo, r_hi = random_band(qs, qw, resamples=min(resamples, 500), seed=seed, groups=keys)
     head, fit_report = fit_pair(x, qs, qw, w, seed=seed, prior=prior, prior_weight=prior_weight)
     reverse_calibration = fit_report.pop("reverse_calibration", {"method": "none"})
     gap = quality_gap(qs, qw)

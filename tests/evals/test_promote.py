@@ -803,3 +803,23 @@ def test_pair_names_models_whose_names_hold_commas_and_spaces(
                             "--pair", "vendor/big,v2")
     assert code == 2 and f'has no head for that pair (it has: {json.dumps([BIG, SMALL])})' in err
     assert RouterRegistry(template).active_version() == v1
+
+
+def test_a_held_out_file_judging_each_prompt_four_times_gets_the_interval_of_its_distinct_prompts(
+    trained: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Rows of one prompt are not independent evidence: resampled one by one, four copies halved the
+    # interval the gate reads, so a version no better than the active one could clear it.
+    template, heldout, (_, v2, _) = trained
+    repeated = tmp_path / "heldout4.jsonl"
+    repeated.write_text(heldout.read_text() * 4)
+    widths = []
+    for name, data in (("once", heldout), ("four", repeated)):
+        copy = tmp_path / name
+        shutil.copytree(template, copy)
+        code, _, err = _promote(capsys, v2, "--registry", str(copy), "--data", f"file:{data}")
+        assert code == 0, err
+        (cmp,) = json.loads((copy / "active.json").read_text())["verdict"]["comparisons"]
+        widths.append(cmp["apgr_diff_ci95"][1] - cmp["apgr_diff_ci95"][0])
+        assert cmp["resamples_used"] == 2000
+    assert 0.8 < widths[1] / widths[0] < 1.25, widths

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -532,3 +533,29 @@ def test_the_shipped_prior_is_the_seeded_sample_of_the_bundled_data() -> None:
         rebuilt = Path(tmp) / "prior.jsonl.gz"
         build_prior_file(data, rebuilt)
         assert rebuilt.read_bytes() == PRIOR_FILE.read_bytes()
+
+
+def _cv_interval_widths(out: str) -> tuple[float, float]:
+    """The widths of the CV APGR interval and of the random band in ``pointsman train``'s summary."""
+    found = re.search(r"CI ([0-9.]+) to ([0-9.]+)\] .*random(?: router)? ([0-9.]+) to ([0-9.]+)", out)
+    assert found, out
+    lo, hi, r_lo, r_hi = map(float, found.groups())
+    return hi - lo, r_hi - r_lo
+
+
+def test_a_file_judging_each_prompt_four_times_gets_the_cv_interval_of_its_distinct_prompts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Four judgments of one prompt are not four prompts' worth of evidence: resampled row by row they
+    # halved the interval (and the random band), making a head look surely better than a coin.
+    once = write_jsonl(tmp_path / "once.jsonl", rows(seed=1, n=120))
+    four = tmp_path / "four.jsonl"
+    four.write_text(once.read_text() * 4)
+    widths = []
+    for data in (once, four):
+        code = main(["train", "--data", f"file:{data}", "--encoders", "static", "--out", str(tmp_path / data.stem),
+                     "--no-progress", "--folds", "3"])
+        assert code == 0
+        widths.append(_cv_interval_widths(capsys.readouterr().out))
+    (ci_once, band_once), (ci_four, band_four) = widths
+    assert 0.75 < ci_four / ci_once < 1.33 and 0.75 < band_four / band_once < 1.33, widths
