@@ -35,7 +35,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
+import time
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -56,6 +58,10 @@ FORMAT = 1
 #: The directory of a difficulty head for one model pair (``slug`` of each model name).
 PAIR_ARTIFACT = "difficulty-{strong}--{weak}-{encoder}"
 _VERSION_ID = re.compile(r"^v(\d{4,})-[0-9a-f]{8}$")
+STAGING_PREFIX = ".staging-"
+#: A staging directory with no owner record this process can check (another host's, a copy made by
+#: add_version) is taken as abandoned once untouched this long: no training run writes nothing for a day.
+STAGING_ORPHAN_SECONDS = 24 * 3600
 
 
 class RegistryError(ValueError):
@@ -442,11 +448,38 @@ class RouterRegistry:
         with self._locked():
             self.init()
             try:
-                path = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
+                path = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.root))
                 _chmod_default(path, directory=True)
+                # Beside it, not in it (the directory becomes the version): who writes it, so a prune can
+                # tell a run that was killed from one still training.
+                write_json_atomic(_owner_file(path), _this_process())
             except OSError as exc:
                 raise _os_error(exc, self.root, "create a staging directory in the registry") from None
         return path
+
+    def discard_staging(self, staging: Path) -> None:
+        """Remove a staging directory a run gives up on (and its owner record); never raises."""
+        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            _owner_file(staging).unlink()
+
+    def abandoned_staging(self) -> list[Path]:
+        """Staging directories left by training runs that died before adding their version (a SIGKILL, a
+        lost machine): their process is gone from this host, or, with no owner this host can check, they
+        have not been touched for :data:`STAGING_ORPHAN_SECONDS`."""
+        try:
+            candidates = sorted(p for p in self.root.glob(STAGING_PREFIX + "*") if p.is_dir())
+        except OSError:
+            return []
+        return [p for p in candidates if _abandoned(p)]
+
+    def remove_abandoned_staging(self) -> list[Path]:
+        """Delete :meth:`abandoned_staging` (and their owner records) under the lock; return what went."""
+        with self._locked():
+            gone = self.abandoned_staging()
+            for path in gone:
+                self.discard_staging(path)
+        return gone
 
     def add_version(self, staging_dir: str | Path, info: Mapping[str, Any]) -> str:
         """Move ``staging_dir`` (heads) into the registry as a new version; return its id.
@@ -464,7 +497,7 @@ class RouterRegistry:
             if staging.resolve().parent != self.root.resolve():
                 # Staged elsewhere (perhaps another file system): copy it in first so the final step is a
                 # rename within the registry. The caller's directory is left as it was.
-                local = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
+                local = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.root))
                 shutil.copytree(staging, local, dirs_exist_ok=True)
                 _chmod_default(local, directory=True)
                 staging = local
@@ -503,6 +536,8 @@ class RouterRegistry:
             _fsync_dir(base)
         except OSError as exc:
             raise _os_error(exc, base / version, "add the version") from None
+        with contextlib.suppress(OSError):
+            _owner_file(staging).unlink()  # the staging directory is the version now
         if active is None:
             self._promote_locked(version, {"decision": "promoted", "reason": "first version of the registry"})
         return version
@@ -520,9 +555,13 @@ class RouterRegistry:
         with self._locked():
             try:
                 names = {p.name for p in self.root.iterdir()}
+                # An owner record whose staging directory is gone keeps nothing: it goes with the registry.
+                stale = {n for n in names if n.endswith(_OWNER_SUFFIX) and n.removesuffix(_OWNER_SUFFIX) not in names}
                 versions = self.root / VERSIONS_DIR
-                if names - {REGISTRY_FILE, LOCK_FILE, VERSIONS_DIR}:
+                if names - stale - {REGISTRY_FILE, LOCK_FILE, VERSIONS_DIR}:
                     return False
+                for name in stale:
+                    (self.root / name).unlink(missing_ok=True)
                 if VERSIONS_DIR in names and (not versions.is_dir() or any(versions.iterdir())):
                     return False
                 if VERSIONS_DIR in names:
@@ -773,3 +812,50 @@ def active_marker(path: str | Path | None) -> str:
                 st = manifest.stat()
                 parts.append(f"{manifest.parent.name}:{st.st_size}:{st.st_mtime_ns}")
     return "dir:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+_OWNER_SUFFIX = ".owner.json"
+
+
+def _owner_file(staging: Path) -> Path:
+    return staging.with_name(staging.name + _OWNER_SUFFIX)
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), which a recycled pid does not share."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return int(stat.rpartition(")")[2].split()[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _this_process() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": _start_ticks(os.getpid())}
+
+
+def _alive(pid: int, start_ticks: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        pass
+    return start_ticks is None or _start_ticks(pid) in (None, start_ticks)
+
+
+def _abandoned(staging: Path) -> bool:
+    try:
+        owner = json.loads(_owner_file(staging).read_text())
+    except (OSError, ValueError):
+        owner = None
+    if isinstance(owner, dict) and owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int):
+        start = owner.get("start_ticks")
+        return not _alive(owner["pid"], start if isinstance(start, int) else None)
+    try:
+        return time.time() - staging.stat().st_mtime > STAGING_ORPHAN_SECONDS
+    except OSError:
+        return False

@@ -163,6 +163,12 @@ def _prune(args: argparse.Namespace, root: Path) -> int:
             return 2
     registry = RouterRegistry(root)
     doomed = registry.prune(args.keep, pinned, dry_run=args.dry_run)
+    # Left by training runs that were killed before adding their version: nothing else ever removes them.
+    staging = registry.abandoned_staging() if args.dry_run else registry.remove_abandoned_staging()
+    if staging:
+        print(f"{'would remove' if args.dry_run else 'removed'} {len(staging)} staging director"
+              f"{'ies' if len(staging) != 1 else 'y'} left by training runs that did not finish: "
+              + ", ".join(p.name for p in staging))
     kept = [v for v in registry.version_ids() if v not in doomed]
     verb = "would delete" if args.dry_run else "deleted"
     print(f"{verb} {len(doomed)} version{'s' * (len(doomed) != 1)}" + (f": {', '.join(doomed)}" if doomed else ""))

@@ -621,7 +621,8 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
 
     ``--out`` is checked before the long part (a registry that cannot be written fails at once, not after
     the training). A run that fails or is interrupted leaves no trace: its staging directory is removed,
-    and so is a registry it created itself that nothing else has written a version into since.
+    and so is a registry it created itself that nothing else has written a version into since (a run
+    killed outright leaves its staging directory, which ``pointsman registry prune`` removes).
     Raises :class:`TrainError` (and ``DataError``, ``RegistryError``: all ``ValueError``) for what the
     user can fix, each one line naming the option, file or field.
     """
@@ -739,10 +740,8 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
         info["trained_rows"] = write_trained_rows(staging, trained_on)
         version = registry.add_version(staging, info)
     except BaseException:
-        import shutil
-
         if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+            registry.discard_staging(staging)
         if not was_registry:
             _discard_new_registry(registry, existed, new_parents)
         raise

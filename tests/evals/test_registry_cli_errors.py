@@ -8,6 +8,9 @@ import argparse
 import errno
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +187,37 @@ def test_the_json_of_list_is_strict(tmp_path: Path, capsys: pytest.CaptureFixtur
     _registry(root, versions=2)
     code, out, _ = _run(capsys, "list", "--registry", str(root), "--json")
     assert code == 0 and json.loads(out)["active"]
+
+
+def _staged_by_a_process_that_died(root: Path) -> Path:
+    """What a `pointsman train` killed mid-run leaves: a staging directory its (now gone) process made."""
+    script = ("import os, sys; from classifiers.registry import RouterRegistry; "
+              "p = RouterRegistry(sys.argv[1]).staging_dir(); (p / 'head.bin').write_bytes(b'x' * 4096); "
+              "print(p); sys.stdout.flush(); os._exit(0)")
+    done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, check=True)
+    return Path(done.stdout.strip())
+
+
+def test_prune_removes_the_staging_directories_of_runs_that_died_and_keeps_live_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "routers"
+    v1, _, _ = _registry(root)
+    dead = _staged_by_a_process_that_died(root)
+    live = RouterRegistry(root).staging_dir()  # this process: still training
+    foreign_old, foreign_new = root / ".staging-foreign-old", root / ".staging-foreign-new"  # no owner to ask
+    for path in (foreign_old, foreign_new):
+        path.mkdir()
+    day_and_more = time.time() - 25 * 3600
+    os.utime(foreign_old, (day_and_more, day_and_more))
+    code, out, _ = _run(capsys, "prune", "--registry", str(root), "--keep", "5", "--dry-run")
+    assert code == 0 and "would remove 2 staging directories" in out and dead.exists()
+    code, out, _ = _run(capsys, "prune", "--registry", str(root), "--keep", "5")
+    assert code == 0 and "removed 2 staging directories" in out, out
+    assert dead.name in out and foreign_old.name in out
+    assert not dead.exists() and not foreign_old.exists() and live.exists() and foreign_new.exists()
+    assert sorted(p.name for p in root.glob(".staging-*.owner.json")) == [live.name + ".owner.json"]
+    # The live run finishes: its directory becomes the version, and nothing of the staging is left.
+    version = RouterRegistry(root).add_version(live, {"data": []})
+    assert not list(root.glob(live.name + "*")) and version in RouterRegistry(root).version_ids()
+    assert RouterRegistry(root).active_version() == v1
