@@ -385,12 +385,15 @@ def test_client_timeout_cancels_the_upstream_call(
 ) -> None:
     """``with_options(timeout=...)`` running out: the SDK gives up, the gateway drops the upstream call
     (the model stops generating) and records the request as the client's disconnect."""
-    records, dropped = len(gateway.decisions()), upstream.state.disconnects["hang"]
+    def hung() -> list[dict[str, Any]]:  # an earlier test's record may still be landing: only this model's
+        return [r for r in gateway.decisions() if r["model"] == "hang-model"]
+
+    records, dropped = len(hung()), upstream.state.disconnects["hang"]
     with pytest.raises(openai.APITimeoutError):
         client.with_options(timeout=0.5).chat.completions.create(
             model="hang-model", messages=MESSAGES, stream=stream, user=_user())
-    eventually(lambda: len(gateway.decisions()) > records, "the request's decision record", timeout=10)
-    record = gateway.decisions()[-1]
+    eventually(lambda: len(hung()) > records, "the request's decision record", timeout=10)
+    record = hung()[-1]
     assert (record["model"], record["status"], record["outcome"], record["stream"]) == (
         "hang-model", 499, "client_disconnected", int(stream))
     eventually(lambda: upstream.state.disconnects["hang"] > dropped, "the upstream call dropped", timeout=10)
