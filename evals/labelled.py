@@ -507,6 +507,17 @@ def _scale_hint(q: object) -> str:
     return " (a percentage? divide by 100)"
 
 
+def _number_in_quotes(value: object, where: str) -> object:
+    """A number written as a string (``"0.8"``: a spreadsheet or a dataframe of strings exported to JSON)
+    read as the number, as the same cell of a CSV file is; any other value as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return float(value.strip())
+    except ValueError:
+        raise DataError(f"{where}: {value!r} is text, not a number") from None
+
+
 def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledRequest:
     """Validate one JSON-shaped row (the CSV reader builds the same shape)."""
     if "messages" in obj:
@@ -532,6 +543,10 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
         if isinstance(q, bool):  # a correct/incorrect label
             qualities[model] = float(q)
             continue
+        q = _number_in_quotes(q, f"{where}: scores.{model}")
+        if isinstance(q, float) and math.isnan(q):  # "NaN" in quotes: missing, as unquoted
+            qualities[model] = None
+            continue
         if not isinstance(q, int | float) or not math.isfinite(q) or not 0.0 <= q <= 1.0:
             raise DataError(f"{where}: scores.{model}: {q!r} is not a quality in [0, 1]{_scale_hint(q)}")
         qualities[model] = float(q)
@@ -544,6 +559,7 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
         model = _model_key(raw_model, written, f"{where}: costs")
         if c is None or (isinstance(c, float) and math.isnan(c)):
             continue  # unknown cost, as an empty CSV cell
+        c = _number_in_quotes(c, f"{where}: costs.{model}")
         if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
             raise DataError(f"{where}: costs.{model}: {c!r} is not a cost >= 0")
         costs[model] = float(c)

@@ -186,3 +186,14 @@ def test_a_spreadsheet_in_a_decimal_comma_locale_loads_like_the_same_rows_in_jso
                     "--data", f"file:{excel}", "--out", str(report), "--bootstrap", "20", "--no-progress")
     assert run.returncode == 0, run.stderr
     assert json.loads((report / "report.json").read_text())["rows"]["evaluated"] == 40
+
+
+def test_numbers_written_as_strings_load_as_the_numbers_and_text_is_named(tmp_path: Path) -> None:
+    # A dataframe of strings exported to JSON writes "0.8": read as the same CSV cell is, not "not a quality".
+    quoted = write_jsonl(tmp_path / "quoted.jsonl", [
+        {"prompt": "Prove it.", "scores": {STRONG: "0.8", WEAK: " 0 "}, "costs": {STRONG: "0.002"}}])
+    (row,) = load_source(f"file:{quoted}").rows
+    assert row.qualities == {STRONG: 0.8, WEAK: 0.0} and row.costs == {STRONG: 0.002}
+    for value, refused in (("good", "'good' is text, not a number"), ("1.5", "1.5 is not a quality in [0, 1]")):
+        data = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "hi", "scores": {STRONG: value, WEAK: 0}}])
+        _refused(_cli("eval", data, tmp_path), f"{data}:1: scores.{STRONG}: {refused}")
