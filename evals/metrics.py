@@ -382,7 +382,7 @@ def random_curves(
     """
     qs, qw = np.asarray(strong_quality, dtype=float), np.asarray(weak_quality, dtype=float)
     strong, weak = float(qs.mean()), float(qw.mean())
-    codes, m = group_codes(groups, len(qs)) if groups is not None else (np.arange(len(qs)), len(qs))
+    codes, m = group_codes(groups, len(qs))
     rng = np.random.default_rng(seed)
     apgrs = np.empty(draws)
     qualities = np.empty((draws, num_results + 1))
@@ -516,9 +516,12 @@ def _row_resampler(n: int) -> Callable[[np.random.Generator], np.ndarray]:
     return lambda rng: rng.integers(0, n, n)
 
 
-def group_codes(groups: Sequence[object] | np.ndarray, n: int) -> tuple[np.ndarray, int]:
+def group_codes(groups: Sequence[object] | np.ndarray | None, n: int) -> tuple[np.ndarray, int]:
     """Each row's group number (numbered by first appearance, so every row its own group numbers them
-    0, 1, ...) and the number of groups. ``ValueError`` when there are not ``n`` labels."""
+    0, 1, ...) and the number of groups; no ``groups``: every row its own. ``ValueError`` when there are
+    not ``n`` labels."""
+    if groups is None:
+        return np.arange(n), n
     labels = np.asarray(groups, dtype=object)
     if len(labels) != n:
         raise ValueError(f"groups has {len(labels)} labels for {n} rows")

@@ -255,7 +255,7 @@ def knn_scores(
     x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     n = len(x)
     out = np.zeros(n)
-    codes, m = group_codes(groups, n) if groups is not None else (np.arange(n), n)
+    codes, m = group_codes(groups, n)
     if m < 2:
         return out
     folds = max(2, min(folds, m))

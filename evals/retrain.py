@@ -209,7 +209,7 @@ def random_band(
     """The 95% band of APGR that random scores reach on these prompts: one score per prompt (``groups``),
     as any router scores a prompt the same each time it comes."""
     rng = np.random.default_rng(seed + 7919)
-    codes, m = group_codes(groups, len(strong)) if groups is not None else (np.arange(len(strong)), len(strong))
+    codes, m = group_codes(groups, len(strong))
     values = [safe_apgr(rng.random(m)[codes], strong, weak) for _ in range(resamples)]
     arr = np.array(values)
     arr = arr[np.isfinite(arr)]
