@@ -132,6 +132,8 @@ _QUERY_PASSWORD = re.compile(r"(?<![^&;])(password)=[^&;]*", re.IGNORECASE)
 _UNPARSED_PASSWORD = re.compile(r"[a-z][a-z0-9+.\-]*://[^:/?#@]*:(?P<pw>.*?[/?#].*?)@[^@/?#]*(?:[/?#]|$)", re.I | re.S)
 # ... unless that "@" is inside a query parameter's value (postgresql://h:5432/db?user=me@corp).
 _QUERY_VALUE = re.compile(r"\?(?:[^&=]*&)*[^&=]*=[^&]*$")
+
+
 def _unparsed_password(url: str) -> re.Match[str] | None:
     """The match of a password URL parsing cannot see in ``url`` (group ``pw``), or None."""
     unparsed = _UNPARSED_PASSWORD.match(url)
