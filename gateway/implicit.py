@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from classifiers.messages import SYSTEM_ROLES
+from classifiers.messages import SYSTEM_ROLES, iter_messages, message_list
 from policies.config import ImplicitSettings
 from store.recorder import DecisionRecorder
 from store.records import DecisionRecord, FeedbackRecord
@@ -51,6 +51,7 @@ DEFAULT_SETTINGS = ImplicitSettings()
 _PUNCTUATION = str.maketrans(dict.fromkeys(string.punctuation, " "))
 _FINISH_LENGTH = re.compile(rb'"finish_reason"\s*:\s*"length"')
 SIGNALS = ("reask", "regenerate", "finish_length", "upstream_error")
+_USER = frozenset({"user"})
 
 
 def finished_by_length(body: bytes) -> bool:
@@ -79,25 +80,18 @@ class _Answer:
 
 def fingerprint(body: Mapping[str, Any], tenant: str | None, session_id: str | None) -> Fingerprint | None:
     """The request's fingerprint; None for a body with no user turn (nothing to re-ask)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    users = [index for index, _, _ in iter_messages(body, _USER)]
+    messages = message_list(body)
+    if not users or messages is None:
         return None
-    last_user = -1
-    first_user = -1
-    for index, message in enumerate(messages):
-        if isinstance(message, Mapping) and message.get("role") == "user":
-            last_user = index
-            if first_user < 0:
-                first_user = index
-    if last_user < 0:
-        return None
+    first_user, last_user = users[0], users[-1]
     end_user = body.get("user")
     end_user = end_user if isinstance(end_user, str) else ""
     if session_id:
         key: Any = ["id", session_id]
         judges = True
     else:
-        prefix = [m for m in messages[:first_user] if isinstance(m, Mapping) and m.get("role") in SYSTEM_ROLES]
+        prefix = [m for index, _, m in iter_messages(body, SYSTEM_ROLES) if index < first_user]
         key = ["prefix", end_user, prefix, messages[first_user]]
         # Past the first turn the conversation carries an earlier answer: strangers rarely share that.
         judges = bool(end_user) or last_user != first_user
