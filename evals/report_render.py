@@ -243,10 +243,16 @@ def _facts(report: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("estimator", report.get("estimator", {}).get("text", "direct")),
         ("cost", report.get("cost_basis", {}).get("text", "") if report.get("routers") else ""),
         ("replay", report.get("replay_note", "")),
-        ("bootstrap", f"{report['bootstrap']['draws']} resamples of the requests, percentile "
+        ("bootstrap", f"{report['bootstrap']['draws']} resamples of {_resampled(report['bootstrap'])}, percentile "
                       f"{report['bootstrap']['level']:.0%} intervals, seed {report['bootstrap']['seed']}"),
     ]
     return [(k, v) for k, v in facts if v]
+
+
+def _resampled(bootstrap: Mapping[str, Any]) -> str:
+    """What a bootstrap drew: the prompts (every row of one together), or the requests one by one."""
+    prompts = bootstrap.get("prompts")
+    return "the requests" if prompts is None else f"the {prompts} prompts (every request of a prompt together)"
 
 
 def _offpolicy_tables(report: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]], str]]:
