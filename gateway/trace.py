@@ -46,6 +46,7 @@ class RequestTrace:
     experiment: str | None = None
     experiment_arm: str | None = None
     arm_propensity: float | None = None
+    shadow_of: str | None = None  # a shadow arm's decision: the served request it shadows
     compared: bool = False
     conversation: ConversationRecord | None = None
     # How it went.
@@ -98,10 +99,11 @@ class RequestTrace:
             model=self.model, backend=self.backend, replica=self.replica, status=self.status,
             outcome=self.outcome, error_type=self.error_type, error_message=self.error_message,
             attempts=self.attempts, latency_ms=self.elapsed_ms(), ttft_ms=self.ttft_ms,
-            overhead_ms=self.overhead_ms(), prompt_tokens=self.prompt_tokens,
+            # A shadow has no client waiting on it: no overhead of the gateway's to report.
+            overhead_ms=None if self.shadow_of is not None else self.overhead_ms(), prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens, cost_usd=self.cost_usd,
             experiment_arm=self.experiment_arm, router_version=self.router_version, propensity=self.served_propensity(),
             workflow=self.workflow, experiment=self.experiment, arm_propensity=self.arm_propensity,
             compared=self.compared, trace_id=self.trace_id, conversation=self.conversation,
-            subcalls=self.subcalls,
+            subcalls=self.subcalls, shadow_of=self.shadow_of,
         )

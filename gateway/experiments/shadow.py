@@ -122,15 +122,14 @@ class ShadowRunner:
         self, arm: ShadowArm, served: DecisionRecord, ctx: RequestContext, forwarded: Mapping[str, Any] | None
     ) -> None:
         name = arm.config.name
-        shadow = DecisionRecord(
-            request_id=f"{served.request_id}:shadow:{name}", created_at=time.time(), endpoint=served.endpoint,
-            route=served.route, requested_model=served.requested_model, tenant=served.tenant, outcome="shadow",
+        # The shadow's running state; its record is built from it once, when it is done (as a served
+        # request's is), so no half-filled row is passed around while the decision and the call run.
+        shadow = RequestTrace(
+            request_id=f"{served.request_id}:shadow:{name}", endpoint=served.endpoint, route=served.route,
+            requested_model=served.requested_model, tenant=served.tenant, outcome="shadow",
             experiment=arm.experiment, experiment_arm=name, shadow_of=served.request_id,
             router_version=arm.policy.router_version,
         )
-        # The shadow call's own running state (its attempts, replica); the shadow row takes them after.
-        trace = RequestTrace(request_id=shadow.request_id, endpoint=shadow.endpoint, route=shadow.route,
-                             requested_model=shadow.requested_model, tenant=shadow.tenant)
         try:
             try:
                 plan = await self._decide(arm, shadow, ctx)
@@ -147,7 +146,7 @@ class ShadowRunner:
                 if plan.workflow is not None or served.endpoint != CHAT.name:
                     arm.counts["skipped_workflow"] += 1  # a workflow's sub-calls are not shadowed
                 else:
-                    await self._call(arm, shadow, served, trace, forwarded, plan.candidates)
+                    await self._call(arm, shadow, served, forwarded, plan.candidates)
         except asyncio.CancelledError:
             arm.counts["cancelled"] += 1
             raise
@@ -156,10 +155,9 @@ class ShadowRunner:
             log.exception("shadow %s/%s of request %s failed", arm.experiment, name, served.request_id)
         finally:
             if not self._closed:
-                shadow.latency_ms = trace.elapsed_ms()
-                self._recorder.record(shadow)
+                self._recorder.record(shadow.record())
 
-    async def _decide(self, arm: ShadowArm, shadow: DecisionRecord, ctx: RequestContext) -> Any:
+    async def _decide(self, arm: ShadowArm, shadow: RequestTrace, ctx: RequestContext) -> Any:
         policy = arm.policy.policy
         if self._router is None or arm.policy.router_version is not None:
             return await policy.decide(ctx)
@@ -170,9 +168,8 @@ class ShadowRunner:
     async def _call(
         self,
         arm: ShadowArm,
-        shadow: DecisionRecord,
+        shadow: RequestTrace,
         served: DecisionRecord,
-        trace: RequestTrace,
         forwarded: Mapping[str, Any],
         candidates: tuple[str, ...],
     ) -> None:
@@ -194,20 +191,15 @@ class ShadowRunner:
             body = {k: v for k, v in forwarded.items() if k not in ("stream", "stream_options", "n")}
             body = {**body, "model": candidates[0], "stream": False}
             try:
+                # The forwarder writes the model it tries, its replica and the attempts into the trace.
                 result = await self._forwarder.forward(
                     path=CHAT.path, body=body, raw_body=with_model_first(body), candidates=candidates,
-                    stream=False, trace=trace,
+                    stream=False, trace=shadow,
                 )
             except PointsmanError as error:
                 arm.counts["call_error"] += 1
                 shadow.status, shadow.error_type = error.status, error.error_type if error.code is None else error.code
                 return
-            finally:
-                if trace.model is not None:  # the model last tried (a fallback, when the first failed)
-                    shadow.model, shadow.backend = trace.model, trace.backend
-                shadow.replica, shadow.attempts = trace.replica, trace.attempts
-                if "replica" in trace.decision:
-                    shadow.decision["replica"] = trace.decision["replica"]
             assert isinstance(result, Completed)  # stream=False
             arm.counts["called"] += 1
             shadow.status = result.status

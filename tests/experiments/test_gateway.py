@@ -161,6 +161,8 @@ def test_a_shadow_arm_decides_and_is_logged_but_never_calls_a_backend(
         assert shadow["shadow_of"] == request_id and shadow["outcome"] == "shadow"
         assert (shadow["experiment"], shadow["experiment_arm"], shadow["model"]) == ("ab", "peek", "shadowed")
         assert shadow["status"] == 0 and shadow["cost_usd"] is None
+        # No call and no client: no attempts, no replica, no gateway overhead to report.
+        assert (shadow["attempts"], shadow["replica"], shadow["overhead_ms"]) == (0, None, None)
     assert upstream_calls(upstream, MODELS["shadowed"]) == 0
     assert metric(gateway.url, "pointsman_experiment_shadow", experiment="ab", arm="peek", outcome="decided") >= 2
     assert metric(gateway.url, "pointsman_experiment_shadow", experiment="ab", arm="peek", outcome="called") == 0
@@ -175,6 +177,9 @@ def test_a_shadow_calls_its_backend_only_when_configured_and_within_budget(
     paid = gateway.decision(f"{request_id}:shadow:payer")
     assert (paid["status"], paid["model"], paid["outcome"]) == (200, "payee", "shadow")
     assert paid["cost_usd"] == pytest.approx(CHEAP_CALL) and paid["shadow_of"] == request_id
+    # The call's own running state lands in the shadow's row: one attempt, at the upstream it reached.
+    assert (paid["attempts"], paid["backend"], paid["overhead_ms"]) == (1, "fake", None)
+    assert paid["replica"] == upstream.base_url and paid["latency_ms"] > 0
     assert upstream_calls(upstream, MODELS["payee"]) >= 1
     broke = gateway.decision(f"{request_id}:shadow:broke")
     assert (broke["error_type"], broke["model"], broke["cost_usd"]) == ("skipped_budget", "unpaid", None)
