@@ -20,8 +20,9 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from store import experiment_sql as xsql
@@ -110,6 +111,24 @@ def _rollback(conn: sqlite3.Connection) -> None:
         conn.execute("ROLLBACK")
 
 
+@contextmanager
+def _transaction(conn: sqlite3.Connection, *, immediate: bool = True) -> Iterator[None]:
+    """One write transaction on ``conn``: committed when the block ends, rolled back (and the error
+    re-raised unchanged) when the block or the COMMIT raises, whatever it raised.
+
+    ``immediate`` (BEGIN IMMEDIATE) takes the write lock up front, so a transaction that reads before it
+    writes never fails half-way with SQLITE_BUSY on the upgrade from reader to writer; waiting for the
+    lock is left to ``busy_timeout``. Nothing is retried here.
+    """
+    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
 class SQLiteDecisionStore:
     """Decision records in a SQLite file (``path``; ``":memory:"`` works for throwaway use)."""
 
@@ -179,8 +198,7 @@ class SQLiteDecisionStore:
         """Apply the missing steps; returns the newest step the database records."""
         # BEGIN IMMEDIATE takes the write lock up front, so two processes starting together
         # apply each step once instead of racing.
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             conn.execute(version_table_ddl("sqlite"))
             done = {row[0] for row in conn.execute(f"SELECT version FROM {VERSION_TABLE}")}
             for version, statements in migrations("sqlite"):
@@ -192,10 +210,6 @@ class SQLiteDecisionStore:
                     f"INSERT INTO {VERSION_TABLE} (version, applied_at) VALUES (?, ?) ON CONFLICT (version) DO NOTHING",
                     (version, time.time()),
                 )
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
         return max(done | {version for version, _statements in migrations("sqlite")})
 
     async def close(self) -> None:
@@ -256,17 +270,12 @@ class SQLiteDecisionStore:
         self, rows: list[tuple[Any, ...]], conversations: list[tuple[Any, ...]], subcalls: list[tuple[Any, ...]]
     ) -> None:
         conn = self._require_conn()
-        conn.execute("BEGIN")
-        try:
+        with _transaction(conn, immediate=False):
             conn.executemany(self._insert_sql, rows)
             if conversations:
                 conn.executemany(self._conversation_sql, conversations)
             if subcalls:
                 conn.executemany(self._subcalls_sql, subcalls)
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
 
     async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
         """Upsert ``items`` in one transaction, fsynced before this returns."""
@@ -279,13 +288,8 @@ class SQLiteDecisionStore:
         conn = self._require_conn()
         conn.execute("PRAGMA synchronous = FULL")
         try:
-            conn.execute("BEGIN")
-            try:
+            with _transaction(conn, immediate=False):
                 conn.executemany(self._feedback_sql, rows)
-                conn.execute("COMMIT")
-            except BaseException:
-                _rollback(conn)
-                raise
         finally:
             conn.execute("PRAGMA synchronous = NORMAL")
 
@@ -318,14 +322,9 @@ class SQLiteDecisionStore:
         """One request (and its experiment shadows), in one transaction."""
         conn = self._require_conn()
         counts: dict[str, int] = {}
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             for table, sql in forget_sql("sqlite", by_tenant=False):
                 counts[table] = conn.execute(sql, (request_id,)).rowcount
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
         return {name: counts[name] for name in FORGET_TABLES}
 
     def _forget_decisions_sync(self, tenant: str, counts: dict[str, int]) -> int:
@@ -333,17 +332,12 @@ class SQLiteDecisionStore:
         transaction; adds to ``counts``, returns the decisions deleted (0: none left)."""
         conn = self._require_conn()
         batch: dict[str, int] = {}
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             ids = [row[0] for row in conn.execute(_TENANT_DECISIONS_SQL, (tenant, FORGET_BATCH))]
             if ids:
                 marks = ", ".join("?" * len(ids))
                 for table in (*_CHILD_TABLES, DECISIONS_TABLE):  # children first, as forget_sql does
                     batch[table] = conn.execute(f"DELETE FROM {table} WHERE request_id IN ({marks})", ids).rowcount
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
         _add(counts, batch)
         return len(ids)
 
@@ -353,17 +347,12 @@ class SQLiteDecisionStore:
         one transaction; adds to ``counts``, returns the rows deleted (0: none left)."""
         conn = self._require_conn()
         batch: dict[str, int] = {}
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             for table in _CHILD_TABLES:
                 batch[table] = conn.execute(
                     f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE tenant = ? LIMIT ?)",
                     (tenant, FORGET_BATCH),
                 ).rowcount
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
         _add(counts, batch)
         return sum(batch.values())
 
@@ -373,13 +362,8 @@ class SQLiteDecisionStore:
 
     def _purge_sync(self, now: float) -> int:
         conn = self._require_conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             purged = conn.execute(purge_text_sql("sqlite"), (now,)).rowcount
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
         return int(purged)
 
     # --- reads ---------------------------------------------------------------------------------
@@ -482,14 +466,9 @@ class SQLiteDecisionStore:
 
     def _put_assignment_sync(self, params: tuple[Any, ...]) -> tuple[str, float | None]:
         conn = self._require_conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             conn.execute(xsql.insert_assignment_sql("sqlite"), params)
             row = conn.execute(xsql.select_assignment_sql("sqlite"), params[:2]).fetchone()
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
         return str(row["arm"]), row["propensity"]
 
     async def experiment_requests(self, experiment: str, since: float | None = None) -> list[LoggedRequest]:
@@ -506,13 +485,8 @@ class SQLiteDecisionStore:
 
     def _write_one_sync(self, sql: str, params: tuple[Any, ...]) -> int:
         conn = self._require_conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             changed = conn.execute(sql, params).rowcount
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
         return int(changed)
 
     def _snapshot_sync(self, queries: list[tuple[str, list[Any]]]) -> list[list[sqlite3.Row]]:
