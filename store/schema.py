@@ -26,7 +26,7 @@ Dialect = Literal["sqlite", "postgres"]
 logger = logging.getLogger(__name__)
 
 #: The newest schema version this code writes.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 DECISIONS_TABLE = "decisions"
 FEEDBACK_TABLE = "feedback"
@@ -328,6 +328,20 @@ def _step5(dialect: Dialect) -> list[str]:
     return ["ALTER TABLE decisions ADD COLUMN IF NOT EXISTS trace_id text"]
 
 
+# --- step 6: forgetting one request finds its experiment shadows by index ----------------------------
+
+
+#: Index ``decisions.shadow_of``, which ``forget --request-id`` looks a request's shadows up by (once per
+#: table it deletes from). Without it each lookup scanned every decision under the write lock: 1.1 s at
+#: 500 000 decisions on SQLite, during which a gateway writing to the file waited. Partial (shadow rows
+#: only), so a served decision, which has no ``shadow_of``, costs no index write, and the ``shadow_of IS
+#: NULL`` filters of the traffic and experiment reads never pick it. One statement for both dialects:
+#: ``shadow_of = x`` implies ``shadow_of IS NOT NULL`` to both planners.
+_STEP6: tuple[str, ...] = (
+    "CREATE INDEX IF NOT EXISTS idx_decisions_shadow_of ON decisions (shadow_of) WHERE shadow_of IS NOT NULL",
+)
+
+
 def note_newer_schema(found: int, where: str) -> None:
     """Warn when the database was migrated by a newer release than this code (``found`` > SCHEMA_VERSION).
 
@@ -358,7 +372,7 @@ def migrations(dialect: Dialect) -> list[tuple[int, list[str]]]:
     """Numbered migration steps, oldest first. Append new steps; never edit a released one."""
     step1 = _STEP1_SQLITE if dialect == "sqlite" else _STEP1_POSTGRES
     return [(1, list(step1)), (2, _step2(dialect)), (3, _step3(dialect)), (4, _step4(dialect)),
-            (5, _step5(dialect))]
+            (5, _step5(dialect)), (6, list(_STEP6))]
 
 
 # --- statements the stores run -------------------------------------------------------------------
@@ -461,11 +475,12 @@ def forget_sql(dialect: Dialect, *, by_tenant: bool) -> list[tuple[str, str]]:
             f"tenant = {mark} OR request_id IN (SELECT request_id FROM {DECISIONS_TABLE} WHERE tenant = {mark})"
         )
     else:
-        # shadow_of has no index: forgetting one request scans decisions once per statement, which an
-        # operator's rare command can afford (an index would cost every write).
+        # Index lookups only (shadow_of is indexed since step 6), never a scan under the write lock. The
+        # children's ids are one list, not "= id OR IN (shadows)": PostgreSQL reads that OR by scanning the
+        # whole child table.
         decision_where = f"request_id = {mark} OR shadow_of = {mark}"
         child_where = (
-            f"request_id = {mark} OR request_id IN (SELECT request_id FROM {DECISIONS_TABLE} WHERE shadow_of = {mark})"
+            f"request_id IN (SELECT {mark} UNION ALL SELECT request_id FROM {DECISIONS_TABLE} WHERE shadow_of = {mark})"
         )
     return [
         (FEEDBACK_TABLE, f"DELETE FROM {FEEDBACK_TABLE} WHERE {child_where}"),

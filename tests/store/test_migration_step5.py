@@ -25,7 +25,7 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 async def test_step5_adds_only_trace_id() -> None:
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION >= 5
     assert migrations("sqlite")[4] == (5, ["ALTER TABLE decisions ADD COLUMN trace_id TEXT"])
     assert migrations("postgres")[4] == (5, ["ALTER TABLE decisions ADD COLUMN IF NOT EXISTS trace_id text"])
     assert len(V4_DECISION_COLUMNS) == len(COLUMNS) - 1

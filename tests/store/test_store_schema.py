@@ -57,7 +57,8 @@ async def test_sqlite_tables_indexes_and_wal(sqlite_path: str) -> None:
                 "AND name NOT LIKE 'sqlite_autoindex%'"
             )
         }
-        assert indexed == INDEXED | {"experiment"}  # (experiment, created_at): an A/B report's rows
+        # (experiment, created_at): an A/B report's rows; shadow_of (shadow rows only): forget --request-id
+        assert indexed == INDEXED | {"experiment", "shadow_of"}
 
         assert [row[1] for row in conn.execute("PRAGMA table_info(feedback)")] == FEEDBACK_COLUMNS
         assert [row[1] for row in conn.execute("PRAGMA table_info(conversations)")] == CONVERSATION_COLUMNS
