@@ -57,7 +57,9 @@ LOCK_FILE = ".lock"
 FORMAT = 1
 #: The directory of a difficulty head for one model pair (``slug`` of each model name).
 PAIR_ARTIFACT = "difficulty-{strong}--{weak}-{encoder}"
-_VERSION_ID = re.compile(r"^v(\d{4,})-[0-9a-f]{8}$")
+#: A version id, matched whole (``fullmatch``): ``$`` would also take an id with a trailing newline, and
+#: ``\d`` digits of other scripts, neither of which names a directory a registry ever writes.
+_VERSION_ID = re.compile(r"v([0-9]{4,})-[0-9a-f]{8}")
 STAGING_PREFIX = ".staging-"
 #: A staging directory with no owner record this process can check (another host's, a copy made by
 #: add_version) is taken as abandoned once untouched this long: no training run writes nothing for a day.
@@ -301,7 +303,7 @@ class RouterRegistry:
         try:
             if not base.is_dir():
                 return []
-            ids = [d.name for d in base.iterdir() if _VERSION_ID.match(d.name) and (d / VERSION_FILE).is_file()]
+            ids = [d.name for d in base.iterdir() if _VERSION_ID.fullmatch(d.name) and (d / VERSION_FILE).is_file()]
         except OSError as exc:
             raise _os_error(exc, base, "list the versions") from None
         return sorted(ids, key=_sequence)
@@ -349,7 +351,7 @@ class RouterRegistry:
 
     def version_dir(self, version: str) -> Path:
         """The directory of ``version`` (``KeyError`` when the registry has no such version)."""
-        if not _VERSION_ID.match(version):
+        if not _VERSION_ID.fullmatch(version):
             raise KeyError(f"{version!r} is not a version id (like v0001-0123abcd)")
         directory = self.root / VERSIONS_DIR / version
         if not (directory / VERSION_FILE).is_file():
@@ -706,11 +708,11 @@ def _same_file(fd: int, path: Path) -> bool:
 
 def is_version_id(text: str) -> bool:
     """Whether ``text`` reads as a registry version id (``v0002-1a2b3c4d``), not ``bundled-…`` or ``dir-…``."""
-    return _VERSION_ID.match(text) is not None
+    return _VERSION_ID.fullmatch(text) is not None
 
 
 def _sequence(version: str) -> int:
-    match = _VERSION_ID.match(version)
+    match = _VERSION_ID.fullmatch(version)
     return int(match.group(1)) if match else -1
 
 
@@ -762,7 +764,7 @@ def _active_dir(registry: RouterRegistry, active: str) -> Path:
     """The directory of the version ``active.json`` names; :class:`RegistryError` naming that file when the
     registry has no such version (deleted by hand, a partial copy of the registry, an edited pointer)."""
     path = registry.root / ACTIVE_FILE
-    if not _VERSION_ID.match(active):
+    if not _VERSION_ID.fullmatch(active):
         raise RegistryError(f"{path}: {active!r} is not a version id (like v0001-0123abcd); the file is corrupt")
     try:
         return registry.version_dir(active)

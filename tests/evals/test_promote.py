@@ -318,6 +318,7 @@ def test_force_usage_errors_write_nothing(
         ([v2, "--registry", str(registry), "--force"], "--force needs --reason"),
         ([v1, "--registry", str(registry), "--force", "--reason", "x"], "already the active version"),
         (["v0042-0123abcd", "--registry", str(registry), "--force", "--reason", "x"], "no version 'v0042-0123abcd'"),
+        ([v2 + "\n", "--registry", str(registry), "--force", "--reason", "x"], "is not a version id"),
         ([v2, "--registry", str(tmp_path), "--force", "--reason", "x"], "is not a router registry"),
     ):
         code, _, err = _promote(capsys, *args)
