@@ -698,13 +698,20 @@ def force_promote(registry_dir: Path, version: str, reason: str) -> str | None:
     registry, info = _inactive_version(registry_dir, version)
     _check_writable(registry_dir, info, "a forced promotion is recorded there")
     _check_loads(info)
-    previous = registry.active_version()
-    registry.promote(version, {
-        "decision": "promoted", "forced": True, "against": previous,
-        "reason": f"forced without the gate: {reason.strip()}",
-        "user": operator_name(),
-    })
-    return previous
+    # The version replaced is the one active when the registry lock is held for the write: promote_over
+    # writes only while it still is, so one another promotion made after this read is never recorded as
+    # ``against`` (nor printed as "was"); read again and retry against that one.
+    while True:
+        previous = registry.active_version()
+        if previous == version:  # another run promoted it meanwhile
+            raise GateError(f"{version} is already the active version of {registry_dir}")
+        verdict = {
+            "decision": "promoted", "forced": True, "against": previous,
+            "reason": f"forced without the gate: {reason.strip()}",
+            "user": operator_name(),
+        }
+        if registry.promote_over(version, verdict, previous):
+            return previous
 
 
 def main(argv: Sequence[str] | None = None) -> int:

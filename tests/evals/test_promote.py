@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import json
 import os
 import pwd
@@ -29,6 +30,7 @@ from evals.registry_cli import corrupt_file
 from evals.retrain import row_key
 from gateway.cli import main
 from tests.evals.labelled_files import STRONG, TWIN, WEAK, rows, with_twin, write_jsonl
+from tests.gatewayproc import REPO
 from tests.polling import eventually
 
 
@@ -333,6 +335,52 @@ def test_force_usage_errors_write_nothing(
     assert sorted((p.relative_to(registry), p.read_bytes()) for p in registry.rglob("*.json")) == before
     assert main(["registry", "list", "--registry", str(tmp_path)]) == 2
     assert "is not a router registry" in capsys.readouterr().err
+
+
+def _lock_waiters(lock: Path) -> int:
+    """How many processes wait for the flock on ``lock`` (Linux ``/proc/locks``: a waiter's line has ``->``)."""
+    inode = f":{os.stat(lock).st_ino} "
+    return sum("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks to see processes wait")
+def test_two_forced_promotions_at_once_each_record_the_version_they_replaced(
+    registry: Path, trained: tuple[Path, Path, list[str]]
+) -> None:
+    # force_promote read the active version before taking the registry lock: two forced promotions started
+    # together both recorded (and printed) v1 as the version they replaced, though the second replaced the
+    # first's. The test holds the lock until both wait for it, so both have read what they read before it.
+    _, _, (v1, v2, v3) = trained
+    lock = registry / ".lock"
+    with open(lock, "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        procs = {
+            version: subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "promote", version, "--registry", str(registry), "--force",
+                 "--reason", f"race {version}", "--no-progress"],
+                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            for version in (v2, v3)
+        }
+        try:
+            eventually(lambda: _lock_waiters(lock) == 2 or any(p.poll() is not None for p in procs.values()),
+                       "both promotions wait for the registry lock", timeout=120)
+        finally:
+            fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+        outs = {version: p.communicate(timeout=120) for version, p in procs.items()}
+    for version, (_, err) in outs.items():
+        assert procs[version].returncode == 0, err
+    reg = RouterRegistry(registry)
+    against = {v: next(x["against"] for x in reg.info(v).verdicts if x.get("forced")) for v in (v2, v3)}
+    active = reg.active()
+    assert active is not None
+    last = active["version"]
+    first = v2 if last == v3 else v3
+    # A history v1 -> first -> last: each promotion names the version it replaced, in the registry and on screen.
+    assert against == {first: v1, last: first}
+    assert active["previous"] == first and active["verdict"]["against"] == first
+    for version, (out, _) in outs.items():
+        assert f"(was {against[version]})" in out, out
 
 
 def test_holdout_splits_one_source_between_train_and_the_gate(
