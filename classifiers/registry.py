@@ -770,9 +770,10 @@ def _active_dir(registry: RouterRegistry, active: str) -> Path:
         return registry.version_dir(active)
     except KeyError:
         known = ", ".join(registry.version_ids()) or "none"
+        missing = registry.root / VERSIONS_DIR / active / VERSION_FILE
         raise RegistryError(
-            f"{path}: names version {active}, which is not in the registry (versions: {known}); restore it, or make "
-            "another active with pointsman promote VERSION --force --reason TEXT"
+            f"{path}: names version {active}, which is not in the registry (no {missing}; versions: {known}); "
+            "restore it, or make another active with pointsman promote VERSION --force --reason TEXT"
         ) from None
 
 
@@ -795,18 +796,25 @@ def _bundled_version() -> str:
 def active_marker(path: str | Path | None) -> str:
     """A cheap token that changes whenever the heads :func:`resolve_routers_dir` returns would change.
 
-    For a registry: the bytes of ``active.json`` (one small read; a promotion rewrites it). For a plain
-    directory: size and mtime of every head manifest (a retrain into it rewrites them). For None: a
-    constant.
+    For a registry: the bytes of ``active.json`` (one small read; a promotion rewrites it), and whether the
+    version it names still has its ``version.json`` (one stat): a deleted active version (``rm -rf`` of its
+    directory; no ``pointsman`` command does it) then fails the next reload, which names the missing file,
+    instead of going unnoticed until a restart fails on it. For a plain directory: size and mtime of every
+    head manifest (a retrain into it rewrites them). For None: a constant.
     """
     if path is None or str(path) == "":
         return "bundled"
     root = Path(path)
     if is_registry(root):
         try:
-            return "registry:" + hashlib.sha256((root / ACTIVE_FILE).read_bytes()).hexdigest()
+            raw = (root / ACTIVE_FILE).read_bytes()
         except FileNotFoundError:
             return "registry:none"
+        marker = "registry:" + hashlib.sha256(raw).hexdigest()
+        version = _named_version(raw)
+        if version is not None and not (root / VERSIONS_DIR / version / VERSION_FILE).is_file():
+            marker += ":missing"
+        return marker
     parts = []
     if root.is_dir():
         for manifest in sorted(root.glob("*/manifest.json")):
@@ -814,6 +822,17 @@ def active_marker(path: str | Path | None) -> str:
                 st = manifest.stat()
                 parts.append(f"{manifest.parent.name}:{st.st_size}:{st.st_mtime_ns}")
     return "dir:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _named_version(raw: bytes) -> str | None:
+    """The version id ``active.json``'s bytes name, or None when they name none (a corrupt file, which
+    loading reports)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    version = data.get("version") if isinstance(data, dict) else None
+    return version if isinstance(version, str) and _VERSION_ID.fullmatch(version) else None
 
 
 _OWNER_SUFFIX = ".owner.json"
