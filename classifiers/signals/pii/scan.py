@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import replace
+from itertools import accumulate
 
 from classifiers.signals._fold import fold_spans
 from classifiers.signals.pii.detectors import DETECTORS
@@ -66,29 +68,42 @@ JUNCTION_WINDOW = 256
 
 def find_across(texts: Sequence[str], kinds: Iterable[str] | None = None) -> list[Crossing]:
     """Findings that only exist across texts read one after another (content parts of one message: a
-    model reads ``"john.smith"`` and ``"@acme-corp.com"`` as one address).
+    model reads ``"john.smith"`` and ``"@acme-corp.com"`` as one address, and ``"4111"``, ``" 1111"``,
+    ``" 1111"``, ``" 1111"`` as one card number).
 
-    Around each junction of two texts, :data:`JUNCTION_WINDOW` characters of each side (cut at a space,
-    so that no token is read from its middle) are scanned joined with nothing between them; each
-    finding that crosses the junction is returned with its pieces ``(text index, start, end)`` in the
-    two texts. Findings within one text are not returned (scan each text for those). The cost is a
-    scan of at most 512 characters a junction, whatever the texts' lengths.
+    The texts are read joined with nothing between them. Around each junction, :data:`JUNCTION_WINDOW`
+    characters of each side (cut at a space, so that no token is read from its middle; a side may take
+    in several short texts) are scanned; each finding that crosses a junction is returned once, with
+    its pieces ``(text index, start, end)`` in every text it covers, in order. Findings within one text
+    are not returned (scan each text for those). The cost is a scan of at most 512 characters a
+    junction, whatever the texts' lengths.
     """
-    out: list[Crossing] = []
-    for i in range(len(texts) - 1):
-        left, right = texts[i], texts[i + 1]
-        if not left or not right:
-            continue
-        lo = max(0, len(left) - JUNCTION_WINDOW)
+    whole = "".join(texts)
+    starts = list(accumulate((len(t) for t in texts[:-1]), initial=0))
+    crossing: list[Finding] = []
+    # Empty texts put two junctions in one place: each place is read once.
+    for junction in sorted({s for s in starts if 0 < s < len(whole)}):
+        lo = max(0, junction - JUNCTION_WINDOW)
         if lo:
-            space = left.find(" ", lo)
+            space = whole.find(" ", lo, junction)
             lo = space + 1 if space >= 0 else lo
-        hi = min(len(right), JUNCTION_WINDOW)
-        if hi < len(right):
-            space = right.rfind(" ", 0, hi)
-            hi = space if space > 0 else hi
-        head = len(left) - lo
-        for f in find_pii(left[lo:] + right[:hi], kinds):
-            if f.start < head < f.end:
-                out.append((f, [(i, lo + f.start, len(left)), (i + 1, 0, f.end - head)]))
+        hi = min(len(whole), junction + JUNCTION_WINDOW)
+        if hi < len(whole):
+            space = whole.rfind(" ", junction, hi)
+            hi = space if space > junction else hi
+        for f in find_pii(whole[lo:hi], kinds):
+            if lo + f.start < junction < lo + f.end:
+                crossing.append(replace(f, start=lo + f.start, end=lo + f.end))
+    # A finding over three texts or more crosses two junctions or more: it was found from each.
+    out: list[Crossing] = []
+    for f in first_claims(crossing):
+        first = bisect_right(starts, f.start) - 1
+        pieces: list[tuple[int, int, int]] = []
+        for i in range(first, len(texts)):
+            begin, stop = starts[i], starts[i] + len(texts[i])
+            if begin >= f.end:
+                break
+            if begin < stop:
+                pieces.append((i, max(f.start, begin) - begin, min(f.end, stop) - begin))
+        out.append((f, pieces))
     return out

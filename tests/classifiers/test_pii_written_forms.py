@@ -1,0 +1,61 @@
+"""Personal data written the ways people and clients write it, which the detectors once missed: a number
+cut into three content parts or more, addresses in scripts written with combining marks (Devanagari,
+Tamil, Thai, decomposed Latin), IBANs with dashes between their groups and UK National Insurance numbers
+in lower case. Each is found whole and redacted exactly; what only looks like one stays alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from classifiers.signals import PIISignal, redact_body
+
+
+def parts(*texts: str) -> dict[str, Any]:
+    """A request whose one user message is ``texts`` as text content parts."""
+    return {"model": "auto", "messages": [{"role": "user", "content": [{"type": "text", "text": t} for t in texts]}]}
+
+
+# ----------------------------------------------------------------------------------------------
+# Content parts: a model reads a message's text parts as one text
+
+
+SPLIT = [
+    # (parts as sent, kind, parts after redaction)
+    (("card 4111", " 1111", " 1111", " 1111 thanks"), "credit_card", ["card [CREDIT_CARD]", "", "", " thanks"]),
+    (("card 4111 1111", " 1111", " 1111, ok"), "credit_card", ["card [CREDIT_CARD]", "", ", ok"]),
+    (("write to john", ".smith@acme-", "corp.com please"), "email", ["write to [EMAIL]", "", " please"]),
+    (("iban DE89", " 3704 0044", " 0532 0130", " 00 ok"), "iban", ["iban [IBAN]", "", "", " ok"]),
+]
+
+
+@pytest.mark.parametrize(("texts", "kind", "redacted"), SPLIT)
+def test_a_number_cut_into_several_parts_is_found_once_and_redacted_in_each(
+    texts: tuple[str, ...], kind: str, redacted: list[str]
+) -> None:
+    body = parts(*texts)
+    signal = PIISignal().extract(body)
+    assert signal.value == [kind]
+    assert signal.detail["counts"] == {kind: 1}
+    (finding,) = signal.detail["findings"]
+    assert (finding["message"], finding["source"]) == (0, "content")
+    out = redact_body(body)["messages"][0]["content"]
+    assert [p["text"] for p in out] == redacted
+    assert [p["text"] for p in body["messages"][0]["content"]] == list(texts)  # the request is not modified
+
+
+def test_parts_beside_a_cut_number_keep_their_own_findings() -> None:
+    body = parts("mail ann@acme-corp.com, card 4111", " 1111", " 1111", " 1111 or bob@acme-corp.com")
+    assert PIISignal().extract(body).detail["counts"] == {"email": 2, "credit_card": 1}
+    out = [p["text"] for p in redact_body(body)["messages"][0]["content"]]
+    assert out == ["mail [EMAIL], card [CREDIT_CARD]", "", "", " or [EMAIL]"]
+
+
+def test_a_number_cut_across_two_messages_is_not_one_finding() -> None:
+    body = {"model": "auto", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "card 4111 1111"}]},
+        {"role": "user", "content": [{"type": "text", "text": " 1111 1111"}]},
+    ]}  # fmt: skip
+    assert PIISignal().extract(body).value == []
+    assert redact_body(body) == body
