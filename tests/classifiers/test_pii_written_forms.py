@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from classifiers.signals import PIISignal, redact_body
+from classifiers.signals import PIISignal, find_pii, redact, redact_body
 
 
 def parts(*texts: str) -> dict[str, Any]:
@@ -59,3 +59,30 @@ def test_a_number_cut_across_two_messages_is_not_one_finding() -> None:
     ]}  # fmt: skip
     assert PIISignal().extract(body).value == []
     assert redact_body(body) == body
+
+
+# ----------------------------------------------------------------------------------------------
+# IBANs with dashes between the groups
+
+
+@pytest.mark.parametrize(
+    "iban", ["DE89-3704-0044-0532-0130-00", "GB82-WEST-1234-5698-7654-32", "gb82-west-1234-5698-7654-32"]
+)
+def test_an_iban_with_dashes_between_its_groups_is_found(iban: str) -> None:
+    text = f"pay to {iban}, thanks"
+    (finding,) = find_pii(text)
+    assert (finding.kind, text[finding.start : finding.end]) == ("iban", iban)
+    assert redact(text)[0] == "pay to [IBAN], thanks"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ref DE89-3704-0044-0532-0130-00-17",  # the dashed number goes on
+        "ref DE89-37040044-05320130-00",  # dashes elsewhere than between groups of four
+        "ref DE89 3704-0044-0532-0130-00",  # one separator throughout
+        "ref DE89-3704-0044-0532-0130-01",  # fails mod-97
+    ],
+)
+def test_dashed_numbers_that_are_no_iban_are_left_alone(text: str) -> None:
+    assert find_pii(text, ["iban"]) == []

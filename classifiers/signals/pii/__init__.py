@@ -6,7 +6,7 @@ and test fixtures do not count as personal data:
 * ``credit_card`` — 12-19 digits, bare or in the issuers' groups (4-4-4-4, 4-6-5) between spaces or line
   breaks or one repeated ``-`` ``.`` ``/`` ``_``; a known issuer prefix and length, Luhn check.
 * ``iban`` — country code with its registered IBAN length, ISO 13616 mod-97 check; in any case (outside
-  capitals only in one piece or in groups of four).
+  capitals only in one piece or in groups of four), groups apart by spaces or by dashes (groups of four).
 * ``us_ssn`` — SSA rules: area not 000, 666 or 9xx; group not 00; serial not 0000; not a famous
   advertising number. Ungrouped nine-digit runs count only next to an SSN keyword.
 * ``uk_nino`` — HMRC prefix rules (no D, F, I, Q, U, V; no O second; not BG, GB, KN, NK, NT, TN, ZZ)

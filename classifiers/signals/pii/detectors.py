@@ -149,9 +149,12 @@ def _card(m: re.Match[str], text: str) -> Finding | None:
 # candidate running on into the next words ("DE89 3704 0044 0532 0130 00 OR GB82 WEST ...") does not hide
 # an IBAN starting among them from the next search. Any case: people type "gb82 west ..." too. It is
 # anchored on the first check digit (letters are everywhere in prose, two letters then two digits not).
-_IBAN_RE = re.compile(r"[0-9](?<=\b[A-Za-z]{2}[0-9])[0-9](?=((?: ?[A-Za-z0-9]){10,32})\b)")
+_IBAN_RE = re.compile(r"[0-9](?<=\b[A-Za-z]{2}[0-9])[0-9](?=((?:[ -]?[A-Za-z0-9]){10,32})\b)")
 # How an IBAN is written when not in capitals: in one piece or in the print format's groups of four.
 _IBAN_WRITTEN = re.compile(r"[A-Za-z0-9]+|[A-Za-z0-9]{4}(?: [A-Za-z0-9]{4})*(?: [A-Za-z0-9]{1,3})?")
+# With dashes (DE89-3704-0044-0532-0130-00, as forms and spreadsheets write it), in any case: only in
+# those groups of four, the way dashes are written in order numbers and ids being anything.
+_IBAN_DASHED = re.compile(r"[A-Za-z0-9]{4}(?:-[A-Za-z0-9]{4})+(?:-[A-Za-z0-9]{1,3})?")
 
 
 def _iban(m: re.Match[str], text: str) -> Finding | None:
@@ -164,21 +167,24 @@ def _iban(m: re.Match[str], text: str) -> Finding | None:
     compact_len = 0
     end = start
     for i, ch in enumerate(raw):
-        if ch != " ":
+        if ch != " " and ch != "-":
             compact_len += 1
             if compact_len == expected:
                 end = start + i + 1
                 break
     if compact_len != expected:
         return None
+    written = text[start:end]
+    if "-" in written:
+        if not _IBAN_DASHED.fullmatch(written) or (text.startswith("-", end) and text[end + 1 : end + 2].isalnum()):
+            return None  # dashes elsewhere than between groups of four, or the dashed number goes on
+    elif not written.isupper() and not _IBAN_WRITTEN.fullmatch(written):
+        # Lower-case words run together far more often than capitals do: outside capitals, only the
+        # shapes IBANs are written in (the mod-97 check alone would pass one candidate in 97).
+        return None
     if end < len(text) and text[end].isalnum():
         return None  # the number goes on: not this IBAN
-    written = text[start:end]
-    # Lower-case words run together far more often than capitals do: outside capitals, only the shapes
-    # IBANs are written in (the mod-97 check alone would pass one candidate in 97).
-    if not written.isupper() and not _IBAN_WRITTEN.fullmatch(written):
-        return None
-    iban = written.replace(" ", "").upper()
+    iban = written.replace(" ", "").replace("-", "").upper()
     if not iban_ok(iban):
         return None
     return Finding("iban", start, end, 0.97, f"{iban[:2]}…{iban[-2:]} ({len(iban)} chars)")
