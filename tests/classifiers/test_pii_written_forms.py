@@ -86,3 +86,29 @@ def test_an_iban_with_dashes_between_its_groups_is_found(iban: str) -> None:
 )
 def test_dashed_numbers_that_are_no_iban_are_left_alone(text: str) -> None:
     assert find_pii(text, ["iban"]) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# UK National Insurance numbers in lower case
+
+
+@pytest.mark.parametrize("nino", ["ab123456c", "ab 12 34 56 c", "AB123456C", "jg 10 37 65 a"])
+def test_a_national_insurance_number_in_either_case_is_found(nino: str) -> None:
+    text = f"my NI number is {nino}."
+    (finding,) = find_pii(text)
+    assert (finding.kind, text[finding.start : finding.end]) == ("uk_nino", nino)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "qq123456c",  # Q is never used
+        "ao123456a",  # O is never second
+        "bg123456a",  # a pair HMRC never issues
+        "ab123456e",  # suffixes are A-D
+        "Ab123456c",  # mixed case: an identifier, not a number HMRC wrote
+        "xab123456c",  # inside a longer word
+    ],
+)
+def test_lower_case_keeps_the_prefix_and_suffix_rules(text: str) -> None:
+    assert find_pii(f"id {text} here", ["uk_nino"]) == []

@@ -10,7 +10,7 @@ and test fixtures do not count as personal data:
 * ``us_ssn`` — SSA rules: area not 000, 666 or 9xx; group not 00; serial not 0000; not a famous
   advertising number. Ungrouped nine-digit runs count only next to an SSN keyword.
 * ``uk_nino`` — HMRC prefix rules (no D, F, I, Q, U, V; no O second; not BG, GB, KN, NK, NT, TN, ZZ)
-  and suffix A-D.
+  and suffix A-D; in capitals or in lower case.
 * ``email`` — RFC-shaped local part, a domain with a letter TLD (letters of any script, RFC 6531, and
   ``xn--`` TLDs); reserved example domains (RFC 2606/6761) and file-name look-alikes (``logo@2x.png``)
   are ignored.
