@@ -23,15 +23,22 @@ requests). Here:
 A pipelined request refused (400, 431) behind requests read whole is answered after them, in order:
 HTTP/1.1 answers every pipelined request before the close, and closing at once dropped their answers
 (the upstream already paid for the one being served).
+
+A client that closes its connection is gone (its upstream call is cancelled: README), also while it has
+requests pipelined: the one being answered is told (uvicorn told only the last one queued), and the
+queued ones are not started when the client's FIN or reset is in, though reading is paused while they
+queue and it is unread behind them (each was an upstream call for nobody).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGI3Application
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.responses import gateway_headers
 
@@ -45,6 +52,7 @@ MAX_PIPELINED = 16
 _HEAD_TOO_LARGE = f"the request head is over {MAX_HEAD_BYTES} bytes"
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 _CODES = {400: "invalid_http_request", 408: "request_timeout", 431: "request_header_fields_too_large"}
+_TCP_ESTABLISHED = 1  # Linux's tcp_states.h; after the client's FIN: CLOSE_WAIT, after a reset: CLOSE
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -65,6 +73,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # Set once no more requests are read from this connection: what to send after the answers to
         # the ones read (a refusal, or nothing but the close).
         self._last_word: Callable[[], None] | None = None
+        self._running: RequestResponseCycle | None = None  # the request being answered
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -72,6 +85,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        # uvicorn tells only ``self.cycle``, the last request parsed, that the client is gone: with
+        # requests queued behind it, the one being answered never learnt it (its upstream call ran on,
+        # and writing its answer raised on the closed transport: an "unhandled error" logged).
+        running = self._running
+        if running is not None and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
+        self.pipeline.clear()  # never started
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -132,6 +153,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
+        if self.pipeline and not self.transport.is_closing() and _client_closed(self.transport):
+            self.transport.close()  # the client is gone: its queued requests are not started
         super().on_response_complete()  # starts the next pipelined request, and resumes reading
         if self.transport.is_closing():
             return
@@ -200,14 +223,27 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._stop(lambda: self._write_refusal(status, message))
 
     def _write_refusal(self, status: int, message: str) -> None:
-        body = (b'{"error":{"message":"%s","type":"invalid_request_error","param":null,"code":"%s"}}'
-                % (message.encode("ascii"), _CODES[status].encode("ascii")))
+        body = b'{"error":{"message":"%s","type":"invalid_request_error","param":null,"code":"%s"}}' % (
+            message.encode("ascii"),
+            _CODES[status].encode("ascii"),
+        )
         # The x-pointsman-* headers (a fresh request id) every other answer carries: a client reports it.
         headers = b"".join(b"%s: %s\r\n" % header for header in gateway_headers())
         self.transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%sconnection: close\r\n\r\n%s"
             % (status, _REASONS[status], len(body), headers, body)
         )
+
+
+def _client_closed(transport: asyncio.Transport) -> bool:
+    """Whether the client's FIN or reset has arrived, read or not (False where a socket cannot tell)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        # tcp_info.tcpi_state: the TCP state, which the FIN changes even with bytes unread before it.
+        state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+    except (AttributeError, OSError, ValueError, IndexError):
+        return False
+    return bool(state != _TCP_ESTABLISHED)
 
 
 class _HeadRefused(Exception):
