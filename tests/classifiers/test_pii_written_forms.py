@@ -112,3 +112,41 @@ def test_a_national_insurance_number_in_either_case_is_found(nino: str) -> None:
 )
 def test_lower_case_keeps_the_prefix_and_suffix_rules(text: str) -> None:
     assert find_pii(f"id {text} here", ["uk_nino"]) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# E-mail addresses in scripts written with combining marks (Unicode category M)
+
+MARKED_ADDRESSES = {
+    "Hindi": "उपयोगकर्ता@उदाहरण.भारत",  # vowel signs and a virama; an IDN TLD ending in a vowel sign
+    "Hindi, anusvara": "प्रिया.शर्मा@कंपनी.भारत",
+    "Tamil": "பயனர்@எடுத்துக்காட்டு.இந்தியா",
+    "Thai": "ผู้ใช้@ตัวอย่าง.ไทย",  # marks above and below
+    "decomposed Latin": "ju\u0308rgen@mu\u0308ller.de",  # NFD, as macOS file names and some keyboards write it
+    # Chakma: marks beyond the BMP, last in the local part and inside the domain
+    "Chakma": "\U0001110c\U00011127\U0001111f\U00011134@\U0001110c\U00011127\U0001111f\U00011133\U0001111f.com",
+    "Adlam": "\U0001e900\U0001e944\U0001e900.x@acme-corp.com",
+}
+
+
+@pytest.mark.parametrize("address", MARKED_ADDRESSES.values(), ids=MARKED_ADDRESSES.keys())
+def test_an_address_written_with_combining_marks_is_found_whole(address: str) -> None:
+    text = f"mail {address} today"
+    (finding,) = find_pii(text)
+    assert (finding.kind, text[finding.start : finding.end]) == ("email", address)
+    assert redact(text)[0] == "mail [EMAIL] today"
+
+
+def test_combining_marks_do_not_make_prose_an_address() -> None:
+    # Hindi and Thai prose with an at sign: no domain with a TLD after it, or a mark where a label starts.
+    for text in ["कीमत @ ₹500 प्रति किलो", "ราคา@ร้านค้า ไม่มี", "नाम@\u093e\u0915.भारत"]:
+        assert find_pii(text, ["email"]) == [], text
+
+
+def test_runs_of_marks_beyond_the_bmp_are_read_once() -> None:
+    """A local part may go on past such a mark; runs of them are not re-read from each position. Both
+    finish well within the suite's timeout, read once: split between runs every way (exponential) or
+    re-read from each letter (quadratic), they would not."""
+    chakma_mark = "\U00011134"
+    assert find_pii("a" + chakma_mark * 60 + " x@", ["email"]) == []
+    assert find_pii(("a" + chakma_mark) * 200_000 + "@", ["email"]) == []

@@ -11,9 +11,9 @@ and test fixtures do not count as personal data:
   advertising number. Ungrouped nine-digit runs count only next to an SSN keyword.
 * ``uk_nino`` — HMRC prefix rules (no D, F, I, Q, U, V; no O second; not BG, GB, KN, NK, NT, TN, ZZ)
   and suffix A-D; in capitals or in lower case.
-* ``email`` — RFC-shaped local part, a domain with a letter TLD (letters of any script, RFC 6531, and
-  ``xn--`` TLDs); reserved example domains (RFC 2606/6761) and file-name look-alikes (``logo@2x.png``)
-  are ignored.
+* ``email`` — RFC-shaped local part, a domain with a letter TLD (letters and combining marks of any
+  script, RFC 6531, and ``xn--`` TLDs); reserved example domains (RFC 2606/6761) and file-name
+  look-alikes (``logo@2x.png``) are ignored.
 * ``phone`` — ``+`` / ``00`` international numbers with an assigned country calling code and an
   E.164 length (8-15 digits); NANP numbers (area code and exchange ``[2-9]xx``, not ``N11``, not the
   fictional 555-01xx); other national numbers (trunk prefix 0, 9-11 digits). Numbers without any
