@@ -61,26 +61,43 @@ def _fingerprint(encoder: _Encoder) -> str:
     return hashlib.sha256(encoder.id.encode() + probe.tobytes()).hexdigest()[:12]
 
 
-def _key(encoder: _Encoder, texts: Sequence[str]) -> str:
-    h = hashlib.sha256(_fingerprint(encoder).encode())
-    for t in texts:
-        h.update(hashlib.sha256(t.encode()).digest())
-    return h.hexdigest()[:24]
+def _key(fingerprint: str, digests: np.ndarray) -> str:
+    """The cache key of a list of texts: the encoder fingerprint and every text's sha256, in order."""
+    return hashlib.sha256(fingerprint.encode() + np.ascontiguousarray(digests).tobytes()).hexdigest()[:24]
 
 
 def _text_digests(texts: Sequence[str]) -> np.ndarray:
-    return np.array([hashlib.sha256(t.encode()).digest() for t in texts], dtype="S32")
+    return np.fromiter((hashlib.sha256(t.encode()).digest() for t in texts), dtype="S32", count=len(texts))
 
 
-def _known_vectors(prefix: str) -> dict[bytes, np.ndarray]:
-    """Every cached vector of this encoder fingerprint, by text digest (files ``<prefix>-*.npy`` + ``.keys.npy``)."""
-    known: dict[bytes, np.ndarray] = {}
+def _fill_known(prefix: str, digests: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Copy into ``out`` the cached vector of every text (by digest) that a cached list of this encoder
+    fingerprint holds (files ``<prefix>-*.npy`` + ``.keys.npy``); returns which rows were found.
+
+    Only the rows asked for are read (the vector files are memory-mapped): loading every cached list whole,
+    as a dict of per-text vectors, took GBs once a few large files had been trained on. A text cached in
+    several lists takes its vector from the last list read, as that dict did.
+    """
+    found = np.zeros(len(digests), dtype=bool)
+    if not len(digests):
+        return found
     for keys_path in CACHE_DIR.glob(f"{prefix}-*.keys.npy"):
         vec_path = keys_path.with_name(keys_path.name.replace(".keys.npy", ".npy"))
-        if vec_path.exists():
-            keys, vecs = np.load(keys_path, allow_pickle=False), np.load(vec_path, allow_pickle=False)
-            known.update(zip(keys.tolist(), vecs, strict=True))
-    return known
+        if not vec_path.exists():
+            continue
+        keys = np.load(keys_path, allow_pickle=False)
+        vecs = np.load(vec_path, mmap_mode="r", allow_pickle=False)
+        if len(keys) != len(vecs) or not len(keys):
+            continue  # a list torn by an interrupted write: encode its texts again
+        hit = np.isin(digests, keys)
+        if not hit.any():
+            continue
+        order = np.argsort(keys, kind="stable")
+        # The last occurrence of a digest in the file (a dict filled in file order kept that one).
+        at = order[np.searchsorted(keys[order], digests[hit], side="right") - 1]
+        out[hit] = vecs[at]
+        found |= hit
+    return found
 
 
 def embed_texts(encoder: _Encoder, texts: Sequence[str], batch: int = 64, progress: bool = True) -> np.ndarray:
@@ -93,21 +110,15 @@ def embed_texts(encoder: _Encoder, texts: Sequence[str], batch: int = 64, progre
     ignore = CACHE_DIR.parent / ".gitignore"
     if not ignore.exists():  # keep the cache out of git without touching the repo's .gitignore
         ignore.write_text("*\n")
-    key = _key(encoder, texts)
-    prefix = f"{encoder.id}-{_fingerprint(encoder)}"
+    fingerprint = _fingerprint(encoder)
+    digests = _text_digests(texts)
+    key = _key(fingerprint, digests)
+    prefix = f"{encoder.id}-{fingerprint}"
     path = CACHE_DIR / f"{prefix}-{key}.npy"
     if path.exists():
         return np.load(path, allow_pickle=False)
-    digests = _text_digests(texts)
-    known = _known_vectors(prefix)
     out = np.zeros((len(texts), encoder.dim), dtype=np.float32)
-    missing = []
-    for i, dg in enumerate(digests.tolist()):
-        vec = known.get(dg)
-        if vec is None:
-            missing.append(i)
-        else:
-            out[i] = vec
+    missing = np.flatnonzero(~_fill_known(prefix, digests, out)).tolist()
     if missing:
         from tqdm import tqdm
 

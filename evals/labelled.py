@@ -50,7 +50,7 @@ csv.field_size_limit(1 << 30)
 MAX_CHARS = 2000
 
 
-@dataclass
+@dataclass(slots=True)  # no per-row __dict__: a 500,000-row file is 500,000 of these
 class LabelledRequest:
     """One request of the training table."""
 
@@ -275,6 +275,7 @@ def _default_source(path: Path) -> str:
 
 def _load_jsonl(path: Path) -> list[LabelledRequest]:
     out = []
+    source, names = _default_source(path), ModelNames()
     with path.open(encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -283,7 +284,7 @@ def _load_jsonl(path: Path) -> list[LabelledRequest]:
             obj = _parse_json(line, where)
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object per line")
-            out.append(_row(obj, where, _default_source(path)))
+            out.append(_row(obj, where, source, names))
     return out
 
 
@@ -291,6 +292,7 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
     """A labelled CSV (see :func:`load_file`). Errors name the line where the bad row starts: a quoted
     prompt may span several lines."""
     out = []
+    source, names = _default_source(path), ModelNames()
     delimiter = _csv_delimiter(path)
     # A semicolon file is what a spreadsheet set to a decimal-comma locale writes: its numbers read 0,5.
     number = _decimal_comma if delimiter == ";" else str
@@ -334,7 +336,7 @@ def _load_csv(path: Path) -> list[LabelledRequest]:
                 if key in plain and cells[plain[key]]:
                     value = cells[plain[key]]
                     obj[key] = _cell_number(number(value), where, key) if key == "weight" else value
-            out.append(_row(obj, where, _default_source(path)))
+            out.append(_row(obj, where, source, names))
     return out
 
 
@@ -518,15 +520,32 @@ def _number_in_quotes(value: object, where: str) -> object:
         raise DataError(f"{where}: {value!r} is text, not a number") from None
 
 
-def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledRequest:
-    """Validate one JSON-shaped row (the CSV reader builds the same shape)."""
+class ModelNames(dict[str, str]):
+    """The model names one file has written, each as :func:`check_model_name` returned it: a name is checked
+    once per file, not once per row, and every row shares one string per model."""
+
+    def checked(self, raw: object, where: str) -> str:
+        """``check_model_name(raw, where)``, remembered for a name written as a string."""
+        if isinstance(raw, str):
+            known = self.get(raw)
+            if known is None:
+                known = self[raw] = check_model_name(raw, where)
+            return known
+        return check_model_name(raw, where)
+
+
+def _row(obj: Mapping[str, Any], where: str, default_source: str, names: ModelNames | None = None) -> LabelledRequest:
+    """Validate one JSON-shaped row (the CSV reader builds the same shape). ``names``: the file's checked model
+    names so far (see :class:`ModelNames`)."""
+    names = ModelNames() if names is None else names
+    own_messages = False  # built here, so not copied below
     if "messages" in obj:
         messages = obj["messages"]
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise DataError(f"{where}: messages must be a non-empty list of message objects")
         _check_servable(messages, where)
     elif isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
-        messages = user_messages(obj["prompt"])
+        messages, own_messages = user_messages(obj["prompt"]), True
     else:
         raise DataError(f"{where}: needs messages (a list) or prompt (a non-empty string)")
     scores = obj.get("scores")
@@ -535,7 +554,7 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
     qualities: dict[str, float | None] = {}
     written: dict[str, object] = {}
     for raw_model, q in scores.items():
-        model = _model_key(raw_model, written, f"{where}: scores")
+        model = _model_key(raw_model, written, f"{where}: scores", names)
         # NaN is how pandas (and json.dumps of a pandas row) spells a missing value: unknown, like null.
         if q is None or (isinstance(q, float) and math.isnan(q)):
             qualities[model] = None
@@ -556,7 +575,7 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
     costs: dict[str, float] = {}
     written = {}
     for raw_model, c in costs_raw.items():
-        model = _model_key(raw_model, written, f"{where}: costs")
+        model = _model_key(raw_model, written, f"{where}: costs", names)
         if c is None or (isinstance(c, float) and math.isnan(c)):
             continue  # unknown cost, as an empty CSV cell
         c = _number_in_quotes(c, f"{where}: costs.{model}")
@@ -570,7 +589,7 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str) -> LabelledReq
     domain = obj.get("domain")
     request_id = obj.get("id")
     return LabelledRequest(
-        messages=[dict(m) for m in messages],
+        messages=messages if own_messages else [dict(m) for m in messages],
         qualities=qualities,
         costs=costs,
         source=str(source),
@@ -594,11 +613,11 @@ def _check_servable(messages: list[dict[str, Any]], where: str) -> None:
         raise DataError(f"{where}: messages hold no text (every content is empty)")
 
 
-def _model_key(raw: object, written: dict[str, object], where: str) -> str:
-    """A model name of a row's ``scores`` or ``costs``: checked (:func:`check_model_name`) and not the same
-    name as one before it once stripped (``"m1"`` and ``" m1 "``). ``written`` maps the names seen so far
-    to how they were written, and gets this one."""
-    model = check_model_name(raw, where)
+def _model_key(raw: object, written: dict[str, object], where: str, names: ModelNames) -> str:
+    """A model name of a row's ``scores`` or ``costs``: checked (:func:`check_model_name`, once per file:
+    ``names``) and not the same name as one before it once stripped (``"m1"`` and ``" m1 "``). ``written``
+    maps the names seen so far to how they were written, and gets this one."""
+    model = names.checked(raw, where)
     if model in written:
         raise DataError(f"{where}: {written[model]!r} and {raw!r} name the same model (spaces around a name are "
                         "dropped); keep one")

@@ -137,11 +137,47 @@ class _Moments:
         return out
 
 
-def _standardiser(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mean = np.average(x, axis=0, weights=w)
-    scale = np.sqrt(np.average((x - mean) ** 2, axis=0, weights=w))
+#: Rows per block when a statistic over every row is computed block by block (bounds the temporaries).
+_BLOCK_ROWS = 8192
+
+
+def _standardiser(blocks: tuple[np.ndarray, ...], w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted column mean and standard deviation (1 where a column is constant) over the rows of ``blocks``
+    taken in order, as ``np.average`` over their vertical stack computes them, to the bit."""
+    rows = sum(len(b) for b in blocks)
+    if rows <= _BLOCK_ROWS or blocks[0].shape[1] < 2:
+        x = blocks[0] if len(blocks) == 1 else np.vstack(blocks)
+        mean = np.average(x, axis=0, weights=w)
+        scale = np.sqrt(np.average((x - mean) ** 2, axis=0, weights=w))
+    else:
+        # Large data: no stacked copy and no full-size temporaries (at 500,000 rows each was a GB).
+        total = w.sum()
+        mean = _weighted_column_sum(blocks, w, None) / total
+        scale = np.sqrt(_weighted_column_sum(blocks, w, mean) / total)
     scale[scale < 1e-8] = 1.0
     return mean, scale
+
+
+def _weighted_column_sum(blocks: tuple[np.ndarray, ...], w: np.ndarray, centre: np.ndarray | None) -> np.ndarray:
+    """``sum_i w_i * row_i`` (``centre`` given: ``w_i * (row_i - centre) ** 2``) over the rows of ``blocks``.
+
+    numpy sums a C-ordered matrix over axis 0 row after row into one accumulator row; each block's sum
+    starts from the running total (added into its first row), so the sum is that one, bit for bit.
+    """
+    acc: np.ndarray | None = None
+    offset = 0
+    for block in blocks:
+        for start in range(0, len(block), _BLOCK_ROWS):
+            part = block[start : start + _BLOCK_ROWS]
+            if centre is not None:
+                part = (part - centre) ** 2
+            part = part * w[offset + start : offset + start + len(part), None]
+            if acc is not None:
+                part[0] += acc
+            acc = part.sum(axis=0)
+        offset += len(block)
+    assert acc is not None
+    return acc
 
 
 def rank_gain(scores: np.ndarray, gain: np.ndarray, weight: np.ndarray) -> float:
@@ -233,6 +269,7 @@ def fit_pair_difficulty(
     focus: float = DEFAULT_FOCUS,
     embedding_dim: int | None = None,
     select: str = "mse",
+    overwrite_x: bool = False,
 ) -> tuple[Head, dict[str, Any]]:
     """Fit the pair's difficulty head; column 1 of ``predict_proba`` ranks prompts by need for ``strong``.
 
@@ -250,6 +287,8 @@ def fit_pair_difficulty(
             measures cosine similarity on them). Default: detected (:func:`_embedding_columns`).
         select: Cross-validation criterion: ``"mse"`` (out-of-fold squared error of the gain; the
             default) or ``"rank"`` (out-of-fold :func:`rank_gain`, kept for the research comparison).
+        overwrite_x: ``x`` may be overwritten (standardised in place) when it is already float64; a
+            copy of a large ``x`` is a GB at 500,000 rows. Another dtype is converted into a copy anyway.
 
     Returns:
         The head (kind ``logreg``, labels ``("weak_ok", "strong_needed")``) and a report: the method,
@@ -259,6 +298,8 @@ def fit_pair_difficulty(
         the Platt map of the negated scores to P(weak strictly better), for reading the head with
         strong and weak swapped (:mod:`classifiers.heads.reverse`).
     """
+    # asarray returns the caller's own array when it is float64 already: overwritten only when allowed.
+    owned = overwrite_x or not (isinstance(x, np.ndarray) and x.dtype == np.float64)
     x = np.asarray(x, dtype=np.float64)
     strong_q = np.asarray(strong_q, dtype=np.float64)
     weak_q = np.asarray(weak_q, dtype=np.float64)
@@ -290,7 +331,7 @@ def fit_pair_difficulty(
         pw = np.asarray(prior.weight, dtype=np.float64)
         pw = pw / pw.sum()
         pg = np.asarray(prior.strong_q, dtype=np.float64) - np.asarray(prior.weak_q, dtype=np.float64)
-        mean, scale = _standardiser(np.vstack([x, px]), np.concatenate([weight, pw * DEFAULT_PRIOR_ROWS]))
+        mean, scale = _standardiser((x, px), np.concatenate([weight, pw * DEFAULT_PRIOR_ROWS]))
         zp = (px - mean) / scale
         grid_m: tuple[float, ...] = PRIOR_ROWS if prior_weight is None else (prior_weight * float(weight.sum()),)
         alphas = ALPHAS_WITH_PRIOR
@@ -298,9 +339,17 @@ def fit_pair_difficulty(
             focus_grid = (focus,)
             sims = _fold_similarity(px[:, :dim], x[:, :dim], folds)
     else:
-        mean, scale = _standardiser(x, weight)
+        mean, scale = _standardiser((x,), weight)
         grid_m, alphas = (0.0,), ALPHAS_NO_PRIOR
-    z = (x - mean) / scale
+    # Standardised in place when ``x`` is this function's own float64 copy: the features are not needed
+    # again, and a second n x d float64 matrix was a GB at 500,000 rows. The same operations, the same bits.
+    if owned:
+        x -= mean
+        z = x
+    else:
+        z = x - mean
+    z /= scale
+    del x
     prior_cache: dict[tuple[int, float], _Moments] = {}
 
     def prior_moments(fold: int, beta: float) -> _Moments:
@@ -314,8 +363,18 @@ def fit_pair_difficulty(
             prior_cache[key] = _Moments.of(zp, pg, w)
         return prior_cache[key]
 
+    data_cache: dict[int, _Moments] = {}
+
+    def data_moments(rows: np.ndarray, fold: int) -> _Moments:
+        """The new rows' moments outside ``fold`` (-1: all rows): one n x d^2 product per fold, shared by
+        every prior weight tried (each used to recompute it)."""
+        if fold not in data_cache:
+            every = fold < 0 and bool(rows.all())  # the final fit: z itself, not a copy of all of it
+            data_cache[fold] = _Moments.of(z if every else z[rows], gain[rows], weight[rows])
+        return data_cache[fold]
+
     def solve(rows: np.ndarray, fold: int, m: float, beta: float, alist: tuple[float, ...]) -> list[Fit]:
-        mom = _Moments.of(z[rows], gain[rows], weight[rows])
+        mom = data_moments(rows, fold)
         if has_prior and m > 0:
             mom = mom.plus(prior_moments(fold, beta), m)
         return mom.ridge(alist)

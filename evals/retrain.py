@@ -51,6 +51,9 @@ from evals.trained_rows import write_trained_rows
 
 Log = Callable[[str], None]
 
+#: Rows per block when a large matrix is copied block by block (bounds the temporaries).
+_BLOCK_ROWS = 8192
+
 #: A pair needs this many requests labelled for both models to be trained (and cross-validated).
 MIN_PAIR_ROWS = 20
 DEFAULT_FOLDS = 5
@@ -85,15 +88,22 @@ class Embedded:
 
     def features(self, idx: np.ndarray | None = None, cheap: bool | None = None) -> np.ndarray:
         """``build_features`` of ``idx`` (all rows by default); ``cheap`` defaults to :attr:`all_text`."""
-        sel = np.arange(len(self.rows)) if idx is None else np.asarray(idx)
+        sel = np.arange(len(self.rows)) if idx is None else np.asarray(idx, dtype=int)
         use_cheap = self.all_text if cheap is None else cheap
-        emb = self.embeddings[sel]
         if not use_cheap:
-            return build_features(emb)
+            return build_features(self.embeddings[sel])
         texts = [self.texts[i] for i in sel]
         if any(t is None for t in texts):
             raise ValueError("cheap features need every row's text")
-        return build_features(emb, [t or "" for t in texts])
+        # build_features' matrix (embedding then the cheap statistics, float32), filled in place: its
+        # hstack held the selected embeddings twice, half a GB each at 500,000 rows.
+        extra = build_features(np.zeros((len(texts), 0), np.float32), [t or "" for t in texts])
+        dim = self.embeddings.shape[1]
+        out = np.empty((len(sel), dim + extra.shape[1]), dtype=np.float32)
+        for start in range(0, len(sel), _BLOCK_ROWS):
+            out[start : start + _BLOCK_ROWS, :dim] = self.embeddings[sel[start : start + _BLOCK_ROWS]]
+        out[:, dim:] = extra
+        return out
 
     def subset(self, idx: Sequence[int] | np.ndarray) -> Embedded:
         """The rows at ``idx``."""
@@ -111,27 +121,29 @@ def embed_rows(rows: Sequence[LabelledRequest], encoder: Any, *, progress: bool 
 
     keep: list[int] = []
     texts: list[str | None] = []
-    to_encode: list[int] = []
-    vectors: dict[int, np.ndarray] = {}
+    to_encode: list[int] = []  # positions in ``keep``
+    stored_at: list[tuple[int, np.ndarray]] = []
     dropped = 0
     for i, r in enumerate(rows):
         text = r.text() if r.has_text else None
         stored = r.embedding
         if stored is not None and encoder_matches(r.encoder_id, encoder.id) and stored.shape == (encoder.dim,):
-            vectors[i] = np.asarray(stored, dtype=np.float32)
+            stored_at.append((len(keep), stored))
         elif text is not None:
-            to_encode.append(i)
+            to_encode.append(len(keep))
         else:
             dropped += 1
             continue
         keep.append(i)
         texts.append(text)
+    # One matrix filled in place (a dict of per-row vectors and their stacked copy held every vector twice).
+    emb = np.zeros((len(keep), encoder.dim), np.float32)
+    for k, stored in stored_at:
+        emb[k] = stored
     if to_encode:
-        text_of = dict(zip(keep, texts, strict=True))
-        encoded = embed_texts(encoder, [text_of[i] or "" for i in to_encode], progress=progress)
-        vectors.update(zip(to_encode, encoded, strict=True))
-    emb = np.stack([vectors[i] for i in keep]).astype(np.float32) if keep else np.zeros((0, encoder.dim), np.float32)
-    return Embedded([rows[i] for i in keep], emb, texts, dropped)
+        emb[to_encode] = embed_texts(encoder, [texts[k] or "" for k in to_encode], progress=progress)
+    kept = list(rows) if len(keep) == len(rows) else [rows[i] for i in keep]
+    return Embedded(kept, emb, texts, dropped)
 
 
 def head_features(head: Head, data: Embedded) -> tuple[np.ndarray, np.ndarray]:
@@ -305,12 +317,25 @@ def cross_validate_pair(
         test, train = fold == f, fold != f
         if not test.any() or train.sum() < 2:
             continue
-        head, _ = fit_pair(x[train], qs[train], qw[train], w[train], seed=seed, prior=prior, prior_weight=prior_weight)
+        # The fold's rows straight into float64, the fitter's precision (exact), standardised there in place.
+        xt = _rows_float64(x, np.flatnonzero(train))
+        head, _ = fit_pair(
+            xt, qs[train], qw[train], w[train], seed=seed, prior=prior, prior_weight=prior_weight, overwrite_x=True
+        )
+        del xt  # standardised in place: no use to anyone, and n x d float64
         oof[test] = head.predict_proba(x[test])[:, 1]
     missing = np.isnan(oof)
     if missing.any():  # a fold that could not be fitted (tiny data): those rows get the neutral score
         oof[missing] = 0.5
     return oof
+
+
+def _rows_float64(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``x[idx]`` as float64, block by block (no float32 copy of the selection on the way)."""
+    out = np.empty((len(idx), x.shape[1]), dtype=np.float64)
+    for start in range(0, len(idx), _BLOCK_ROWS):
+        out[start : start + _BLOCK_ROWS] = x[idx[start : start + _BLOCK_ROWS]]
+    return out
 
 
 def train_pair(
@@ -339,10 +364,10 @@ def train_pair(
     from evals.train import created_at, feature_schema
 
     idx, qs, qw, w = _pair_arrays(data, strong, weak)
-    sub = data.subset(idx)
-    cheap = sub.all_text
-    x = sub.features(cheap=cheap)
-    keys = [row_key(r) for r in sub.rows]
+    cheap = all(data.texts[i] is not None for i in idx)
+    x = data.features(idx, cheap=cheap)
+    # A row's key is its text when it has one (row_key), already rendered by embed_rows.
+    keys = [t if (t := data.texts[i]) is not None else row_key(data.rows[i]) for i in idx]
     k = max(2, min(folds, len(idx)))
     label = f"{strong} vs {weak} [{encoder_name}]"
     t0 = time.perf_counter()
@@ -701,7 +726,7 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
                     raise TrainError(
                         f"{strong} vs {weak}: only {len(idx)} labelled requests usable with encoder {name}"
                     )
-                cheap = data.subset(idx).all_text
+                cheap = all(data.texts[i] is not None for i in idx)
                 prior, prior_info, prior_rows = _prior(opts, encoder, strong, weak, cheap, loaded_bundled, log)
                 if prior_rows and not prior_recorded:  # the same seeded sample for every pair and encoder
                     trained_on.extend(prior_rows)
@@ -784,9 +809,13 @@ def fit_pair(
     seed: int,
     prior: Any = None,
     prior_weight: float | None = None,
+    overwrite_x: bool = False,
 ) -> tuple[Head, dict[str, Any]]:
-    """:func:`evals.pair_fit.fit_pair_difficulty`, passing ``prior_weight`` only when one was asked for."""
+    """:func:`evals.pair_fit.fit_pair_difficulty`, passing ``prior_weight`` only when one was asked for
+    (and ``overwrite_x``, which lets it standardise a float64 ``x`` in place, only when set)."""
     from evals.pair_fit import fit_pair_difficulty
 
     extra: dict[str, Any] = {} if prior is None or prior_weight is None else {"prior_weight": prior_weight}
+    if overwrite_x:
+        extra["overwrite_x"] = True
     return fit_pair_difficulty(x, qs, qw, w, seed=seed, prior=prior, **extra)
