@@ -13,6 +13,10 @@ Every mean is of a bounded quantity, and its interval is computed with those bou
 (:func:`policies.experiments.sequential.bounded_variance`): quality scores lie in [0, 1]; costs have
 no bound known in advance, so the range the experiment's costs span (from 0) stands in. Scores or
 costs that never varied therefore get an interval of positive width, never a zero-width "certainty".
+Each arm's own quality and rates, whose bounds are known in advance, get the bounded-data sequence
+(:func:`policies.experiments.sequential.bounded_mean_path`), which needs no variance estimate and so
+stays right for rates near 0 or 1; costs (bounds read from the data) and differences keep the
+asymptotic one.
 """
 
 from __future__ import annotations
@@ -151,11 +155,11 @@ def _mean_entry(
 
 
 def _rate_entry(hits: int, n: int, opts: Options) -> dict[str, Any]:
-    p = (hits + 0.5) / (n + 1)
-    lo, hi = mean_path(np.array([n]), np.array([hits / n if n else math.nan]), np.array([p * (1 - p)]),
-                       alpha=opts.alpha, rho=opts.rho)
-    return {"value": hits / n if n else math.nan, "count": hits, "n": n,
-            "ci": _interval(max(lo[0], 0.0), min(hi[0], 1.0))}
+    # A rate is the mean of 0/1 values: the bounded interval, which stays right near 0% and 100% (errors).
+    var = (hits - hits * hits / n) / (n - 1) if n >= 2 else math.nan
+    lo, hi = mean_path(np.array([n]), np.array([hits / n if n else math.nan]), np.array([var]),
+                       alpha=opts.alpha, rho=opts.rho, bounds=(0.0, 1.0))
+    return {"value": hits / n if n else math.nan, "count": hits, "n": n, "ci": _interval(lo[0], hi[0])}
 
 
 def arm_stats(data: ExperimentData, arm: str, primary: str, opts: Options) -> dict[str, Any]:
@@ -397,9 +401,11 @@ def analyze(data: ExperimentData, opts: Options | None = None) -> dict[str, Any]
         "method": {
             "alpha": opts.alpha, "alpha_per_comparison": alpha_cmp, "rho": opts.rho, "planned_n": opts.planned_n,
             "min_effect": opts.min_effect, "srm_alpha": opts.srm_alpha,
-            "text": "Always-valid (anytime-valid) confidence sequences: the asymptotic confidence sequence of "
-                    "Waudby-Smith et al. (2024), a normal-mixture boundary with plug-in variance; "
-                    f"tightest near {opts.planned_n} requests per arm, valid at every sample size.",
+            "text": "Always-valid (anytime-valid) confidence sequences. Each arm's quality and rates: a "
+                    "bounded-data confidence sequence (an empirical-Bernstein and Bernoulli mixture, Howard et al. "
+                    "2021), exact at every sample size, also near 0% and 100%; differences between arms and costs: "
+                    "the asymptotic confidence sequence of Waudby-Smith et al. (2024), a normal-mixture boundary "
+                    f"with plug-in variance. Tightest near {opts.planned_n} requests per arm.",
         },
         "rows": {"served": len(data.served), "shadow": len(data.shadows), "excluded": data.excluded},
         "arms": {arm: arm_stats(data, arm, primary, opts) for arm in arms},

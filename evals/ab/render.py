@@ -217,10 +217,14 @@ def method_lines(report: Mapping[str, Any]) -> list[str]:
     """How to read the numbers, and the caveats."""
     m = report["method"]
     return [
-        f"Every interval is a {1 - m['alpha']:.0%} always-valid confidence sequence (Waudby-Smith, Arbour, Sinha, "
-        "Kennedy & Ramdas 2024, asymptotic CS; the normal-mixture boundary of the mSPRT): the chance that it ever "
+        f"Every interval is a {1 - m['alpha']:.0%} always-valid confidence sequence: the chance that it ever "
         "misses the true value, at any of the sample sizes it is read at, is at most alpha. Stopping the "
         "experiment as soon as it excludes 0 is therefore safe.",
+        "Each arm's quality and rates use a bounded-data sequence (a mixture of empirical-Bernstein and "
+        "Bernoulli bets, Howard, Ramdas, McAuliffe & Sekhon 2021): exact at every size from the range alone, "
+        "so it stays right for rates near 0% or 100%. Differences between arms and costs use the asymptotic "
+        "sequence of Waudby-Smith, Arbour, Sinha, Kennedy & Ramdas 2024 (the normal-mixture boundary of the "
+        "mSPRT with a plug-in variance; pooled when the arms are unequal).",
         f"The mixing parameter rho = {m['rho']:.4f} makes the sequences tightest near {m['planned_n']} requests "
         "per arm; they stay valid at every size.",
         "Not enough data: the number of further requests per arm at which the interval would shrink to the "
