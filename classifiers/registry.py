@@ -517,9 +517,14 @@ class RouterRegistry:
             raise
 
     def _add_locked(self, staging: Path, info: Mapping[str, Any], digest: str) -> str:
-        active = self.active_version()
-        ids = self.version_ids()
-        number = (_sequence(ids[-1]) + 1) if ids else 1
+        current = self.active() or {}
+        active = current.get("version")
+        # Numbered after every id the registry still names, not only after the directories left: a version
+        # deleted by hand (the active one, its previous, a pruned one) must never see its id handed out
+        # again, or a gateway serving it would take the new version for the one it already has.
+        named = [*self.version_ids(), str(active), str(current.get("previous")),
+                 *(str(entry.get("version")) for entry in self.pruned() if isinstance(entry, dict))]
+        number = max([0, *(_sequence(v) for v in named)]) + 1
         version = f"v{number:04d}-{digest[:8]}"
         record = {
             "created_at": _now_iso(),

@@ -76,6 +76,19 @@ def test_same_weights_give_the_same_hex_part_of_the_id(tmp_path: Path) -> None:
     assert a.split("-")[1] == b.split("-")[1] and a != b
 
 
+def test_an_id_deleted_by_hand_is_never_handed_out_again(tmp_path: Path) -> None:
+    # A gateway serving v0002 compares ids: a new version under the same id (same weights, the active
+    # directory deleted by hand, then a retrain) would never be picked up.
+    registry = RouterRegistry(tmp_path / "routers")
+    _add(registry, seed=0)
+    second = _add(registry, seed=1)
+    registry.promote(second, {"decision": "promoted"})
+    shutil.rmtree(registry.root / "versions" / second)
+    again = _add(registry, seed=1)
+    assert again != second and again.startswith("v0003-")
+    assert registry.active_version() == second  # still named, still what a gateway serves until promoted
+
+
 def test_promote_switches_active_and_records_verdicts(tmp_path: Path) -> None:
     registry = RouterRegistry(tmp_path / "routers")
     first, second = _add(registry, seed=0), _add(registry, seed=1)
