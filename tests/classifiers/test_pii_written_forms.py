@@ -52,6 +52,18 @@ def test_parts_beside_a_cut_number_keep_their_own_findings() -> None:
     assert out == ["mail [EMAIL], card [CREDIT_CARD]", "", "", " or [EMAIL]"]
 
 
+def test_a_piece_that_reads_as_pii_on_its_own_is_part_of_the_one_finding_it_starts() -> None:
+    # "john@acme.co" is an address by itself, and the start of "john@acme.com" read across the parts: one
+    # address was written, so one is counted (a rule on the count, e.g. bulk personal data, reads it).
+    body = parts("write to john@acme.co", "m please, and card 4111 1111", " 1111 1111")
+    signal = PIISignal().extract(body)
+    assert signal.detail["counts"] == {"email": 1, "credit_card": 1}
+    found = [(f["kind"], f["span"]) for f in signal.detail["findings"]]
+    assert found == [("email", [9, 21]), ("credit_card", [19, 28])]
+    out = [p["text"] for p in redact_body(body)["messages"][0]["content"]]
+    assert out == ["write to [EMAIL]", " please, and card [CREDIT_CARD]", ""]
+
+
 def test_a_number_cut_across_two_messages_is_not_one_finding() -> None:
     body = {"model": "auto", "messages": [
         {"role": "user", "content": [{"type": "text", "text": "card 4111 1111"}]},

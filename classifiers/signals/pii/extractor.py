@@ -59,12 +59,24 @@ class PIISignal:
         findings: list[dict[str, Any]] = []
         counts: dict[str, int] = {}
         best = 0.0
+        # What runs from one content part into the next (a model reads a message's parts as one text),
+        # found first: a piece of it that reads as PII on its own ("john@acme.co" of "john@acme.co" + "m")
+        # is that one finding, not a second.
+        crossings = [(run, f, spans) for run in part_groups(pieces) for f, spans in find_across(
+            [p.text for p in run], self.kinds)]
+        covered: dict[int, list[tuple[int, int]]] = {}
+        for run, _, spans in crossings:
+            for index, start, end in spans:
+                covered.setdefault(id(run[index]), []).append((start, end))
         for f in find_pii(joined, self.kinds):
             i = bisect_right(starts, f.start) - 1
             piece = pieces[i]
             start = f.start - starts[i]
             if start >= len(piece.text):
                 continue  # inside a separator
+            end = min(f.end - starts[i], len(piece.text))
+            if any(start < c_end and c_start < end for c_start, c_end in covered.get(id(piece), ())):
+                continue
             counts[f.kind] = counts.get(f.kind, 0) + 1
             best = max(best, f.confidence)
             if len(findings) < self.max_findings:
@@ -75,24 +87,22 @@ class PIISignal:
                         "message": piece.message,
                         "role": piece.role,
                         "source": piece.source,
-                        "span": [start, min(f.end - starts[i], len(piece.text))],
+                        "span": [start, end],
                         "confidence": f.confidence,
                         "preview": f.preview,
                     }
                 )
-        # What runs from one content part into the next (a model reads a message's parts as one text).
-        for run in part_groups(pieces):
-            for f, spans in find_across([p.text for p in run], self.kinds):
-                first, start, end = spans[0]
-                piece = run[first]
-                counts[f.kind] = counts.get(f.kind, 0) + 1
-                best = max(best, f.confidence)
-                if len(findings) < self.max_findings:
-                    findings.append({
-                        "kind": f.kind, "subtype": f.subtype, "message": piece.message, "role": piece.role,
-                        "source": piece.source, "span": [start, end], "confidence": f.confidence,
-                        "preview": f.preview,
-                    })
+        for run, f, spans in crossings:
+            first, start, end = spans[0]
+            piece = run[first]
+            counts[f.kind] = counts.get(f.kind, 0) + 1
+            best = max(best, f.confidence)
+            if len(findings) < self.max_findings:
+                findings.append({
+                    "kind": f.kind, "subtype": f.subtype, "message": piece.message, "role": piece.role,
+                    "source": piece.source, "span": [start, end], "confidence": f.confidence,
+                    "preview": f.preview,
+                })
         kinds = sorted(counts)
         detail = {
             "findings": findings,
