@@ -90,8 +90,11 @@ def served_outcome(served: str, feedback: Iterable[Any], metric: str = "quality"
     return served_feedback(feedback, served, metric).outcome(metric, use_judge=False)
 
 
-def outcomes_from_logs(logged: Iterable[Any], *, metric: str = "quality") -> tuple[list[LoggedOutcome], dict[str, int]]:
-    """``store.LoggedRequest`` s as logged single-outcome rows; returns the rows and what was skipped.
+def outcomes_from_logs(
+    logged: Iterable[Any], *, metric: str = "quality", without_feedback: int = 0
+) -> tuple[list[LoggedOutcome], dict[str, int]]:
+    """``store.LoggedRequest`` s as logged single-outcome rows; returns the rows and what was skipped
+    (``without_feedback``: decisions with no feedback at all, counted by the store and not read).
 
     The conversation is read as :func:`evals.labelled.requests_from_logs` reads it (the stored text,
     else the stored embedding with its encoder id).
@@ -100,6 +103,8 @@ def outcomes_from_logs(logged: Iterable[Any], *, metric: str = "quality") -> tup
 
     rows: list[LoggedOutcome] = []
     skipped: dict[str, int] = defaultdict(int)
+    if without_feedback:
+        skipped[f"no {metric} feedback on the served answer"] += without_feedback
     for item in logged:
         record, conversation = item.record, item.conversation
         if not record.model:

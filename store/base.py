@@ -76,10 +76,15 @@ class DecisionStore(Protocol):
         ...
 
     async def logged_requests(
-        self, *, route: str | None = None, since: float | None = None
+        self, *, route: str | None = None, since: float | None = None, with_feedback: bool = False
     ) -> list[LoggedRequest]:
         """Decisions (on ``route``, created at or after ``since``), oldest first, each joined with
-        its conversation and its feedback; read as one consistent snapshot."""
+        its conversation and its feedback; read as one consistent snapshot. With ``with_feedback``, only
+        decisions that have feedback: what training reads, a small share of a busy store's decisions."""
+        ...
+
+    async def count_without_feedback(self, *, route: str | None = None, since: float | None = None) -> int:
+        """How many decisions (on ``route``, created at or after ``since``) have no feedback at all."""
         ...
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:

@@ -55,9 +55,12 @@ class NullDecisionStore:
         return 0
 
     async def logged_requests(
-        self, *, route: str | None = None, since: float | None = None
+        self, *, route: str | None = None, since: float | None = None, with_feedback: bool = False
     ) -> list[LoggedRequest]:
         return []
+
+    async def count_without_feedback(self, *, route: str | None = None, since: float | None = None) -> int:
+        return 0
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
         check_forget_args(tenant, request_id)

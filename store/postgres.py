@@ -54,6 +54,7 @@ from store.schema import (
     select_subcalls_sql,
     upsert_feedback_sql,
     version_table_ddl,
+    without_feedback_sql,
 )
 
 # Key of the transaction-scoped advisory lock that serializes migrations: replicas starting together
@@ -214,9 +215,9 @@ class PostgresDecisionStore:
         return int(await self._require_pool().fetchval("SELECT count(*) FROM feedback"))
 
     async def logged_requests(
-        self, *, route: str | None = None, since: float | None = None
+        self, *, route: str | None = None, since: float | None = None, with_feedback: bool = False
     ) -> list[LoggedRequest]:
-        where, params = logged_filter("postgres", route, since)
+        where, params = logged_filter("postgres", route, since, with_feedback=with_feedback)
         chosen = f"request_id IN (SELECT request_id FROM decisions{where})"
         # One repeatable-read transaction: the three reads see the same snapshot.
         async with self._require_pool().acquire() as conn, conn.transaction(
@@ -228,6 +229,10 @@ class PostgresDecisionStore:
                 select_feedback_sql() + " WHERE " + chosen + " ORDER BY metric, source, model", *params
             )
         return join_logged(decisions, conversations, feedback)
+
+    async def count_without_feedback(self, *, route: str | None = None, since: float | None = None) -> int:
+        where, params = logged_filter("postgres", route, since)
+        return int(await self._require_pool().fetchval(without_feedback_sql(where), *params))
 
     async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:
         """Served decisions since ``since``, aggregated per ``bucket_seconds`` (one snapshot)."""

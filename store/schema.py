@@ -442,8 +442,11 @@ def select_conversations_sql() -> str:
     return f"SELECT {', '.join(CONVERSATION_COLUMNS)} FROM {CONVERSATIONS_TABLE}"
 
 
-def logged_filter(dialect: Dialect, route: str | None, since: float | None) -> tuple[str, list[Any]]:
-    """A WHERE clause over ``decisions`` for :meth:`logged_requests` and its parameters."""
+def logged_filter(
+    dialect: Dialect, route: str | None, since: float | None, *, with_feedback: bool = False
+) -> tuple[str, list[Any]]:
+    """A WHERE clause over ``decisions`` for :meth:`logged_requests` and its parameters; with
+    ``with_feedback``, only decisions that have feedback (of any metric, source or model)."""
     clauses: list[str] = []
     params: list[Any] = []
     for column, op, value in (("route", "=", route), ("created_at", ">=", since)):
@@ -452,7 +455,16 @@ def logged_filter(dialect: Dialect, route: str | None, since: float | None) -> t
         params.append(value)
         mark = "?" if dialect == "sqlite" else f"${len(params)}"
         clauses.append(f"{column} {op} {mark}")
+    if with_feedback:
+        # The unique feedback key starts with request_id: an index probe per decision, no scan of feedback.
+        clauses.append(f"request_id IN (SELECT request_id FROM {FEEDBACK_TABLE})")
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def without_feedback_sql(where: str) -> str:
+    """Count the decisions :func:`logged_filter` (without ``with_feedback``) selects that have no feedback."""
+    condition = f"NOT EXISTS (SELECT 1 FROM {FEEDBACK_TABLE} f WHERE f.request_id = {DECISIONS_TABLE}.request_id)"
+    return f"SELECT count(*) FROM {DECISIONS_TABLE}" + (f"{where} AND {condition}" if where else f" WHERE {condition}")
 
 
 #: What :meth:`DecisionStore.forget` reports, per table.

@@ -70,6 +70,7 @@ from store.schema import (
     select_subcalls_sql,
     upsert_feedback_sql,
     version_table_ddl,
+    without_feedback_sql,
 )
 
 T = TypeVar("T")
@@ -393,9 +394,9 @@ class SQLiteDecisionStore:
         return int(rows[0]["n"])
 
     async def logged_requests(
-        self, *, route: str | None = None, since: float | None = None
+        self, *, route: str | None = None, since: float | None = None, with_feedback: bool = False
     ) -> list[LoggedRequest]:
-        where, params = logged_filter("sqlite", route, since)
+        where, params = logged_filter("sqlite", route, since, with_feedback=with_feedback)
         chosen = f"request_id IN (SELECT request_id FROM decisions{where})"
         queries = [
             (select_decisions_sql() + where + " ORDER BY created_at, request_id", params),
@@ -404,6 +405,11 @@ class SQLiteDecisionStore:
         ]
         decisions, conversations, feedback = await self._run(self._snapshot_sync, queries)
         return join_logged(decisions, conversations, feedback)
+
+    async def count_without_feedback(self, *, route: str | None = None, since: float | None = None) -> int:
+        where, params = logged_filter("sqlite", route, since)
+        rows = await self._run(self._query_sync, without_feedback_sql(where), tuple(params))
+        return int(rows[0][0])
 
     async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:
         """Served decisions since ``since``, aggregated per ``bucket_seconds`` (one snapshot)."""

@@ -368,6 +368,33 @@ def _conversation(request_id: str, *, text: str | None, embedding: np.ndarray | 
     )
 
 
+def test_training_from_a_busy_store_reads_only_the_requests_with_feedback(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from store import FeedbackRecord
+
+    # 20,000 served requests, each with its conversation's embedding; 20 of them compared. Reading every
+    # decision (about 6 KB each in memory: a store of millions did not fit) to keep the 20 is what it did.
+    db = tmp_path / "pointsman.db"
+    rng = np.random.default_rng(0)
+    records = [_record(f"r{i}", WEAK, _conversation(f"r{i}", text=None, embedding=rng.normal(size=256)))
+               for i in range(20_000)]
+    feedback = [FeedbackRecord(f"r{i}", float(i % 2), source="judge", model=model)
+                for i in range(0, 20_000, 1_000) for model in (STRONG, WEAK)]
+    _write_store(db, records, feedback)
+    del records
+    tracemalloc.start()
+    try:
+        src = load_source(f"logs:sqlite:///{db}")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(src.rows) == 20 and all(r.labelled_for(STRONG, WEAK) for r in src.rows)
+    assert src.skipped == {"no quality feedback": 19_980}  # counted, as before, without being read
+    assert src.logged_skipped == {"no quality feedback on the served answer": 20_000}  # judged, not served
+    assert peak < 20 * 2**20, f"peak {peak / 2**20:.0f} MB to read 20 labelled requests"
+
+
 def test_logs_join_feedback_per_model_and_skip_what_cannot_train(tmp_path: Path) -> None:
     from store import FeedbackRecord
 

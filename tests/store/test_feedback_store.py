@@ -114,6 +114,29 @@ async def test_logged_requests_join_decisions_conversations_and_feedback(
     assert await store.logged_requests(route="auto", since=1_700_000_002.0) == [auto[1]]
 
 
+async def test_logged_requests_with_feedback_reads_only_those_and_counts_the_rest(
+    store: DecisionStore, make_record: MakeRecord
+) -> None:
+    # Training reads a busy store's few requests with feedback, not its millions of decisions.
+    await store.write_batch([make_record(i, route="auto" if i % 2 else "other") for i in range(1, 9)])
+    await store.write_feedback([
+        FeedbackRecord("req-000001", 1.0, created_at=5.0),
+        FeedbackRecord("req-000001", 0.0, source="judge", model="small", created_at=5.0),  # one request, two rows
+        FeedbackRecord("req-000004", 0.5, metric="helpfulness", created_at=5.0),  # any metric counts as feedback
+        FeedbackRecord("req-000007", 0.0, created_at=5.0),
+        FeedbackRecord("never-logged", 0.5, created_at=5.0),
+    ])
+    labelled = await store.logged_requests(with_feedback=True)
+    assert [item.record.request_id for item in labelled] == ["req-000001", "req-000004", "req-000007"]
+    assert [len(item.feedback) for item in labelled] == [2, 1, 1]
+    assert labelled == [item for item in await store.logged_requests() if item.feedback]
+    assert await store.count_without_feedback() == 5
+    auto = await store.logged_requests(route="auto", since=1_700_000_003.0, with_feedback=True)
+    assert [item.record.request_id for item in auto] == ["req-000007"]
+    assert await store.count_without_feedback(route="auto", since=1_700_000_003.0) == 2  # 3 and 5
+    assert await store.count_without_feedback(route="nowhere") == 0
+
+
 async def test_a_retried_decision_keeps_its_first_conversation(store: DecisionStore, make_record: MakeRecord) -> None:
     await store.write_batch([make_record(1, conversation=conversation("req-000001", text="first"))])
     await store.write_batch([make_record(1, conversation=conversation("req-000001", text="second"))])
