@@ -156,9 +156,13 @@ class DecisionStore(Protocol):
         returns the (arm, propensity) now stored."""
         ...
 
-    async def experiment_requests(self, experiment: str, since: float | None = None) -> list[LoggedRequest]:
+    async def experiment_requests(
+        self, experiment: str, since: float | None = None, *, with_feedback: bool = False
+    ) -> list[LoggedRequest]:
         """Every decision row of ``experiment`` (served and shadow), oldest first, each with its
-        feedback (conversations are not loaded)."""
+        feedback (conversations are not loaded); with ``with_feedback``, only the rows that have some.
+        Each row's signals, reason and error message are read empty (:data:`store.schema.EXPERIMENT_UNREAD`):
+        no experiment read uses them and they are most of a row."""
         ...
 
 

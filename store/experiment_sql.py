@@ -11,7 +11,14 @@ from typing import Any
 
 from store._codec import RowLike, decode_json
 from store.records import ArmStop, ArmTotals, ExperimentRow
-from store.schema import ARM_STOPS_TABLE, ASSIGNMENTS_TABLE, DECISIONS_TABLE, EXPERIMENTS_TABLE, Dialect
+from store.schema import (
+    ARM_STOPS_TABLE,
+    ASSIGNMENTS_TABLE,
+    DECISIONS_TABLE,
+    EXPERIMENTS_TABLE,
+    FEEDBACK_TABLE,
+    Dialect,
+)
 
 # Served rows of an experiment: not a shadow decision, and not a request the client walked away
 # from (its latency and status say nothing about the arm).
@@ -83,12 +90,17 @@ def latencies_sql(dialect: Dialect) -> str:
     )
 
 
-def experiment_filter(dialect: Dialect, since: float | None) -> tuple[str, list[Any]]:
+def experiment_filter(dialect: Dialect, since: float | None, *, with_feedback: bool = False) -> tuple[str, list[Any]]:
     """WHERE clause (and its parameters after the experiment name) selecting an experiment's rows,
-    served and shadow."""
-    if since is None:
-        return f" WHERE experiment = {_p(dialect, 1)}", []
-    return f" WHERE experiment = {_p(dialect, 1)} AND created_at >= {_p(dialect, 2)}", [since]
+    served and shadow; with ``with_feedback``, only those that have feedback."""
+    where = f" WHERE experiment = {_p(dialect, 1)}"
+    params: list[Any] = []
+    if since is not None:
+        where += f" AND created_at >= {_p(dialect, 2)}"
+        params.append(since)
+    if with_feedback:
+        where += f" AND request_id IN (SELECT request_id FROM {FEEDBACK_TABLE})"
+    return where, params
 
 
 def select_assignment_sql(dialect: Dialect) -> str:

@@ -106,5 +106,7 @@ class NullDecisionStore:
     ) -> tuple[str, float | None]:
         return arm, propensity  # nothing kept: the caller's in-memory assignment is all there is
 
-    async def experiment_requests(self, experiment: str, since: float | None = None) -> list[LoggedRequest]:
+    async def experiment_requests(
+        self, experiment: str, since: float | None = None, *, with_feedback: bool = False
+    ) -> list[LoggedRequest]:
         return []

@@ -7,6 +7,7 @@ isolate itself with ``?search_path=name`` in the DSN or ``server_settings``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from store.records import (
     TrafficWindow,
 )
 from store.schema import (
+    EXPERIMENT_UNREAD,
     FORGET_TABLES,
     VERSION_TABLE,
     forget_sql,
@@ -304,16 +306,24 @@ class PostgresDecisionStore:
         assert row is not None  # inserted or already there, in this transaction
         return str(row["arm"]), row["propensity"]
 
-    async def experiment_requests(self, experiment: str, since: float | None = None) -> list[LoggedRequest]:
-        """Every decision row of ``experiment`` (served and shadow), oldest first, with its feedback."""
-        where, extra = xsql.experiment_filter("postgres", since)
+    async def experiment_requests(
+        self, experiment: str, since: float | None = None, *, with_feedback: bool = False
+    ) -> list[LoggedRequest]:
+        """Every decision row of ``experiment`` (served and shadow), oldest first, each with its
+        feedback (conversations are not loaded); with ``with_feedback``, only the rows that have some.
+        Each row's signals, reason and error message are read empty (:data:`store.schema.EXPERIMENT_UNREAD`):
+        no experiment read uses them and they are most of a row."""
+        where, extra = xsql.experiment_filter("postgres", since, with_feedback=with_feedback)
         params = [experiment, *extra]
         chosen = f"request_id IN (SELECT request_id FROM decisions{where})"
         async with self._require_pool().acquire() as conn, conn.transaction(
             isolation="repeatable_read", readonly=True
         ):
-            decisions = await conn.fetch(select_decisions_sql() + where + " ORDER BY created_at, request_id", *params)
+            decisions = await conn.fetch(
+                select_decisions_sql(EXPERIMENT_UNREAD) + where + " ORDER BY created_at, request_id", *params
+            )
             feedback = await conn.fetch(
                 select_feedback_sql() + " WHERE " + chosen + " ORDER BY metric, source, model", *params
             )
-        return join_logged(decisions, [], feedback)
+        # Decoded off the event loop: a large experiment's rows took seconds of it.
+        return await asyncio.to_thread(join_logged, decisions, [], feedback)

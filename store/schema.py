@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from store.records import COLUMNS, JSON_COLUMNS, DecisionRecord
@@ -392,9 +393,17 @@ def insert_decisions_sql(dialect: Dialect) -> str:
     )
 
 
-def select_decisions_sql() -> str:
-    """SELECT of every decision column, in COLUMNS order (append WHERE / ORDER BY)."""
-    return f"SELECT {', '.join(COLUMNS)} FROM {DECISIONS_TABLE}"
+#: Columns an experiment read leaves unread (read back empty): no A/B report or arm allocation uses them,
+#: and the signals are most of a decision's size (their JSON decoded, several KB a row in memory).
+EXPERIMENT_UNREAD: dict[str, str] = {"signals": "NULL", "reason": "''", "error_message": "NULL"}
+
+
+def select_decisions_sql(unread: Mapping[str, str] | None = None) -> str:
+    """SELECT of every decision column, in COLUMNS order (append WHERE / ORDER BY); a column of
+    ``unread`` (name -> SQL literal, e.g. :data:`EXPERIMENT_UNREAD`) is read as that literal instead."""
+    unread = unread or {}
+    columns = (f"{unread[c]} AS {c}" if c in unread else c for c in COLUMNS)
+    return f"SELECT {', '.join(columns)} FROM {DECISIONS_TABLE}"
 
 
 def upsert_feedback_sql(dialect: Dialect) -> str:

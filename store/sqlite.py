@@ -52,6 +52,7 @@ from store.records import (
 from store.schema import (
     CONVERSATIONS_TABLE,
     DECISIONS_TABLE,
+    EXPERIMENT_UNREAD,
     FEEDBACK_TABLE,
     FORGET_TABLES,
     SUBCALLS_TABLE,
@@ -477,16 +478,25 @@ class SQLiteDecisionStore:
             row = conn.execute(xsql.select_assignment_sql("sqlite"), params[:2]).fetchone()
         return str(row["arm"]), row["propensity"]
 
-    async def experiment_requests(self, experiment: str, since: float | None = None) -> list[LoggedRequest]:
-        """Every decision row of ``experiment`` (served and shadow), oldest first, with its feedback."""
-        where, extra = xsql.experiment_filter("sqlite", since)
+    async def experiment_requests(
+        self, experiment: str, since: float | None = None, *, with_feedback: bool = False
+    ) -> list[LoggedRequest]:
+        """Every decision row of ``experiment`` (served and shadow), oldest first, each with its
+        feedback (conversations are not loaded); with ``with_feedback``, only the rows that have some.
+        Each row's signals, reason and error message are read empty (:data:`store.schema.EXPERIMENT_UNREAD`):
+        no experiment read uses them and they are most of a row."""
+        where, extra = xsql.experiment_filter("sqlite", since, with_feedback=with_feedback)
         params = [experiment, *extra]
         chosen = f"request_id IN (SELECT request_id FROM decisions{where})"
         queries = [
-            (select_decisions_sql() + where + " ORDER BY created_at, request_id", params),
+            (select_decisions_sql(EXPERIMENT_UNREAD) + where + " ORDER BY created_at, request_id", params),
             (select_feedback_sql() + " WHERE " + chosen + " ORDER BY metric, source, model", params),
         ]
-        decisions, feedback = await self._run(self._snapshot_sync, queries)
+        return await self._run(self._joined_sync, queries)
+
+    def _joined_sync(self, queries: list[tuple[str, list[Any]]]) -> list[LoggedRequest]:
+        # Decoded in the store's thread too: a large experiment's rows took seconds of the event loop.
+        decisions, feedback = self._snapshot_sync(queries)
         return join_logged(decisions, [], feedback)
 
     def _write_one_sync(self, sql: str, params: tuple[Any, ...]) -> int:

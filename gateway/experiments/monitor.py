@@ -22,7 +22,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import Counter
@@ -172,8 +172,13 @@ class ExperimentMonitor:
     async def reallocate(self, experiment: LiveExperiment) -> None:
         """Recompute the probabilities new keys of an adaptive experiment get, from the store."""
         config = experiment.config
-        rows = await self._store.experiment_requests(experiment.name, since=config.start_ts)
-        self.evidence[experiment.name] = arm_evidence(rows, config.allocation.metric)
+        # Costs are summed by the store; only the requests with feedback are read for their outcomes
+        # (reading every request of a long experiment every update_interval held the event loop for
+        # seconds and the gateway's memory by gigabytes).
+        totals = await self._store.experiment_totals(experiment.name, since=config.start_ts)
+        rows = await self._store.experiment_requests(experiment.name, since=config.start_ts, with_feedback=True)
+        metric = config.allocation.metric
+        self.evidence[experiment.name] = await asyncio.to_thread(arm_evidence, rows, metric, totals)
         self._allocation_changed(experiment)
 
     def _allocation_changed(self, experiment: LiveExperiment) -> None:
@@ -187,11 +192,16 @@ class ExperimentMonitor:
                  ", ".join(f"{arm} {p:.3f}" for arm, p in propensities.items()))
 
 
-def arm_evidence(rows: Iterable[LoggedRequest], metric: str) -> dict[str, ArmEvidence]:
+def arm_evidence(
+    rows: Iterable[LoggedRequest], metric: str, totals: Mapping[str, ArmTotals] | None = None
+) -> dict[str, ArmEvidence]:
     """Per arm: the outcomes and costs of the served requests in ``rows`` (shadow rows and client
     disconnects left out). A request's outcome is the mean of its explicit ``metric`` feedback about the
     served answer (``user``, ``rule``, ``import``), else the judge's score of the served model, else 0
-    when the gateway recorded an implicit signal on it (a re-ask, a regeneration ...), else none."""
+    when the gateway recorded an implicit signal on it (a re-ask, a regeneration ...), else none.
+
+    With ``totals`` (the store's per-arm sums over the same served requests), the costs are the store's
+    and ``rows`` need only hold the requests that have feedback."""
     sums: dict[str, list[float]] = {}
     for row in rows:
         record = row.record
@@ -203,10 +213,13 @@ def arm_evidence(rows: Iterable[LoggedRequest], metric: str) -> dict[str, ArmEvi
         if outcome is not None:
             acc[0] += 1.0
             acc[1] += min(max(outcome, 0.0), 1.0)
-        if record.cost_usd is not None:
+        if totals is None and record.cost_usd is not None:
             acc[2] += 1.0
             acc[3] += record.cost_usd
             acc[4] += record.cost_usd * record.cost_usd
+    for arm, total in (totals or {}).items():
+        acc = sums.setdefault(arm, [0.0, 0.0, 0.0, 0.0, 0.0])
+        acc[2:] = [float(total.cost_requests), total.cost_sum, total.cost_sq_sum]
     return {arm: ArmEvidence(a[0], a[1], int(a[2]), a[3], a[4]) for arm, a in sums.items()}
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.experiments.monitor import arm_evidence, request_outcome
-from store.records import DecisionRecord, FeedbackRecord, LoggedRequest
+from store.records import ArmTotals, DecisionRecord, FeedbackRecord, LoggedRequest
 
 
 def row(arm: str, *feedback: FeedbackRecord, cost: float | None = 0.001, **fields: Any) -> LoggedRequest:
@@ -41,3 +41,15 @@ def test_evidence_per_arm_leaves_shadows_and_disconnects_out() -> None:
     assert (a.outcomes, a.quality_sum, a.cost_requests) == (2, 1.0, 2)
     assert a.mean_cost == pytest.approx(0.002)
     assert (b.outcomes, b.quality_sum, b.cost_requests) == (1, 0.5, 1)
+
+
+def test_with_the_stores_totals_costs_are_theirs_and_rows_need_only_the_requests_with_feedback() -> None:
+    # What a reallocation reads: the arms' cost sums from the store, the requests with feedback for outcomes.
+    rows = [row("a", fb(1.0), cost=0.5), row("a", fb(0.0), cost=0.5), row("b", fb(1.0), shadow_of="x")]
+    totals = {"a": ArmTotals("a", requests=10, cost_requests=9, cost_sum=0.02, cost_sq_sum=0.0001),
+              "b": ArmTotals("b", requests=4, cost_requests=4, cost_sum=0.04, cost_sq_sum=0.0004)}
+    evidence = arm_evidence(rows, "quality", totals)
+    a, b = evidence["a"], evidence["b"]
+    assert (a.outcomes, a.quality_sum) == (2, 1.0) and (b.outcomes, b.quality_sum) == (0, 0.0)
+    assert (a.cost_requests, a.cost_sum, a.cost_sq_sum) == (9, 0.02, 0.0001)  # not the rows' 2 x 0.5
+    assert (b.cost_requests, b.mean_cost) == (4, pytest.approx(0.01))  # an arm with no outcome yet has its costs
