@@ -560,20 +560,20 @@ class ProxyService:
         assert record.latency_ms is not None and record.overhead_ms is not None
         route, model, backend = record.route or DIRECT_ROUTE, record.model or "", record.backend or ""
         metrics = self.metrics
-        metrics.requests.labels(route, model, backend, str(record.status)).inc()
-        metrics.latency.labels(route, model, backend).observe(record.latency_ms / 1000.0)
-        metrics.overhead.labels(route).observe(record.overhead_ms / 1000.0)
+        metrics.requests_child(route, model, backend, str(record.status)).inc()
+        metrics.latency_child(route, model, backend).observe(record.latency_ms / 1000.0)
+        metrics.overhead_child(route).observe(record.overhead_ms / 1000.0)
         if record.ttft_ms is not None:
-            metrics.ttft.labels(route, model, backend).observe(record.ttft_ms / 1000.0)
+            metrics.ttft_child(route, model, backend).observe(record.ttft_ms / 1000.0)
         if record.experiment is not None:
             metrics.experiment_requests.labels(record.experiment, record.experiment_arm or "").inc()
         if record.workflow is None:  # a workflow's tokens and cost were counted per sub-call model
             if record.prompt_tokens:
-                metrics.tokens.labels(route, model, backend, "prompt").inc(record.prompt_tokens)
+                metrics.tokens_child(route, model, backend, "prompt").inc(record.prompt_tokens)
             if record.completion_tokens:
-                metrics.tokens.labels(route, model, backend, "completion").inc(record.completion_tokens)
+                metrics.tokens_child(route, model, backend, "completion").inc(record.completion_tokens)
             if record.cost_usd:
-                metrics.cost.labels(route, model, backend).inc(record.cost_usd)
+                metrics.cost_child(route, model, backend).inc(record.cost_usd)
         if record.outcome != "ok":
             log.info(
                 "request %s %s: %s %s (%s)", record.request_id, record.endpoint, record.status,
