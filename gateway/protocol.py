@@ -45,11 +45,28 @@ async def read_body(receive: Receive, content_length: str | None, limit: int, ti
     """The request body, refusing more than ``limit`` bytes (by header or while reading, for chunked)
     and a body that has not fully arrived ``timeout`` seconds after its headers (408): a client
     trickling a body must not hold a connection and a request slot for ever."""
+    # asyncio.timeout's semantics by hand, for their cost on every request (~6 us, against ~2.5 us for
+    # the timer alone): the task is cancelled at the deadline, and that cancellation, only that one,
+    # becomes the 408.
+    task = asyncio.current_task()
+    assert task is not None
+    cancelling = task.cancelling()
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout, expire)
     try:
-        async with asyncio.timeout(timeout):
-            return await _read_body(receive, content_length, limit)
-    except TimeoutError:
-        raise RequestTimeoutError(f"the request body did not arrive within {timeout:g} seconds") from None
+        return await _read_body(receive, content_length, limit)
+    except asyncio.CancelledError:
+        if expired and task.uncancel() <= cancelling:
+            raise RequestTimeoutError(f"the request body did not arrive within {timeout:g} seconds") from None
+        raise
+    finally:
+        timer.cancel()
 
 
 async def _read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
