@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from store.records import (
+    ArmOutcomes,
     ArmStop,
     ArmTotals,
     DecisionRecord,
@@ -139,6 +140,16 @@ class DecisionStore(Protocol):
     async def experiment_totals(self, experiment: str, since: float | None = None) -> dict[str, ArmTotals]:
         """Per arm: served requests, errors and cost sums of ``experiment`` (created at or after
         ``since``), over every replica's rows; shadow rows and client disconnects left out."""
+        ...
+
+    async def experiment_outcomes(
+        self, experiment: str, metric: str, since: float | None = None
+    ) -> dict[str, ArmOutcomes]:
+        """Per arm: the served requests of ``experiment`` (created at or after ``since``, shadow rows and
+        client disconnects left out) whose feedback gives an outcome under ``metric``, and the sum of
+        those outcomes clamped to [0, 1], computed in the store (no request crosses into Python); a
+        request's outcome is :func:`store.outcomes.served_feedback`'s with the judge. Arms without
+        feedback are absent."""
         ...
 
     async def experiment_latencies(self, experiment: str, since: float) -> dict[str, list[float]]:

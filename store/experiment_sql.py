@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from store._codec import RowLike, decode_json
-from store.records import ArmStop, ArmTotals, ExperimentRow
+from store.outcomes import EXPLICIT_SOURCES, IMPLICIT_SCORE, IMPLICIT_SOURCE, JUDGE_SOURCE, QUALITY_METRIC
+from store.records import ArmOutcomes, ArmStop, ArmTotals, ExperimentRow
 from store.schema import (
     ARM_STOPS_TABLE,
     ASSIGNMENTS_TABLE,
@@ -81,6 +82,46 @@ def totals_sql(dialect: Dialect, *, since: bool) -> str:
     )
 
 
+def outcomes_sql(dialect: Dialect, metric: str, *, since: bool) -> str:
+    """Per-arm outcomes of an experiment's served rows under ``metric``, combined per request in SQL
+    exactly as :func:`store.outcomes.served_feedback` then ``.outcome(metric, use_judge=True)`` combine
+    them in Python (parameters: experiment, metric[, since]).
+
+    Per served request (an inner GROUP BY request): the feedback rows about its served answer (``model``
+    empty or the served model's name); its outcome is the mean of its explicit rows under the metric,
+    else the mean of its judge rows under it, else :data:`~store.outcomes.IMPLICIT_SCORE` when an
+    implicit row scored it below 1 (any implicit row for ``quality``, one named like the metric
+    otherwise), else none. Per arm: the requests with an outcome, and the sum of their outcomes clamped
+    to [0, 1]. A NULL score (rows written before schema step 2, or a non-finite score) is no evidence;
+    the rows-based reading took it for NaN, which made the arm's sum NaN.
+    """
+    # Numbered placeholders in both dialects (SQLite's ?NNN): the metric is compared more than once.
+    n = "?" if dialect == "sqlite" else "$"
+    where = _SERVED.format(p1=f"{n}1")
+    if since:
+        where += f" AND created_at >= {n}3"
+    metric_p = f"{n}2"
+    real = "double precision"
+    explicit = ", ".join(f"'{source}'" for source in EXPLICIT_SOURCES)
+    implicit_metric = "" if metric == QUALITY_METRIC else f" AND f.metric = {metric_p}"
+    per_request = (
+        "SELECT d.arm AS arm, coalesce("
+        f"avg(CASE WHEN f.metric = {metric_p} AND f.source IN ({explicit}) THEN f.score END), "
+        f"avg(CASE WHEN f.metric = {metric_p} AND f.source = '{JUDGE_SOURCE}' THEN f.score END), "
+        f"max(CASE WHEN f.source = '{IMPLICIT_SOURCE}' AND f.score < 1.0{implicit_metric} "
+        f"THEN CAST({IMPLICIT_SCORE!r} AS {real}) END)) AS outcome "
+        f"FROM (SELECT request_id, experiment_arm AS arm, coalesce(model, '') AS model FROM {DECISIONS_TABLE} "
+        f"WHERE {where}) d "
+        f"JOIN {FEEDBACK_TABLE} f ON f.request_id = d.request_id AND f.model IN ('', d.model) "
+        "GROUP BY d.request_id, d.arm"
+    )
+    return (
+        "SELECT arm, count(outcome) AS outcomes, coalesce(sum("
+        f"CASE WHEN outcome < 0 THEN CAST(0 AS {real}) WHEN outcome > 1 THEN CAST(1 AS {real}) ELSE outcome END"
+        f"), CAST(0 AS {real})) AS quality_sum FROM ({per_request}) per_request GROUP BY arm"
+    )
+
+
 def latencies_sql(dialect: Dialect) -> str:
     """(arm, latency_ms) of an experiment's served rows since a time (parameters: experiment, since)."""
     where = _SERVED.format(p1=_p(dialect, 1))
@@ -142,6 +183,10 @@ def totals_from_row(row: RowLike) -> ArmTotals:
         cost_requests=int(row["cost_requests"]), cost_sum=float(row["cost_sum"] or 0.0),
         cost_sq_sum=float(row["cost_sq_sum"] or 0.0), latency_requests=int(row["latency_requests"]),
     )
+
+
+def outcomes_from_row(row: RowLike) -> ArmOutcomes:
+    return ArmOutcomes(arm=str(row["arm"]), outcomes=int(row["outcomes"]), quality_sum=float(row["quality_sum"] or 0.0))
 
 
 def latencies_from_rows(rows: Iterable[RowLike]) -> dict[str, list[float]]:

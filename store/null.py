@@ -7,6 +7,7 @@ from typing import Any
 
 from store.base import check_forget_args
 from store.records import (
+    ArmOutcomes,
     ArmStop,
     ArmTotals,
     DecisionRecord,
@@ -93,6 +94,11 @@ class NullDecisionStore:
         return []
 
     async def experiment_totals(self, experiment: str, since: float | None = None) -> dict[str, ArmTotals]:
+        return {}
+
+    async def experiment_outcomes(
+        self, experiment: str, metric: str, since: float | None = None
+    ) -> dict[str, ArmOutcomes]:
         return {}
 
     async def experiment_latencies(self, experiment: str, since: float) -> dict[str, list[float]]:

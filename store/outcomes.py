@@ -11,6 +11,11 @@ differ only in which evidence they accept, not in what counts as evidence:
 - *implicit failure*: a row the gateway recorded itself (``source: implicit``: a re-ask, a regeneration,
   a truncated answer, an upstream error), only ever written as a failure (score 0). It speaks to the
   metric ``quality`` and to a metric named like the signal.
+
+Adaptive allocation reads the same outcome aggregated per arm by the store, in SQL
+(:func:`store.experiment_sql.outcomes_sql`, which spells :func:`served_feedback` and
+``outcome(metric, use_judge=True)`` out per request): a change here must be made there too (the store
+tests compare the two on SQLite and PostgreSQL).
 """
 
 from __future__ import annotations

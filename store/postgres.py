@@ -29,6 +29,7 @@ from store._codec import (
 )
 from store.base import check_forget_args
 from store.records import (
+    ArmOutcomes,
     ArmStop,
     ArmTotals,
     DecisionRecord,
@@ -287,6 +288,14 @@ class PostgresDecisionStore:
         sql = xsql.totals_sql("postgres", since=since is not None)
         rows = await self._require_pool().fetch(sql, *((experiment,) if since is None else (experiment, since)))
         return {totals.arm: totals for totals in map(xsql.totals_from_row, rows)}
+
+    async def experiment_outcomes(
+        self, experiment: str, metric: str, since: float | None = None
+    ) -> dict[str, ArmOutcomes]:
+        sql = xsql.outcomes_sql("postgres", metric, since=since is not None)
+        params = (experiment, metric) if since is None else (experiment, metric, since)
+        rows = await self._require_pool().fetch(sql, *params)
+        return {outcomes.arm: outcomes for outcomes in map(xsql.outcomes_from_row, rows)}
 
     async def experiment_latencies(self, experiment: str, since: float) -> dict[str, list[float]]:
         rows = await self._require_pool().fetch(xsql.latencies_sql("postgres"), experiment, since)

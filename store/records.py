@@ -183,6 +183,17 @@ class ArmTotals:
 
 
 @dataclass(slots=True)
+class ArmOutcomes:
+    """One arm's outcomes under one metric, aggregated in the store: ``outcomes`` served requests whose
+    feedback gives an outcome (:meth:`store.outcomes.ServedFeedback.outcome` with the judge), and the sum
+    of those outcomes clamped to [0, 1]. What adaptive allocation reads, with :class:`ArmTotals`'s costs."""
+
+    arm: str
+    outcomes: int = 0
+    quality_sum: float = 0.0
+
+
+@dataclass(slots=True)
 class TrafficBucket:
     """Served requests of one (time bucket, route, model) in a :class:`TrafficWindow`: ``bucket`` is
     the index of its ``bucket_seconds``-wide slice from the window's start; ``route`` is None for a

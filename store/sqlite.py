@@ -40,6 +40,7 @@ from store._codec import (
 )
 from store.base import check_forget_args
 from store.records import (
+    ArmOutcomes,
     ArmStop,
     ArmTotals,
     DecisionRecord,
@@ -456,6 +457,14 @@ class SQLiteDecisionStore:
         sql = xsql.totals_sql("sqlite", since=since is not None)
         rows = await self._run(self._query_sync, sql, (experiment,) if since is None else (experiment, since))
         return {totals.arm: totals for totals in map(xsql.totals_from_row, rows)}
+
+    async def experiment_outcomes(
+        self, experiment: str, metric: str, since: float | None = None
+    ) -> dict[str, ArmOutcomes]:
+        sql = xsql.outcomes_sql("sqlite", metric, since=since is not None)
+        params = (experiment, metric) if since is None else (experiment, metric, since)
+        rows = await self._run(self._query_sync, sql, params)
+        return {outcomes.arm: outcomes for outcomes in map(xsql.outcomes_from_row, rows)}
 
     async def experiment_latencies(self, experiment: str, since: float) -> dict[str, list[float]]:
         rows = await self._run(self._query_sync, xsql.latencies_sql("sqlite"), (experiment, since))

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway.experiments.monitor import arm_evidence, request_outcome
-from store.records import ArmTotals, DecisionRecord, FeedbackRecord, LoggedRequest
+from gateway.experiments.monitor import aggregate_evidence, arm_evidence, request_outcome
+from policies.experiments.allocation import ArmEvidence
+from store.records import ArmOutcomes, ArmTotals, DecisionRecord, FeedbackRecord, LoggedRequest
 
 
 def row(arm: str, *feedback: FeedbackRecord, cost: float | None = 0.001, **fields: Any) -> LoggedRequest:
@@ -53,3 +54,19 @@ def test_with_the_stores_totals_costs_are_theirs_and_rows_need_only_the_requests
     assert (a.outcomes, a.quality_sum) == (2, 1.0) and (b.outcomes, b.quality_sum) == (0, 0.0)
     assert (a.cost_requests, a.cost_sum, a.cost_sq_sum) == (9, 0.02, 0.0001)  # not the rows' 2 x 0.5
     assert (b.cost_requests, b.mean_cost) == (4, pytest.approx(0.01))  # an arm with no outcome yet has its costs
+
+
+def test_the_stores_aggregates_make_the_same_evidence() -> None:
+    # What a reallocation reads now: the arms' cost sums and outcome sums, both aggregated by the store.
+    totals = {"a": ArmTotals("a", requests=10, cost_requests=9, cost_sum=0.02, cost_sq_sum=0.0001),
+              "b": ArmTotals("b", requests=4, cost_requests=4, cost_sum=0.04, cost_sq_sum=0.0004)}
+    outcomes = {"a": ArmOutcomes("a", outcomes=2, quality_sum=1.0), "c": ArmOutcomes("c", outcomes=1, quality_sum=0.5)}
+    evidence = aggregate_evidence(totals, outcomes)
+    assert evidence == {
+        "a": ArmEvidence(2.0, 1.0, 9, 0.02, 0.0001),
+        "b": ArmEvidence(0.0, 0.0, 4, 0.04, 0.0004),  # no outcome yet: its costs
+        "c": ArmEvidence(1.0, 0.5, 0, 0.0, 0.0),  # feedback read after the totals: its outcomes
+    }
+    assert all(isinstance(e.outcomes, float) for e in evidence.values())  # as arm_evidence's (the seed reads them)
+    rows = [row("a", fb(1.0), cost=0.5), row("a", fb(0.0), cost=0.5)]
+    assert evidence["a"] == arm_evidence(rows, "quality", totals)["a"]

@@ -5,11 +5,14 @@ and latencies over served rows only, and an experiment's rows with their feedbac
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from gateway.experiments.monitor import aggregate_evidence, arm_evidence
+from policies.experiments.allocation import ThompsonAllocator
 from store import DecisionRecord, FeedbackRecord
 from store.base import DecisionStore
 from store.postgres import PostgresDecisionStore
@@ -131,6 +134,93 @@ async def test_experiment_rows_leave_the_signals_reason_and_error_unread(
     assert record.decision == decision and record.status == 502  # what reports read is all there
     full = await store.fetch("req-000001")
     assert full is not None and (full.signals, full.reason, full.error_message) == (signals, "why", "boom")
+
+
+def _experiment_with_feedback(
+    make_record: MakeRecord, seed: int, *, dyadic: bool
+) -> tuple[list[DecisionRecord], list[FeedbackRecord]]:
+    """An adaptive experiment's rows (served on three arms, with and without a model or a cost, shadows,
+    client disconnects, another experiment's rows) and every kind of feedback the outcome reads: explicit
+    rows of each source, about the served model or "", judge rows, implicit failures (and an implicit row
+    at 1, which is no failure), a comparison's rows about another model, other metrics, scores outside
+    [0, 1]. With ``dyadic``, every score and cost is a multiple of a power of two and no request has three
+    explicit rows: every sum is exact, whatever order it is added in."""
+    rng = random.Random(seed)
+    grid = [0.0, 0.125, 0.25, 0.5, 0.75, 1.0]
+
+    def score() -> float:
+        return rng.choice(grid) if dyadic else round(rng.random(), 6)
+
+    records: list[DecisionRecord] = []
+    feedback: list[FeedbackRecord] = []
+    for i in range(1, 241):
+        arm = ("control", "v2", "v3")[i % 3]
+        model = None if i % 17 == 0 else f"m-{arm}"
+        fields: dict[str, Any] = {"experiment": "exp", "experiment_arm": arm, "model": model}
+        if i % 23 == 0:
+            fields.update(status=499, outcome="client_disconnected")
+        if i % 29 == 0:
+            fields["experiment"] = "other"
+        cost = (rng.randrange(1, 64) / 1024 if dyadic else rng.uniform(1e-4, 1e-2)) if i % 7 else None
+        records.append(make_record(i, cost_usd=cost, **fields))
+        rid = f"req-{i:06d}"
+        if i % 11 == 0:
+            records.append(make_record(1000 + i, request_id=f"{rid}:shadow:s", experiment="exp", experiment_arm="s",
+                                       shadow_of=rid, outcome="shadow", model="m-s"))
+            feedback.append(FeedbackRecord(f"{rid}:shadow:s", 1.0, source="judge", model="m-s"))
+        served = model or ""
+        combos = [(source, about) for source in ("user", "rule", "import") for about in {"", served}]
+        kind = rng.random()
+        if kind < 0.45:  # explicit: 1, 2 or (dyadic: 4, else up to 6) rows
+            n = rng.choice([1, 2, 4] if dyadic else [1, 2, 3, 4, 5, 6])
+            for source, about in rng.sample(combos, min(n, len(combos))):
+                feedback.append(FeedbackRecord(rid, score(), source=source, model=about))
+        if rng.random() < 0.3:  # the judge's score(s) of the served answer
+            for about in rng.sample(sorted({"", served}), rng.choice([1, 2]) if served else 1):
+                feedback.append(FeedbackRecord(rid, score(), source="judge", model=about))
+        if rng.random() < 0.2:  # the gateway's implicit failure (or a 1, which is none)
+            feedback.append(FeedbackRecord(rid, rng.choice([0.0, 1.0]), metric=rng.choice(["reask", "helpful"]),
+                                           source="implicit", model=rng.choice(["", served])))
+        if rng.random() < 0.2:  # a comparison's rows about another model: not about the served answer
+            feedback.append(FeedbackRecord(rid, score(), source="judge", model="m-rival"))
+            feedback.append(FeedbackRecord(rid, score(), source="user", model="m-rival"))
+        if rng.random() < 0.2:  # another metric
+            feedback.append(FeedbackRecord(rid, score(), metric="helpful", source=rng.choice(["user", "judge"]),
+                                           model=rng.choice(["", served])))
+        if rng.random() < 0.03:  # out of range: clamped
+            feedback.append(FeedbackRecord(rid, rng.choice([-0.5, 1.5]), source="import", model=served))
+    return records, feedback
+
+
+@pytest.mark.parametrize("dyadic", [True, False], ids=["exact-sums", "any-scores"])
+async def test_the_stores_outcome_aggregates_are_the_evidence_every_row_gives(
+    store: DecisionStore, make_record: MakeRecord, dyadic: bool
+) -> None:
+    # What a reallocation reads (no request crosses into Python) against the evidence of every served
+    # request's row and feedback, combined per request in Python as before.
+    records, feedback = _experiment_with_feedback(make_record, seed=7, dyadic=dyadic)
+    await store.write_batch(records)
+    await store.write_feedback(feedback)
+    allocator = ThompsonAllocator(["control", "v2", "v3"], "control", lam=0.5, draws=2000, salt="exp")
+    for metric in ("quality", "helpful", "reask", "unrated"):
+        for since in (None, 1_700_000_100.0):
+            rows = await store.experiment_requests("exp", since=since)
+            by_rows = arm_evidence(rows, metric)
+            totals = await store.experiment_totals("exp", since=since)
+            by_sql = aggregate_evidence(totals, await store.experiment_outcomes("exp", metric, since=since))
+            assert set(by_sql) == set(by_rows) == {"control", "v2", "v3"}
+            if dyadic:
+                assert by_sql == by_rows, (metric, since)
+            else:  # the same sums, added in another order: equal to the last bits
+                for arm, expected in by_rows.items():
+                    got = by_sql[arm]
+                    assert (got.outcomes, got.cost_requests) == (expected.outcomes, expected.cost_requests)
+                    for field in ("quality_sum", "cost_sum", "cost_sq_sum"):
+                        assert getattr(got, field) == pytest.approx(getattr(expected, field), rel=1e-12, abs=1e-15)
+            assert allocator.propensities(by_sql) == allocator.propensities(by_rows), (metric, since)
+    quality = await store.experiment_outcomes("exp", "quality")
+    assert all(o.outcomes > 20 for o in quality.values())  # the data exercises the outcome
+    assert await store.experiment_outcomes("nothing", "quality") == {}
 
 
 @pytest.mark.postgres
