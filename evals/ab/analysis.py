@@ -14,9 +14,9 @@ Every mean is of a bounded quantity, and its interval is computed with those bou
 no bound known in advance, so the range the experiment's costs span (from 0) stands in. Scores or
 costs that never varied therefore get an interval of positive width, never a zero-width "certainty".
 Each arm's own quality and rates, whose bounds are known in advance, get the bounded-data sequence
-(:func:`policies.experiments.sequential.bounded_mean_path`), which needs no variance estimate and so
-stays right for rates near 0 or 1; costs (bounds read from the data) and differences keep the
-asymptotic one.
+(:func:`policies.experiments.sequential.bounded_mean_path`, a betting confidence sequence), which needs no
+variance estimate and so stays right for rates near 0 or 1; costs (bounds read from the data) and
+differences keep the asymptotic one.
 """
 
 from __future__ import annotations
@@ -402,10 +402,11 @@ def analyze(data: ExperimentData, opts: Options | None = None) -> dict[str, Any]
             "alpha": opts.alpha, "alpha_per_comparison": alpha_cmp, "rho": opts.rho, "planned_n": opts.planned_n,
             "min_effect": opts.min_effect, "srm_alpha": opts.srm_alpha,
             "text": "Always-valid (anytime-valid) confidence sequences. Each arm's quality and rates: a "
-                    "bounded-data confidence sequence (an empirical-Bernstein and Bernoulli mixture, Howard et al. "
-                    "2021), exact at every sample size, also near 0% and 100%; differences between arms and costs: "
-                    "the asymptotic confidence sequence of Waudby-Smith et al. (2024), a normal-mixture boundary "
-                    f"with plug-in variance. Tightest near {opts.planned_n} requests per arm.",
+                    "bounded-data confidence sequence (a mixture of bets on the mean, the betting confidence "
+                    "sequence of Waudby-Smith & Ramdas 2024), exact at every sample size, also near 0% and 100%; "
+                    "differences between arms and costs: the asymptotic confidence sequence of Waudby-Smith, "
+                    "Arbour et al. (2024), a normal-mixture boundary with plug-in variance. "
+                    f"Tightest near {opts.planned_n} requests per arm.",
         },
         "rows": {"served": len(data.served), "shadow": len(data.shadows), "excluded": data.excluded},
         "arms": {arm: arm_stats(data, arm, primary, opts) for arm in arms},

@@ -220,8 +220,9 @@ def method_lines(report: Mapping[str, Any]) -> list[str]:
         f"Every interval is a {1 - m['alpha']:.0%} always-valid confidence sequence: the chance that it ever "
         "misses the true value, at any of the sample sizes it is read at, is at most alpha. Stopping the "
         "experiment as soon as it excludes 0 is therefore safe.",
-        "Each arm's quality and rates use a bounded-data sequence (a mixture of empirical-Bernstein and "
-        "Bernoulli bets, Howard, Ramdas, McAuliffe & Sekhon 2021): exact at every size from the range alone, "
+        "Each arm's quality and rates use a bounded-data sequence (a mixture of bets on the mean: the betting "
+        "confidence sequence of Waudby-Smith & Ramdas 2024, its wealth bounded from the mean and variance): "
+        "exact at every size from the range alone, "
         "so it stays right for rates near 0% or 100%. Differences between arms and costs use the asymptotic "
         "sequence of Waudby-Smith, Arbour, Sinha, Kennedy & Ramdas 2024 (the normal-mixture boundary of the "
         "mSPRT with a plug-in variance; pooled when the arms are unequal).",

@@ -42,9 +42,10 @@ and tends to it as ``n`` grows, so the plug-in estimate stays consistent and the
 guarantee keeps its form; bounds known in advance also clip the interval to what they allow.
 
 A single arm's mean with bounds known in advance (quality in [0, 1], an error rate) gets a
-non-asymptotic sequence instead (:func:`bounded_mean_path`): empirical-Bernstein and Bernoulli bets
-mixed over their size, which need the bounds but no variance estimate, so they keep their promise for
-rates near 0 or 1, where the plug-in variance of the first few observations is about 0.
+non-asymptotic sequence instead (:func:`bounded_mean_path`): a betting confidence sequence (Waudby-Smith
+& Ramdas 2024), a mixture of bets on the mean, which needs the bounds but no variance estimate, so it
+keeps its promise for rates near 0 or 1, where the plug-in variance of the first few observations is
+about 0, and is within 6-12% of the asymptotic width for scores in the middle of the range.
 
 The sample-ratio check is Pearson's chi-square goodness-of-fit test of observed arm counts
 against the configured weights (Fabijan et al., "Diagnosing Sample Ratio Mismatch in Online
@@ -275,21 +276,27 @@ def bounded_mean_path(
     The asymptotic CS plugs in the sample variance, which is about 0 exactly when an early mean sits
     on a bound (20 thumbs down in a row at a true rate of 2%): read after every request, its per-arm
     interval missed a rate of 0.02 or 0.98 in 12-16% of experiments at alpha 5%. This one needs no
-    variance estimate to be right, only the bounds (the empirical-Bernstein supermartingale of Howard,
-    Ramdas, McAuliffe & Sekhon, "Time-uniform, nonparametric, nonasymptotic confidence sequences",
-    Annals of Statistics 2021, Theorem 4, with the candidate mean as its predictor). On the unit range,
-    for a candidate mean ``μ`` and ``λ`` in ``[0, 1)``::
+    variance estimate to be right, only the bounds: it is a betting confidence sequence (Waudby-Smith &
+    Ramdas, "Estimating means of bounded random variables by betting", JRSS-B 2024). On the unit range,
+    for a candidate mean ``μ`` and a bet ``λ`` in ``[0, 1/(1 - μ))``, the wealth::
 
-        exp( λ Σ(x_i - μ) - ψ(λ) Σ(x_i - μ)² ),   ψ(λ) = -log(1 - λ) - λ
+        Π (1 + λ(μ - x_i))
 
-    is a nonnegative supermartingale whenever the observations have mean ``μ`` (each factor is at most
-    ``1 + λ(x_i - μ)``: Fan, Grama & Liu, Stochastic Processes and their Applications 2015), and so is
-    its mirror with ``μ - x_i``. Both depend on the data only through ``n``, the mean and the variance
-    (``Σ(x_i - μ)² = (n - 1)s² + n(mean - μ)²``), so the path costs the same at 100 or 10⁶ requests.
-    Each is mixed over a grid of ``λ`` (:func:`_lambda_mixture`: the normal mixture's ρ for a few
-    standard deviations); by Ville's inequality a candidate at which either mixture reaches ``2/alpha``
-    is ruled out with error at most ``alpha`` over all looks at once, and the interval is the candidates
-    left. ``var`` is the ``ddof=1`` sample variance of the values seen (a larger one only widens it).
+    is a nonnegative martingale whenever the observations have mean ``μ``; so is any mixture of such
+    bets with weights summing to at most 1 (:func:`_betting_mixture`: a grid of constant bets, the
+    normal mixture's ρ for a few standard deviations, and bets of a fixed share of the most ``μ``
+    allows, for rates at a bound), and so is its mirror on ``1 - x``. By Ville's inequality a candidate
+    at which either mixture reaches ``2/alpha`` is ruled out with error at most ``alpha`` over all
+    looks at once, and the interval is the candidates left.
+
+    The wealth would need every observation; a lower bound needs only ``n``, the mean and the variance,
+    so the path costs the same at 100 or 10⁶ requests and does not depend on their order. Among all
+    samples on ``(-inf, 1]`` with a given mean and variance, ``Σ log(1 + λ(μ - x_i))`` (whose third
+    derivative in ``x`` is negative) is smallest for the two-point sample with a share at 1 and the rest
+    at one value below the mean (:func:`_two_point`): the quadratic through the log's value at 1 that
+    touches it at the lower point lies below it on ``(-inf, 1]`` and has the same sum over both
+    samples. For 0/1 values that sample is the data itself: the bound is exact for rates. A smaller
+    wealth only widens the interval. ``var`` is the ``ddof=1`` sample variance of the values seen.
     """
     _check_alpha(alpha)
     nn = np.asarray(n, dtype=float)
@@ -302,11 +309,13 @@ def bounded_mean_path(
         # No range to be uncertain over: every observation, so the mean, is the one value allowed.
         point = np.full(m.shape, low)
         return np.where(enough, point, -np.inf), np.where(enough, point, np.inf)
-    mix = _mixture(rho if rho is not None else rho_for_planned_n(DEFAULT_PLANNED_N, alpha))
+    mix = _betting_mixture(rho if rho is not None else rho_for_planned_n(DEFAULT_PLANNED_N, alpha))
     # On the unit range; a mean a rounding error outside it sits on the bound.
     unit = np.clip((np.where(enough, m, low) - low) / width, 0.0, 1.0).ravel()
     t = np.where(enough, nn, MIN_SAMPLES).ravel()
-    spread = (t - 1) * np.maximum(np.where(enough, v, 0.0), 0.0).ravel() / width**2  # Σ(x_i - mean)²
+    # The population (ddof=0) variance, never above what a mean allows on the range (Bhatia-Davis).
+    spread = (t - 1) / t * np.maximum(np.where(enough, v, 0.0), 0.0).ravel() / width**2
+    spread = np.minimum(spread, unit * (1 - unit))
     threshold = math.log(2 / alpha)
     lower, upper = np.empty_like(unit), np.empty_like(unit)
     for start in range(0, unit.size, _CHUNK):
@@ -320,38 +329,34 @@ def bounded_mean_path(
     return np.where(enough, lower, -np.inf), np.where(enough, upper, np.inf)
 
 
-_CHUNK = 1 << 12  # looks per block of bounded_mean_path: arrays of CHUNK x grid floats stay in cache (larger
-# blocks spent as long again in the kernel, mapping fresh memory for each temporary)
-_EB_LAMBDA_MAX = 0.5  # every empirical-Bernstein term then grows with the distance, over the whole range
-_BERNOULLI_LAMBDA_MAX = 8.0  # a bet of nearly all the wealth on the mean being below the candidate
-_EB_LAMBDA_MIN = 1e-3  # the best λ at 10⁷ observations of the widest spread
-_BERNOULLI_LAMBDA_MIN = 1e-2  # smaller bets are the empirical-Bernstein terms' (a rate's spread is known by then)
-_LAMBDA_RATIO = 1.4  # a geometric grid: the interval's width changed < 1% from a 1.15 grid's
-# Standard deviations (as fractions of the range) each family is tuned for, with their weights. The
-# empirical-Bernstein terms serve spread-out data, widest first (a rate near 50%), then narrower
-# scores whose best λ is larger; the Bernoulli terms serve data bunched at a bound (a rate near 0 or 1),
-# whose best λ is larger still (0 of 20 rules out a rate of 0.2 only with λ of a few).
-_EB_SPREADS = ((0.5, 0.6), (0.25, 0.25), (0.125, 0.15))
-_BERNOULLI_SPREADS = ((0.25, 0.4), (0.06, 0.3), (0.02, 0.3))
-_EB_SHARE = 0.5  # of the prior on the empirical-Bernstein family; the rest on the Bernoulli one
-_SOLVER_STEPS = 4  # Illinois steps inside the bracket: within ~0.3% of the exact boundary
+_CHUNK = 1 << 12  # looks per block of bounded_mean_path: arrays of CHUNK x bets floats stay in cache
+_LAMBDA_MIN = 1e-3  # the smallest constant bet: the best λ at ~10⁷ observations of the widest spread
+_LAMBDA_MAX = 1e3  # the largest (only allowed for candidates within 1/1000 of the top)
+_LAMBDA_RATIO = 1.3  # a geometric grid of constant bets
+_MAX_SHARE = 0.99  # a constant bet λ counts for a candidate μ only while λ(1 - μ) is at most this
+# Standard deviations (as fractions of the range) the constant bets are tuned for, with their weights:
+# spread-out data first (a rate near 50%), then uniform-ish scores, then scores bunched together.
+_SPREADS = ((0.5, 0.3), (0.25, 0.3), (0.12, 0.4))
+# Bets of a fixed share of all ``μ`` allows (λ = share/(1 - μ)), with their weights: the Kelly bets of
+# rates at a bound (0 errors in 300 rules out 1.3% only with nearly all of it) and of very few requests.
+_SHARE_BETS = ((0.3, 0.04), (0.6, 0.04), (0.85, 0.04), (0.97, 0.04), (0.995, 0.04))
+_BISECTIONS = 8  # halvings of log(distance) from 10⁻¹⁰ of the room to all of it: a bracket within 9%
+_SOLVER_STEPS = 6  # Illinois steps inside the bracket
 
 
 @dataclass(frozen=True)
 class _Mixture:
-    """The λ grids (unit range) and log prior weights of the two families of :func:`bounded_mean_path`."""
+    """The bets (unit range) and log prior weights of :func:`bounded_mean_path`'s mixture."""
 
-    eb_lambda: np.ndarray
-    eb_log_w: np.ndarray
-    eb_psi: np.ndarray  # ψ(λ) = -log(1 - λ) - λ
-    b_log_w: np.ndarray
-    b_log_keep: np.ndarray  # log(1 - q) = -λ: what a Bernoulli bet keeps of the wealth on an observation of 1
-    b_q: np.ndarray  # q = 1 - e^(-λ)
+    lam: np.ndarray  # constant bets
+    log_w: np.ndarray
+    share: np.ndarray  # bets of a fixed share of the most a candidate allows
+    share_log_w: np.ndarray
 
     @property
     def size(self) -> int:
-        """How many terms the mixture has."""
-        return int(self.eb_lambda.size + self.b_q.size)
+        """How many bets the mixture has."""
+        return int(self.lam.size + self.share.size)
 
 
 def _half_normal_grid(
@@ -371,69 +376,87 @@ def _half_normal_grid(
     return lam[keep], np.log(weights[keep])
 
 
-def _mixture(rho: float) -> _Mixture:
+def _betting_mixture(rho: float) -> _Mixture:
     """The prior of :func:`bounded_mean_path` for mixing parameter ``rho``: weights summing to 1.
 
     Any weights summing to at most 1 keep the guarantee; these only decide where the sequence is tight.
     """
     if not rho > 0:
         raise ValueError(f"rho must be positive, got {rho}")
-    eb, eb_w = _half_normal_grid(rho, _EB_LAMBDA_MIN, _EB_LAMBDA_MAX, _EB_SPREADS, _EB_SHARE)
-    b, b_w = _half_normal_grid(rho, _BERNOULLI_LAMBDA_MIN, _BERNOULLI_LAMBDA_MAX, _BERNOULLI_SPREADS, 1 - _EB_SHARE)
-    return _Mixture(eb, eb_w, -np.log1p(-eb) - eb, b_w, -b, -np.expm1(-b))
+    shares = np.array([s for s, _ in _SHARE_BETS])
+    share_w = np.array([w for _, w in _SHARE_BETS])
+    lam, log_w = _half_normal_grid(rho, _LAMBDA_MIN, _LAMBDA_MAX, _SPREADS, 1 - float(share_w.sum()))
+    return _Mixture(lam, log_w, shares, np.log(share_w))
 
 
-def _log_wealth(d: np.ndarray, m: np.ndarray, t: np.ndarray, spread: np.ndarray, mix: _Mixture,
+def _two_point(m: np.ndarray, spread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(p, low)``: the sample with mean ``m`` and variance ``spread`` on ``(-inf, 1]`` that has ``p`` of it
+    at 1 and the rest at ``low``."""
+    room = 1 - m
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(room > 0, spread / (spread + room * room), 1.0)
+        low = np.where(room > 0, m - spread / np.where(room > 0, room, 1.0), m)
+    return np.where(np.isfinite(p), p, 1.0), low
+
+
+def _log_wealth(mu: np.ndarray, p: np.ndarray, low: np.ndarray, t: np.ndarray, mix: _Mixture,
                 threshold: float) -> np.ndarray:
-    """Log of the mixture against a candidate ``d`` above the mean ``m`` (unit range), less ``threshold``."""
-    eb = (mix.eb_log_w - threshold) + mix.eb_lambda * (t * d)[:, None] - mix.eb_psi * (spread + t * d * d)[:, None]
-    # The Bernoulli bet: t(m log(1 - q) - log(1 - μq)) at the candidate μ = m + d.
-    per_step = m[:, None] * mix.b_log_keep - np.log1p(-(m + d)[:, None] * mix.b_q)
-    bern = (mix.b_log_w - threshold) + t[:, None] * per_step
+    """Log of the mixture's wealth (its lower bound) against candidate means ``mu`` (< 1), less ``threshold``."""
+    above = (1 - mu)[:, None]  # the most the observation at 1 can lose per unit bet
+    gain = (mu - low)[:, None]  # what the lower point wins per unit bet
+    p2, q2 = p[:, None], (1 - p)[:, None]
+    t2 = t[:, None]
+    risked = mix.lam * above
+    per_step = p2 * np.log1p(-np.minimum(risked, _MAX_SHARE)) + q2 * np.log1p(mix.lam * gain)
+    constant = (mix.log_w - threshold) + t2 * per_step
+    fixed = (mix.share_log_w - threshold) + t2 * (p2 * np.log1p(-mix.share) + q2 * np.log1p(mix.share * (gain / above)))
     # Relative to the threshold the terms that matter are near 1: no max to subtract, only overflow to stop.
-    total = np.exp(np.minimum(eb, 700.0)).sum(axis=1) + np.exp(np.minimum(bern, 700.0)).sum(axis=1)
-    with np.errstate(divide="ignore"):
-        return np.asarray(np.log(total))
+    total = (np.exp(np.minimum(constant, 700.0)) * (risked <= _MAX_SHARE)).sum(axis=1)
+    total += np.exp(np.minimum(fixed, 700.0)).sum(axis=1)
+    return np.asarray(np.log(total))
 
 
 def _ruled_out_above(m: np.ndarray, t: np.ndarray, spread: np.ndarray, mix: _Mixture, threshold: float) -> np.ndarray:
     """Per look, the distance above the mean ``m`` (unit range) beyond which candidates are ruled out (at most 1 - m).
 
-    Every term grows with the candidate (λ ≤ 1/2 for the empirical-Bernstein ones, as d ≤ 1), so the
-    boundary is one root. One term alone reaching ``threshold`` rules a candidate out (the mixture is
-    larger), and no term reaching ``threshold - log(terms)`` leaves it in: both are roots in closed
-    form, a bracket that an Illinois (regula falsi) search narrows. The answer is always a distance
-    verified to be ruled out (or the whole room), so stopping early only widens the interval.
+    Every bet's wealth grows with the candidate, and more bets are allowed as it grows, so the boundary
+    is one root: bisected on a log scale to a bracket, then narrowed by Illinois (regula falsi) steps.
+    The answer is always a distance verified to be ruled out (or the whole room), so stopping early
+    only widens the interval.
     """
     room = 1 - m
+    p, low = _two_point(m, spread)
+    # Near the top (μ -> 1) any observation below it rules the candidate out; with none (m = 1) nothing does.
+    inside = room <= 0
+    safe = np.where(inside, 1.0, room)
 
-    def first_root(level: float) -> np.ndarray:
-        # Empirical Bernstein: ψt·d² - λt·d + c ≤ 0, its smaller root written to keep its digits when c is
-        # small against b (NaN, no root, is skipped by fmin).
-        c = mix.eb_psi * spread[:, None] + (level - mix.eb_log_w)
-        b = mix.eb_lambda * t[:, None]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            eb = np.fmin.reduce(2 * np.maximum(c, 0.0) / (b + np.sqrt(b * b - 4 * mix.eb_psi * t[:, None] * c)), axis=1)
-            # Bernoulli: -log(1 - μq) ≥ g, so μ ≥ (1 - e^(-g))/q.
-            g = (level - mix.b_log_w) / t[:, None] - m[:, None] * mix.b_log_keep
-            bern = (-np.expm1(-g) / mix.b_q).min(axis=1) - m
-        return np.fmin(np.fmin(eb, np.maximum(bern, 0.0)), room)
+    def excess(d: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return _log_wealth(m + d, p, low, t, mix, threshold)
 
-    hi = first_root(threshold)
-    lo = np.minimum(first_root(threshold - math.log(mix.size)), hi)
-    f_hi = _log_wealth(hi, m, t, spread, mix, threshold)
-    f_lo = _log_wealth(lo, m, t, spread, mix, threshold)
-    inside = f_hi < 0  # not even the end of the range is ruled out
+    # log(d / room) in [log 1e-10, 0): the top end is ruled out (wealth unbounded as μ -> 1).
+    a, b = np.full(m.shape, math.log(1e-10)), np.full(m.shape, math.log1p(-1e-12))
+    f_hi = excess(safe * np.exp(b))
+    inside |= ~(f_hi >= 0)  # checked, never assumed
+    f_lo = np.full(m.shape, -threshold)  # at most this at the mean itself (each bet's log wealth is <= 0 there)
+    for _ in range(_BISECTIONS):
+        c = (a + b) / 2
+        f_c = excess(safe * np.exp(c))
+        out = f_c >= 0
+        a, f_lo = np.where(out, a, c), np.where(out, f_lo, f_c)
+        b, f_hi = np.where(out, c, b), np.where(out, f_c, f_hi)
+    lo, hi = safe * np.exp(a), safe * np.exp(b)
     for _ in range(_SOLVER_STEPS):
         with np.errstate(invalid="ignore", divide="ignore"):
             x = hi - f_hi * (hi - lo) / (f_hi - f_lo)
         x = np.where(np.isfinite(x) & (x > lo) & (x < hi), x, (lo + hi) / 2)
-        f_x = _log_wealth(x, m, t, spread, mix, threshold)
+        f_x = excess(x)
         out = f_x >= 0
         # Illinois: halve the value kept at the end that did not move, so the search never stalls there.
         lo, f_lo = np.where(out, lo, x), np.where(out, f_lo / 2, f_x)
         hi, f_hi = np.where(out, x, hi), np.where(out, f_x, f_hi / 2)
-    return np.where(inside, room, hi)
+    # A bracket whose low end is already ruled out (below 10⁻¹⁰ of the room) keeps its verified high end.
+    return np.where(inside, np.maximum(room, 0.0), np.minimum(hi, room))
 
 
 def pooled_floor(
