@@ -339,7 +339,7 @@ def test_each_arm_interval_read_after_every_request_rarely_ever_misses_its_mean(
     of about 0 then gave an interval that excluded the true rate, and 10-16% of experiments saw their arm's
     thumbs interval miss its rate at some look instead of at most alpha (continuous scores near a bound
     missed in 2-10%). The check has the power to see an interval that is too narrow: the same intervals at
-    70% of their width miss in 13-53% of these experiments, and fail it."""
+    70% of their width miss in 13-43% of these experiments, and fail it."""
     reps, requests = 400, 1500
     values = draw(np.random.default_rng(7), (reps, requests))
     n, mean, var = running(values, np.ones(values.shape, dtype=bool))
