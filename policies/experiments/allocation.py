@@ -53,6 +53,30 @@ class ArmEvidence:
         return math.sqrt(variance / n)
 
 
+_AGREED_DIGITS = 9  # significant digits of the evidence every replica draws from
+
+
+def _significant(value: float) -> float:
+    return float(f"{value:.{_AGREED_DIGITS}g}") if math.isfinite(value) else value
+
+
+def _agreed(stats: ArmEvidence) -> ArmEvidence:
+    """``stats`` to 9 significant digits: what every replica reading the same rows agrees on.
+
+    A database's floating-point sums change in their last bits with the order it adds in (PostgreSQL's
+    plan, its parallel workers): 49980.30927705945 on one read, 49980.30927705845 on the next. Rounded
+    to a fixed number of decimals such sums still fell on both sides of a rounding step, so replicas
+    (and successive updates of one) seeded different draws and split traffic a point or two apart:
+    nine decimals of a sum of 50,000 are fourteen digits, within a hundred times of that noise. Nine
+    significant digits are ~10^6 times above it (a straddle is then a one-in-a-million read) and still
+    far finer than anything the posterior can tell apart.
+    """
+    return ArmEvidence(
+        _significant(stats.outcomes), _significant(stats.quality_sum), stats.cost_requests,
+        _significant(stats.cost_sum), _significant(stats.cost_sq_sum),
+    )
+
+
 class ThompsonAllocator:
     """Assignment probabilities of new keys over ``arms`` (``control`` among them) by Thompson sampling."""
 
@@ -101,7 +125,7 @@ class ThompsonAllocator:
     def _win_shares(self, arms: Sequence[str], evidence: Mapping[str, ArmEvidence]) -> np.ndarray:
         """The share of joint posterior draws in which each arm's reward is the largest."""
         empty = ArmEvidence()
-        stats = [evidence.get(arm, empty) for arm in arms]
+        stats = [_agreed(evidence.get(arm, empty)) for arm in arms]
         rng = np.random.default_rng(self._seed(arms, stats))
         shape = (self.draws, len(arms))
         alpha = np.array([1.0 + s.quality_sum for s in stats])
@@ -140,7 +164,6 @@ class ThompsonAllocator:
     def _seed(self, arms: Sequence[str], stats: Sequence[ArmEvidence]) -> int:
         """A seed from the evidence: the same evidence gives the same draws on every replica."""
         text = repr((self.salt, self.lam, self.draws, tuple(arms), tuple(
-            (round(s.outcomes, 9), round(s.quality_sum, 9), s.cost_requests, round(s.cost_sum, 12),
-             round(s.cost_sq_sum, 15)) for s in stats
+            (s.outcomes, s.quality_sum, s.cost_requests, s.cost_sum, s.cost_sq_sum) for s in stats
         )))
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")

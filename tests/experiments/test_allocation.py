@@ -52,6 +52,22 @@ def test_the_same_evidence_gives_the_same_probabilities_on_every_replica() -> No
     assert one == two
 
 
+def test_sums_that_differ_in_their_last_bits_give_the_same_probabilities() -> None:
+    # PostgreSQL adds an arm's outcomes in the order its plan (and parallel workers) gives: two reads
+    # of the same rows returned these two sums. Replicas reading either must split traffic alike.
+    def evidence(quality_sum: float, cost_sum: float) -> dict[str, ArmEvidence]:
+        return {
+            "a": ArmEvidence(100_000, quality_sum, 100_000, cost_sum, 0.0012000000000004),
+            "b": ArmEvidence(100_000, 49_990.0, 100_000, 100.0, 0.0012),
+        }
+
+    allocator = ThompsonAllocator(["a", "b"], "a", lam=0.5)
+    one = allocator.propensities(evidence(49980.30927705945, 100.0000000000118))
+    other = allocator.propensities(evidence(49980.30927705845, 100.00000000003034))
+    assert one == other
+    assert 0.2 < one["a"] < 0.5  # close arms: a coin-like split that any other seed would move
+
+
 def test_keys_are_placed_with_exactly_the_logged_probabilities() -> None:
     propensities = ThompsonAllocator(["c", "a", "b"], "c").propensities(
         {"c": evidence(50, 0.5), "a": evidence(50, 0.6), "b": evidence(50, 0.4)}
