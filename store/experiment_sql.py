@@ -30,6 +30,11 @@ def _p(dialect: Dialect, i: int) -> str:
     return "?" if dialect == "sqlite" else f"${i}"
 
 
+def _numbered(dialect: Dialect, i: int) -> str:
+    """Placeholder ``i`` by number in both dialects (SQLite's ``?NNN``), for a parameter used twice."""
+    return f"?{i}" if dialect == "sqlite" else f"${i}"
+
+
 def upsert_experiment_sql(dialect: Dialect) -> str:
     """INSERT of (name, route, spec, updated_at); a registered experiment is replaced."""
     values = ", ".join(_p(dialect, i) for i in range(1, 5))
@@ -95,12 +100,11 @@ def outcomes_sql(dialect: Dialect, metric: str, *, since: bool) -> str:
     to [0, 1]. A NULL score (rows written before schema step 2, or a non-finite score) is no evidence;
     the rows-based reading took it for NaN, which made the arm's sum NaN.
     """
-    # Numbered placeholders in both dialects (SQLite's ?NNN): the metric is compared more than once.
-    n = "?" if dialect == "sqlite" else "$"
-    where = _SERVED.format(p1=f"{n}1")
+    # Numbered placeholders: the metric is compared more than once.
+    where = _SERVED.format(p1=_numbered(dialect, 1))
     if since:
-        where += f" AND created_at >= {n}3"
-    metric_p = f"{n}2"
+        where += f" AND created_at >= {_numbered(dialect, 3)}"
+    metric_p = _numbered(dialect, 2)
     real = "double precision"
     explicit = ", ".join(f"'{source}'" for source in EXPLICIT_SOURCES)
     implicit_metric = "" if metric == QUALITY_METRIC else f" AND f.metric = {metric_p}"
