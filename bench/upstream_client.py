@@ -8,7 +8,8 @@ gateway's one core the upstream call eats).
 
 Variants:
 
-* ``aiohttp``          ClientSession + TCPConnector(limit=1000), what gateway/upstream.py uses
+* ``aiohttp``          ClientSession + TCPConnector(limit=1000), what gateway/upstream.py used until 2026-12-07
+* ``http1``            the gateway's own keep-alive HTTP/1.1 client (``gateway/http1.py``), what it uses now
 * ``httpx``            httpx.AsyncClient() defaults (max 100 connections, 20 kept alive)
 * ``httpx-bigpool``    httpx with Limits(1000, 1000): the "large keep-alive pool" setting
 * ``httpx-sharded``    8 httpx clients with small pools, round-robin: keeps the pool scans short
@@ -39,7 +40,7 @@ import _procs
 from _args import int_list
 from loadgen import chat_body, percentile
 
-VARIANTS = ("aiohttp", "httpx", "httpx-bigpool", "httpx-sharded", "httpx2", "httpx2-bigpool")
+VARIANTS = ("http1", "aiohttp", "httpx", "httpx-bigpool", "httpx-sharded", "httpx2", "httpx2-bigpool")
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-fake"}
 
 
@@ -58,6 +59,20 @@ async def _make_sender(variant: str, url: str, body: bytes, stack: AsyncExitStac
                 return resp.status
 
         return send_aiohttp
+
+    if variant == "http1":
+        from gateway.http1 import Http1Pool
+
+        pool = Http1Pool()
+        stack.push_async_callback(pool.close)
+
+        async def send_http1() -> int:
+            resp = await pool.request("POST", url, HEADERS, body)
+            while await resp.readany():
+                pass
+            return resp.status
+
+        return send_http1
 
     hx: Any
     if variant.startswith("httpx2"):
@@ -196,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     concurrencies = args.concurrency
     variants = []
     for variant in (v for v in args.variants.split(",") if v):
-        module = "aiohttp" if variant == "aiohttp" else variant.split("-")[0]
+        module = {"aiohttp": "aiohttp", "http1": "httptools"}.get(variant, variant.split("-")[0])
         if importlib.util.find_spec(module) is None:
             console.print(f"[yellow]skipping {variant}: {module} is not installed[/yellow]")
         else:

@@ -1,0 +1,319 @@
+"""The gateway's HTTP/1.1 upstream client against real loopback servers that answer what a test scripts.
+
+Each server is a raw asyncio server (no HTTP library), so answers the gateway's own fake upstreams
+never give (chunked, close-delimited, compressed, 1xx, broken, bytes after the answer) are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import gzip
+import ssl
+import subprocess
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gateway import http1
+
+Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]  # -> keep the connection open
+
+
+@dataclass
+class Server:
+    """Reads whole requests (head + Content-Length body) and answers each with ``answer``."""
+
+    answer: Answer
+    connections: int = 0
+    closed: int = 0
+    requests: list[bytes] = field(default_factory=list)
+    server: asyncio.Server | None = None
+    reader: asyncio.StreamReader | None = None  # the latest connection's
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1/chat/completions"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.reader = reader
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await reader.readexactly(length)
+                self.requests.append(head + body)
+                if not await self.answer(head, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.closed += 1
+            writer.close()
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Answer], Awaitable[Server]]]:
+    servers: list[Server] = []
+
+    async def start(answer: Answer) -> Server:
+        server = Server(answer)
+        server.server = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        assert server.server is not None
+        server.server.close()
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[http1.Http1Pool]:
+    client = http1.Http1Pool(keepalive=60.0)
+    yield client
+    await client.close()
+
+
+def fixed(*parts: bytes, keep: bool = True) -> Answer:
+    async def answer(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+        return keep
+
+    return answer
+
+
+OK = b'{"ok": true}'
+JSON_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n" + OK
+
+
+async def read_all(response: http1.Response) -> bytes:
+    parts = []
+    while chunk := await response.readany():
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def eventually(check: Callable[[], bool], what: str) -> None:
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_keep_alive_reuses_one_connection_and_sends_a_plain_head(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    server = await serve(fixed(JSON_OK))
+    for _ in range(5):
+        response = await pool.request("POST", server.url, {"Content-Type": "application/json"}, b'{"a":1}')
+        assert response.status == 200 and response.headers["content-type"] == "application/json"
+        assert await read_all(response) == OK
+    assert server.connections == 1 and len(server.requests) == 5
+    port = server.url.split(":")[2].split("/")[0]
+    assert server.requests[0] == (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 7\r\n\r\n"
+    ).encode() + b'{"a":1}'
+
+
+async def test_chunked_close_delimited_and_1xx_answers_are_read_whole(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    chunked = await serve(fixed(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
+                                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"))
+    for _ in range(2):
+        response = await pool.request("POST", chunked.url, {}, b"x")
+        assert response.status == 200 and await read_all(response) == b"hello world"
+    assert chunked.connections == 1  # chunked answers keep the connection
+    until_close = await serve(fixed(b"HTTP/1.1 200 OK\r\n\r\nno length, ", b"ends at close", keep=False))
+    response = await pool.request("POST", until_close.url, {}, b"x")
+    assert await read_all(response) == b"no length, ends at close"
+    response = await pool.request("POST", until_close.url, {}, b"x")  # a new connection, not the closed one
+    assert await read_all(response) == b"no length, ends at close" and until_close.connections == 2
+
+
+async def test_compressed_answers_are_decoded_a_bounded_piece_per_read(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    plain = b"0123456789" * 100_000  # 1 MB of answer in ~2 KB on the wire
+    for encoding, data in (("gzip", gzip.compress(plain)), ("deflate", zlib.compress(plain))):
+        head = f"HTTP/1.1 200 OK\r\nContent-Encoding: {encoding}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        server = await serve(fixed(head + data))
+        response = await pool.request("POST", server.url, {}, b"x")
+        pieces = []
+        while piece := await response.readany():
+            pieces.append(piece)
+        assert b"".join(pieces) == plain
+        assert max(map(len, pieces)) <= http1.DECODE_CHUNK  # what one read decodes is bounded: no bomb
+    broken = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nnope!"
+    server = await serve(fixed(broken))
+    response = await pool.request("POST", server.url, {}, b"x")
+    with pytest.raises(http1.ProtocolError, match="could not be decoded"):
+        await read_all(response)
+    server = await serve(fixed(b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 2\r\n\r\nxx"))
+    with pytest.raises(http1.ProtocolError, match="'br'"):
+        await pool.request("POST", server.url, {}, b"x")
+
+
+async def test_broken_answers_raise_and_are_never_reused(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    cut = await serve(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this", keep=False))
+    response = await pool.request("POST", cut.url, {}, b"x")
+    with pytest.raises(http1.ConnectionClosed):
+        await read_all(response)
+    garbage = await serve(fixed(b"SMTP ready\r\n\r\n"))
+    with pytest.raises(http1.ProtocolError):
+        await pool.request("POST", garbage.url, {}, b"x")
+    huge = await serve(fixed(b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (http1.MAX_HEAD_BYTES + 10) + b"\r\n\r\n"))
+    with pytest.raises(http1.ProtocolError, match="head is over"):
+        await pool.request("POST", huge.url, {}, b"x")
+    nothing = await serve(fixed(keep=False))
+    with pytest.raises(http1.ConnectionClosed):
+        await pool.request("POST", nothing.url, {}, b"x")
+    # An answer followed by bytes nobody asked for: the connection is not used again.
+    extra = await serve(fixed(JSON_OK + b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+    assert await read_all(await pool.request("POST", extra.url, {}, b"x")) == OK
+    await asyncio.sleep(0.05)
+    assert await read_all(await pool.request("POST", extra.url, {}, b"x")) == OK
+    assert extra.connections == 2
+
+
+async def test_an_idle_connection_the_server_closed_is_not_used(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    server = await serve(fixed(JSON_OK, keep=False))  # answers, then closes (no Connection: close header)
+    assert await read_all(await pool.request("POST", server.url, {}, b"x")) == OK
+    await eventually(lambda: server.closed == 1, "the server closed its side")
+    await asyncio.sleep(0.05)  # the client has seen the FIN
+    assert await read_all(await pool.request("POST", server.url, {}, b"x")) == OK
+    assert server.connections == 2
+
+
+async def test_idle_connections_are_closed_after_keepalive(
+    serve: Callable[[Answer], Awaitable[Server]]
+) -> None:
+    server = await serve(fixed(JSON_OK))
+    pool = http1.Http1Pool(keepalive=0.2)
+    try:
+        assert await read_all(await pool.request("POST", server.url, {}, b"x")) == OK
+        await eventually(lambda: server.closed == 1, "the idle connection swept")
+    finally:
+        await pool.close()
+
+
+async def test_a_cancelled_wait_drops_the_connection(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    async def never(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        assert server.reader is not None
+        await server.reader.read()  # no answer; returns at the client's close
+        return False
+
+    server = await serve(never)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.1):
+            await pool.request("POST", server.url, {}, b"x")
+    await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
+
+
+async def test_reading_pauses_while_the_reader_lags(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    total = 64 << 20
+
+    async def endless(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n".encode())
+        block = b"x" * (1 << 20)
+        for _ in range(total >> 20):
+            writer.write(block)
+            await writer.drain()
+        return False
+
+    server = await serve(endless)
+    response = await pool.request("POST", server.url, {}, b"x")
+    await asyncio.sleep(0.3)  # the server writes as fast as the client takes it
+    assert response._buffered < 4 * http1.HIGH_WATER  # not the 64 MB the server has to send
+    response.close()
+    await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
+
+
+async def test_url_credentials_are_sent_as_basic_auth_and_bad_headers_are_refused(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    server = await serve(fixed(JSON_OK))
+    url = server.url.replace("http://", "http://svc:p%40ss@")
+    await read_all(await pool.request("POST", url, {"authorization": "Bearer sk-other"}, b"x"))
+    expected = base64.b64encode(b"svc:p@ss")
+    assert b"Authorization: Basic " + expected + b"\r\n" in server.requests[0]
+    assert b"sk-other" not in server.requests[0]
+    for headers in ({"Authorization": "Bearer sk-key\n"}, {"X-A\r\nX-B": "1"}, {"": "1"}):
+        with pytest.raises(ValueError):
+            await pool.request("POST", server.url, headers, b"x")
+    with pytest.raises(ValueError):
+        await pool.request("POST", "ftp://127.0.0.1/x", {}, b"x")
+
+
+async def test_connect_failures_are_connect_errors(pool: http1.Http1Pool) -> None:
+    probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = probe.sockets[0].getsockname()[1]
+    probe.close()
+    await probe.wait_closed()
+    with pytest.raises(http1.ConnectError):
+        await pool.request("POST", f"http://127.0.0.1:{port}/v1", {}, b"x")
+
+
+@pytest.fixture
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for ``localhost`` (and its key) that no trust store knows."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_https_upstreams_are_verified(self_signed: tuple[Path, Path]) -> None:
+    cert, key = self_signed
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+            seen.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(JSON_OK)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_tls)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        default = http1.Http1Pool()  # the system's trust store does not know this certificate
+        with pytest.raises(http1.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await default.request("GET", f"https://localhost:{port}/v1/models", {})
+        await default.close()
+        trusting = http1.Http1Pool(ssl_context=ssl.create_default_context(cafile=str(cert)))
+        response = await trusting.request("GET", f"https://localhost:{port}/v1/models", {})
+        assert response.status == 200 and await read_all(response) == OK
+        assert seen[-1].startswith(b"GET /v1/models HTTP/1.1\r\nHost: localhost:%d\r\n" % port)
+        with pytest.raises(http1.ConnectError, match=r"CERTIFICATE_VERIFY_FAILED|match"):  # wrong host name
+            await trusting.request("GET", f"https://127.0.0.1:{port}/v1/models", {})
+        await trusting.close()
+    finally:
+        server.close()
