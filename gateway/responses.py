@@ -4,6 +4,7 @@ headers of responses that involve no model, OpenAI-shaped errors and plain JSON.
 from __future__ import annotations
 
 import os
+import time
 
 import orjson
 from starlette.responses import Response
@@ -14,8 +15,15 @@ Headers = list[tuple[bytes, bytes]]
 
 
 def new_request_id() -> str:
-    """A unique request id (128 random bits; cheaper than building a uuid.UUID per request)."""
-    return "psm-" + os.urandom(16).hex()
+    """A unique request id: ``psm-`` and 32 hex digits, the first 12 the time in milliseconds, the rest
+    80 random bits (as in a UUIDv7; cheaper than building a uuid.UUID per request).
+
+    Time first, so ids issued later sort later: the decision store's unique index on the id (and the
+    feedback table's) then grows at its end instead of dirtying a random page per request. With 128
+    random bits a SQLite insert cost ~20 us of CPU per row at 300k rows against ~5 us time-ordered, and
+    the gap grows with the table. 80 random bits per millisecond cannot be guessed or collide.
+    """
+    return f"psm-{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 def gateway_headers(request_id: str | None = None) -> Headers:
