@@ -316,8 +316,10 @@ class _Connection(asyncio.Protocol):
         response, self.response = self.response, None
         if response is None:
             return
-        if self._until_close and response._head.done() and not response._head.exception():
-            response._finish()  # a close-delimited body ends here
+        if exc is None and self._until_close and response._head.done() and not response._head.exception():
+            # A close-delimited body ends at a clean close (FIN); a reset or a transport error cuts it
+            # short, and what arrived must not pass for the whole answer.
+            response._finish()
             return
         response._fail(ConnectionClosed(
             "the connection closed before the answer was complete" + (f" ({exc})" if exc else "")

@@ -10,7 +10,9 @@ import asyncio
 import base64
 import contextlib
 import gzip
+import socket
 import ssl
+import struct
 import subprocess
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -317,3 +319,24 @@ async def test_https_upstreams_are_verified(self_signed: tuple[Path, Path]) -> N
         await trusting.close()
     finally:
         server.close()
+
+
+async def test_a_close_delimited_body_cut_by_a_reset_is_an_error_not_the_whole_answer(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    head_read = asyncio.Event()
+
+    async def reset(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"partial": ')
+        await writer.drain()
+        await head_read.wait()
+        # SO_LINGER 0: the close is a reset (RST), not the FIN that ends a close-delimited body.
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+        return False
+
+    server = await serve(reset)
+    response = await pool.request("POST", server.url, {}, b"x")
+    head_read.set()
+    with pytest.raises(http1.ConnectionClosed):
+        await read_all(response)
