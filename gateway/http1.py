@@ -118,6 +118,7 @@ class Response:
         "_head",
         "_loop",
         "_waiter",
+        "_wbits",
         "headers",
         "status",
     )
@@ -132,7 +133,8 @@ class Response:
         self._done = False
         self._error: HttpClientError | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._decoder: Any = None  # a zlib decompress object for a gzip/deflate body
+        self._wbits = 0  # zlib's window bits for a gzip/deflate body, 0 for an unencoded one
+        self._decoder: Any = None  # its zlib decompress object, made with the first piece of the body
         self._head: asyncio.Future[None] = loop.create_future()
 
     @property
@@ -177,9 +179,11 @@ class Response:
         conn = self._conn
         if conn is not None and conn.paused and self._buffered <= HIGH_WATER // 4:
             conn.resume()
+        if not self._wbits:
+            return chunk
         decoder = self._decoder
         if decoder is None:
-            return chunk
+            decoder = self._decoder = zlib.decompressobj(self._wbits)
         try:
             out = decoder.decompress(chunk, DECODE_CHUNK)
         except zlib.error as exc:
@@ -193,7 +197,7 @@ class Response:
 
     def _flush(self) -> bytes:
         decoder, self._decoder = self._decoder, None
-        if decoder is None:
+        if decoder is None:  # unencoded, or an empty body labelled with an encoding (a 204, a length 0)
             return b""
         try:
             rest: bytes = decoder.flush()
@@ -366,9 +370,9 @@ class _Connection(asyncio.Protocol):
         encoding = headers.get("content-encoding", "").strip().lower()
         if encoding and encoding != "identity":
             if encoding == "gzip" or encoding == "x-gzip":
-                response._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                response._wbits = 16 + zlib.MAX_WBITS
             elif encoding == "deflate":
-                response._decoder = zlib.decompressobj(zlib.MAX_WBITS + 32)  # zlib or gzip header, detected
+                response._wbits = zlib.MAX_WBITS + 32  # zlib or gzip header, detected
             else:
                 raise ProtocolError(f"the upstream answered in content-encoding {encoding!r}, not asked for")
         self._until_close = (

@@ -340,3 +340,22 @@ async def test_a_close_delimited_body_cut_by_a_reset_is_an_error_not_the_whole_a
     head_read.set()
     with pytest.raises(http1.ConnectionClosed):
         await read_all(response)
+
+
+async def test_an_empty_body_with_a_content_encoding_is_empty_not_broken(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    # Servers label empty answers (a 204, a Content-Length: 0) with the encoding they would have used.
+    answers = [b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 0\r\n\r\n",
+               b"HTTP/1.1 204 No Content\r\nContent-Encoding: deflate\r\n\r\n"]
+
+    async def in_turn(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(answers.pop(0))
+        await writer.drain()
+        return True
+
+    server = await serve(in_turn)
+    assert await read_all(await pool.request("POST", server.url, {}, b"x")) == b""
+    response = await pool.request("POST", server.url, {}, b"x")
+    assert response.status == 204 and await read_all(response) == b""
+    assert server.connections == 1
