@@ -40,6 +40,7 @@ from typing import Any
 from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from gateway.client_gone import SCOPE_KEY, ClientGone
 from gateway.responses import gateway_headers
 
 #: The largest request head (request line plus headers) read, in bytes; larger: 431.
@@ -77,6 +78,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         self._running = cycle
+        cycle.scope[SCOPE_KEY] = ClientGone()  # type: ignore[literal-required]  # fired in connection_lost
         super()._start_asgi_task(cycle, app)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -94,6 +96,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             running.message_event.set()
         self.pipeline.clear()  # never started
         super().connection_lost(exc)
+        if running is not None and not running.response_complete:
+            gone = running.scope.get(SCOPE_KEY)
+            if isinstance(gone, ClientGone):
+                gone.fire()  # after uvicorn's own bookkeeping: the callbacks cancel the request's task
 
     def data_received(self, data: bytes) -> None:
         if self._last_word is not None:

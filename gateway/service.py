@@ -24,6 +24,8 @@ from starlette.responses import Response
 from classifiers.offload import ScanPool, ScanUnavailable, redact, with_model_first
 from gateway.auth import KeyChecker
 from gateway.cache import CacheLookup, ResponseCache, cache_headers
+from gateway.client_gone import SCOPE_KEY as CLIENT_GONE
+from gateway.client_gone import ClientGone
 from gateway.config import Config
 from gateway.direct import dedupe, direct_plans, explain_direct
 from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailableError
@@ -413,6 +415,24 @@ class ProxyService:
         task = asyncio.current_task()
         assert task is not None
         disconnected = False
+        signal = request.scope.get(CLIENT_GONE)
+        if isinstance(signal, ClientGone):  # the gateway's own HTTP front tells us: no watcher task
+
+            def gone() -> None:
+                nonlocal disconnected
+                disconnected = True
+                task.cancel()
+
+            signal.add(gone)  # already gone: cancelled before work's first step
+            try:
+                return await work
+            except asyncio.CancelledError:
+                if disconnected:
+                    task.uncancel()
+                    return None
+                raise
+            finally:
+                signal.remove(gone)
 
         async def watch() -> None:
             nonlocal disconnected
