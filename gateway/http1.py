@@ -381,6 +381,7 @@ class _Connection(asyncio.Protocol):
         )
         response.status = status
         response.headers = headers
+        self._headers = {}  # a chunked body's trailer fields land here, not in the answer's headers
         response._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:

@@ -359,3 +359,15 @@ async def test_an_empty_body_with_a_content_encoding_is_empty_not_broken(
     response = await pool.request("POST", server.url, {}, b"x")
     assert response.status == 204 and await read_all(response) == b""
     assert server.connections == 1
+
+
+async def test_chunked_trailers_do_not_rewrite_the_answers_headers(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    server = await serve(fixed(head + b"c\r\n" + OK + b"\r\n0\r\nContent-Type: text/html\r\nX-Checksum: 1\r\n\r\n"))
+    for _ in range(2):
+        response = await pool.request("POST", server.url, {}, b"x")
+        assert await read_all(response) == OK
+        assert response.headers["content-type"] == "application/json" and "x-checksum" not in response.headers
+    assert server.connections == 1
