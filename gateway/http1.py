@@ -254,6 +254,8 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.idle_since = 0.0
         self._head_bytes = 0
+        self._in_head = False  # a request is out and its answer's head is not complete yet
+        self._head_read = 0  # bytes read since that head began
         self._headers: dict[str, str] = {}
         self._informational = False
         self._until_close = False  # the body ends when the connection does (no length, not chunked)
@@ -310,6 +312,13 @@ class _Connection(asyncio.Protocol):
             self._protocol_error(message)
         except httptools.HttpParserError as exc:
             self._protocol_error(f"the upstream's answer is not valid HTTP/1.1 ({exc})")
+        else:
+            if self._in_head:
+                # httptools reports a header only once its line ends, buffering it meanwhile: a line
+                # that never ends would grow without bound unless the raw bytes are counted too.
+                self._head_read += len(data)
+                if self._head_read > MAX_HEAD_BYTES:
+                    self._protocol_error(f"the upstream's answer head is over {MAX_HEAD_BYTES} bytes")
 
     def eof_received(self) -> bool | None:
         return None  # close our side too: connection_lost follows
@@ -339,6 +348,8 @@ class _Connection(asyncio.Protocol):
 
     def _begin(self) -> None:
         self._head_bytes = 0
+        self._in_head = True
+        self._head_read = 0
         self._headers = {}
         self._informational = False
         self._until_close = False
@@ -366,6 +377,7 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200 and status != 101:
             self._informational = True  # 100 Continue, 103 Early Hints: the answer follows
             return
+        self._in_head = False
         headers = self._headers
         encoding = headers.get("content-encoding", "").strip().lower()
         if encoding and encoding != "identity":

@@ -371,3 +371,22 @@ async def test_chunked_trailers_do_not_rewrite_the_answers_headers(
         assert await read_all(response) == OK
         assert response.headers["content-type"] == "application/json" and "x-checksum" not in response.headers
     assert server.connections == 1
+
+
+async def test_a_head_line_that_never_ends_is_refused_at_the_head_limit(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    async def endless_line(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+        for _ in range(4):  # the head's limit twice over, in one header value with no line end yet
+            writer.write(b"a" * (http1.MAX_HEAD_BYTES // 2))
+            await writer.drain()
+        assert server.reader is not None
+        await server.reader.read()  # returns at the client's close
+        return False
+
+    server = await serve(endless_line)
+    with pytest.raises(http1.ProtocolError, match="head is over"):
+        async with asyncio.timeout(2):
+            await pool.request("POST", server.url, {}, b"x")
+    await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
