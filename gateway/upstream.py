@@ -225,9 +225,11 @@ class UpstreamClient:
             )
         if raw.status in RETRYABLE_STATUSES:
             body_bytes = b""
-            with contextlib.suppress(UpstreamFailure):
-                body_bytes = await response.read_all()
-            response.close()
+            try:
+                with contextlib.suppress(UpstreamFailure):
+                    body_bytes = await response.read_all()
+            finally:  # cancelled too (the client gone): nobody else holds this response to close it
+                response.close()
             raise UpstreamFailure(
                 "status",
                 f"upstream answered HTTP {raw.status}",

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from gateway import http1
+from gateway.config import Timeouts
+from gateway.upstream import UpstreamClient
 
 Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]  # -> keep the connection open
 
@@ -390,3 +392,28 @@ async def test_a_head_line_that_never_ends_is_refused_at_the_head_limit(
         async with asyncio.timeout(2):
             await pool.request("POST", server.url, {}, b"x")
     await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
+
+
+async def test_a_post_cancelled_while_reading_a_retryable_answer_drops_its_connection(
+    serve: Callable[[Answer], Awaitable[Server]]
+) -> None:
+    async def stalled_503(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 100\r\n\r\nbusy")
+        await writer.drain()
+        assert server.reader is not None
+        await server.reader.read()  # the rest never comes; returns at the client's close
+        return False
+
+    server = await serve(stalled_503)
+    client = UpstreamClient()
+    await client.start()
+    try:
+        task = asyncio.create_task(client.post(server.url, b"{}", {}, Timeouts()))
+        await eventually(lambda: any(c.response is not None and c.response.status == 503 for c in client.pool._open),
+                         "the 503's head arrived (its body is being read)")
+        task.cancel()  # the gateway's client went away
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
+    finally:
+        await client.close()
