@@ -189,7 +189,10 @@ class Response:
         except zlib.error as exc:
             self._fail_decode(exc)
             raise self._error from exc  # type: ignore[misc]
-        if decoder.unconsumed_tail:  # decoded output was capped: the rest is read next time
+        # Decoded output was capped: the rest is read next time. Not once the stream has ended: what
+        # followed its end is in unused_data, and CPython may leave it in unconsumed_tail as well; an
+        # ended decoder consumes nothing, so feeding that tail again would spin here forever.
+        if decoder.unconsumed_tail and not decoder.eof:
             tail = decoder.unconsumed_tail
             self._chunks.appendleft(tail)
             self._buffered += len(tail)

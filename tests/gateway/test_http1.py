@@ -417,3 +417,15 @@ async def test_a_post_cancelled_while_reading_a_retryable_answer_drops_its_conne
         await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
     finally:
         await client.close()
+
+
+
+@pytest.mark.timeout(10)  # the bug spun the event loop itself: no asyncio deadline could end the test
+async def test_a_long_gzip_body_followed_by_stray_bytes_is_read_not_spun_on(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    plain = b"0123456789" * 20_000  # decoded over several capped reads
+    data = gzip.compress(plain) + b"\r\n"  # a byte or two after the member's end (a padding newline)
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+    server = await serve(fixed(head + data))
+    assert await read_all(await pool.request("POST", server.url, {}, b"x")) == plain
