@@ -41,6 +41,8 @@ MAX_HEAD_BYTES = 1 << 16
 DECODE_CHUNK = 1 << 16
 
 _UNSENDABLE = re.compile("[\r\n\0]")
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class HttpClientError(Exception):
@@ -196,6 +198,15 @@ class Response:
             tail = decoder.unconsumed_tail
             self._chunks.appendleft(tail)
             self._buffered += len(tail)
+        elif decoder.eof and self._wbits == _GZIP_WBITS:
+            rest = decoder.unused_data
+            if rest and _GZIP_MAGIC.startswith(rest[:2]):
+                # Another gzip member follows (RFC 1952: a gzip stream is one or more members, as a
+                # server compressing piece by piece sends): each is decoded in turn. Other bytes after
+                # the end (a padding newline or zeros) are no member and are dropped.
+                self._decoder = zlib.decompressobj(_GZIP_WBITS)
+                self._chunks.appendleft(rest)
+                self._buffered += len(rest)
         return out
 
     def _flush(self) -> bytes:
@@ -385,7 +396,7 @@ class _Connection(asyncio.Protocol):
         encoding = headers.get("content-encoding", "").strip().lower()
         if encoding and encoding != "identity":
             if encoding == "gzip" or encoding == "x-gzip":
-                response._wbits = 16 + zlib.MAX_WBITS
+                response._wbits = _GZIP_WBITS
             elif encoding == "deflate":
                 response._wbits = zlib.MAX_WBITS + 32  # zlib or gzip header, detected
             else:

@@ -429,3 +429,19 @@ async def test_a_long_gzip_body_followed_by_stray_bytes_is_read_not_spun_on(
     head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(data)}\r\n\r\n".encode()
     server = await serve(fixed(head + data))
     assert await read_all(await pool.request("POST", server.url, {}, b"x")) == plain
+
+
+async def test_a_gzip_body_of_several_members_is_decoded_whole(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    # RFC 1952: a gzip stream is one or more members; a server compressing piece by piece sends several.
+    plain = [b"hello ", b"0123456789" * 20_000, b" world"]
+    data = b"".join(gzip.compress(part) for part in plain)
+    cut = len(gzip.compress(plain[0])) + 1  # the second member's header split across writes
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+    server = await serve(fixed(head + data[:cut], data[cut:]))
+    response = await pool.request("POST", server.url, {}, b"x")
+    pieces = []
+    while piece := await response.readany():
+        pieces.append(piece)
+    assert b"".join(pieces) == b"".join(plain) and max(map(len, pieces)) <= http1.DECODE_CHUNK
