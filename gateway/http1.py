@@ -543,6 +543,9 @@ class Http1Pool:
             raise ConnectError(f"cannot connect to {origin.host_header}: {exc}") from exc
         if conn.closed:  # lost between connect and here
             raise ConnectionClosed(f"the connection to {origin.host_header} closed at once")
+        if self._closed:  # close() ran while this connected: it did not see the connection, drop it here
+            conn.abort()
+            raise ConnectError("the client is closed")
         self._open.add(conn)
         return conn
 

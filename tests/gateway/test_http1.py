@@ -445,3 +445,17 @@ async def test_a_gzip_body_of_several_members_is_decoded_whole(
     while piece := await response.readany():
         pieces.append(piece)
     assert b"".join(pieces) == b"".join(plain) and max(map(len, pieces)) <= http1.DECODE_CHUNK
+
+
+async def test_a_request_connecting_while_the_pool_closes_fails_and_keeps_no_connection(
+    serve: Callable[[Answer], Awaitable[Server]]
+) -> None:
+    server = await serve(fixed(JSON_OK))
+    pool = http1.Http1Pool()
+    task = asyncio.create_task(pool.request("POST", server.url, {}, b"x"))
+    await asyncio.sleep(0)  # the request is in create_connection
+    await pool.close()
+    with pytest.raises(http1.ConnectError, match="closed"):
+        await task
+    await eventually(lambda: server.closed == server.connections, "the upstream saw every connection close")
+    assert not server.requests
