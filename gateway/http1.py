@@ -43,6 +43,7 @@ DECODE_CHUNK = 1 << 16
 _UNSENDABLE = re.compile("[\r\n\0]")
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _GZIP_MAGIC = b"\x1f\x8b"
+_DEFLATE_WBITS = 32 + zlib.MAX_WBITS  # a zlib or a gzip header, detected
 
 
 class HttpClientError(Exception):
@@ -185,7 +186,12 @@ class Response:
             return chunk
         decoder = self._decoder
         if decoder is None:
-            decoder = self._decoder = zlib.decompressobj(self._wbits)
+            wbits = self._wbits
+            if wbits == _DEFLATE_WBITS and chunk[0] & 0x0F != 8 and chunk[0] != _GZIP_MAGIC[0]:
+                # "deflate" sent as the bare deflate stream, without the zlib header it should have
+                # (a zlib header's first byte names method 8): read as aiohttp reads it.
+                wbits = -zlib.MAX_WBITS
+            decoder = self._decoder = zlib.decompressobj(wbits)
         try:
             out = decoder.decompress(chunk, DECODE_CHUNK)
         except zlib.error as exc:
@@ -398,7 +404,7 @@ class _Connection(asyncio.Protocol):
             if encoding == "gzip" or encoding == "x-gzip":
                 response._wbits = _GZIP_WBITS
             elif encoding == "deflate":
-                response._wbits = zlib.MAX_WBITS + 32  # zlib or gzip header, detected
+                response._wbits = _DEFLATE_WBITS
             else:
                 raise ProtocolError(f"the upstream answered in content-encoding {encoding!r}, not asked for")
         self._until_close = (

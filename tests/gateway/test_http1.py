@@ -459,3 +459,15 @@ async def test_a_request_connecting_while_the_pool_closes_fails_and_keeps_no_con
         await task
     await eventually(lambda: server.closed == server.connections, "the upstream saw every connection close")
     assert not server.requests
+
+
+async def test_a_deflate_body_without_its_zlib_header_is_decoded(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    # Some servers send "deflate" as the bare deflate stream (no zlib wrapper); aiohttp read it, so did the gateway.
+    plain = b"0123456789" * 1000
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    data = packer.compress(plain) + packer.flush()
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+    server = await serve(fixed(head + data))
+    assert await read_all(await pool.request("POST", server.url, {}, b"x")) == plain
