@@ -344,14 +344,16 @@ class _Connection(asyncio.Protocol):
         return None  # close our side too: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
+        dropped = self.closed  # by abort(): this side cut the answer off, the peer did not end it
         self.closed = True
         self.pool.lost(self)
         response, self.response = self.response, None
         if response is None:
             return
-        if exc is None and self._until_close and response._head.done() and not response._head.exception():
-            # A close-delimited body ends at a clean close (FIN); a reset or a transport error cuts it
-            # short, and what arrived must not pass for the whole answer.
+        if (exc is None and not dropped and self._until_close and response._head.done()
+                and not response._head.exception()):
+            # A close-delimited body ends at the peer's clean close (FIN); a reset, a transport error or
+            # our own abort (the pool closed) cuts it short, and what arrived must not pass for the whole.
             response._finish()
             return
         response._fail(ConnectionClosed(

@@ -471,3 +471,21 @@ async def test_a_deflate_body_without_its_zlib_header_is_decoded(
     head = f"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: {len(data)}\r\n\r\n".encode()
     server = await serve(fixed(head + data))
     assert await read_all(await pool.request("POST", server.url, {}, b"x")) == plain
+
+
+async def test_a_close_delimited_body_cut_by_closing_the_pool_is_an_error_not_the_whole_answer(
+    serve: Callable[[Answer], Awaitable[Server]]
+) -> None:
+    async def partial(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"partial": ')
+        await writer.drain()
+        assert server.reader is not None
+        await server.reader.read()  # the rest never comes; returns at the client's close
+        return False
+
+    server = await serve(partial)
+    pool = http1.Http1Pool()
+    response = await pool.request("POST", server.url, {}, b"x")
+    await pool.close()  # the gateway shutting down with this answer in flight
+    with pytest.raises(http1.ConnectionClosed):
+        await read_all(response)
