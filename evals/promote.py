@@ -76,7 +76,7 @@ from classifiers.registry import (
 )
 from evals.holdout import holdout_fraction, split_sources
 from evals.labelled import DataError, LabelledRequest, LoadedSource, load_source
-from evals.metrics import QualityGap, bootstrap, quality_gap
+from evals.metrics import QualityGap, ResampledApgr, quality_gap, resample_counts
 from evals.registry_cli import corrupt_file, error_line, int_at_least, os_error_line, unwritable
 from evals.retrain import Embedded, embed_rows, head_features, row_key, safe_apgr
 from evals.trained_rows import (
@@ -215,11 +215,13 @@ def paired_bootstrap(
     models tie on average) come back as NaN.
     """
 
-    def stat(idx: np.ndarray) -> dict[str, float]:
-        return {"new": safe_apgr(new[idx], strong[idx], weak[idx]), "old": safe_apgr(old[idx], strong[idx], weak[idx])}
-
-    boot = bootstrap(stat, len(new), resamples, seed, groups=groups)
-    return boot.get("new", np.array([])), boot.get("old", np.array([]))
+    fast_new, fast_old = ResampledApgr(new, strong, weak), ResampledApgr(old, strong, weak)
+    values: list[tuple[float, float]] = [  # bootstrap()'s draws, each read as row counts by both
+        (fast_new.apgr(counts), fast_old.apgr(counts))
+        for counts in resample_counts(len(new), resamples, seed, groups=groups)
+    ]
+    pairs = np.array(values, dtype=float).reshape(-1, 2)
+    return pairs[:, 0], pairs[:, 1]
 
 
 def _percentiles(values: np.ndarray) -> tuple[float, float]:

@@ -46,7 +46,14 @@ from evals.data.split import fold_of
 from evals.holdout import describe as describe_holdout
 from evals.holdout import split_sources
 from evals.labelled import LabelledRequest, LoadedSource, display_spec, encoder_matches, models_of
-from evals.metrics import QualityGap, bootstrap, evaluate_scores, group_codes, quality_gap
+from evals.metrics import (
+    QualityGap,
+    ResampledApgr,
+    evaluate_scores,
+    group_codes,
+    quality_gap,
+    resample_counts,
+)
 from evals.trained_rows import write_trained_rows
 
 Log = Callable[[str], None]
@@ -205,10 +212,8 @@ def bootstrap_apgr(
     :func:`row_key`) resamples whole prompts: rows judging one prompt several times are not independent,
     and drawing them one by one makes the interval too narrow. Rows all distinct: the plain bootstrap."""
 
-    def stat(idx: np.ndarray) -> dict[str, float]:
-        return {"apgr": safe_apgr(scores[idx], strong[idx], weak[idx])}
-
-    arr = bootstrap(stat, len(scores), resamples, seed, groups=groups).get("apgr", np.array([]))
+    fast = ResampledApgr(scores, strong, weak)  # bootstrap()'s draws, each read as row counts
+    arr = np.array([fast.apgr(counts) for counts in resample_counts(len(scores), resamples, seed, groups=groups)])
     arr = arr[np.isfinite(arr)]
     if len(arr) == 0:
         return float("nan"), float("nan")

@@ -169,3 +169,35 @@ def test_cpt_is_nan_where_the_curve_never_reaches_the_target_and_reads_pgr_for_a
     flipped = [CurvePoint(0.0, 1.0, 0.25), CurvePoint(0.5, 0.5, 0.5), CurvePoint(1.0, 0.0, 0.75)]
     assert cpt(flipped, 0.5, strong=0.25, weak=0.75) == pytest.approx(0.5)
     assert np.isnan(cpt(flipped, 0.5, strong=0.5, weak=0.5))
+
+
+@pytest.mark.parametrize("scores_kind", ["distinct", "tenths", "three values"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["rows", "prompts"])
+def test_resampled_apgr_equals_the_apgr_of_each_bootstrap_resample(scores_kind: str, grouped: bool) -> None:
+    # The fast bootstrap reads each resample as row counts over scores sorted once; it must give the
+    # APGR of the resample itself (ties in the scores, repeated prompts, resamples where the models tie).
+    from evals.metrics import ResampledApgr, bootstrap, resample_counts
+    from evals.retrain import safe_apgr
+
+    rng = np.random.default_rng(11)
+    checked = 0
+    for trial in range(60):
+        n = int(rng.integers(2, 300))
+        scores = {"distinct": rng.random(n), "tenths": np.round(rng.random(n), 1),
+                  "three values": rng.integers(0, 3, n).astype(float)}[scores_kind]
+        strong, weak = rng.integers(0, 2, n).astype(float), rng.random(n)
+        groups = rng.integers(0, max(1, n // 3), n).tolist() if grouped else None
+
+        def stat(idx: np.ndarray) -> dict[str, float]:
+            return {"apgr": safe_apgr(scores[idx], strong[idx], weak[idx])}  # noqa: B023 - used at once
+
+        expected = bootstrap(stat, n, 4, trial, groups=groups)["apgr"]
+        fast = ResampledApgr(scores, strong, weak)
+        got = np.array([fast.apgr(counts) for counts in resample_counts(n, 4, trial, groups=groups)])
+        assert np.array_equal(np.isnan(got), np.isnan(expected))
+        defined = ~np.isnan(expected)
+        assert got[defined] == pytest.approx(expected[defined], rel=1e-9, abs=1e-9)
+        checked += int(defined.sum())
+    assert checked > 150
+    tiny = ResampledApgr(np.array([0.5, 0.2]), np.array([1.0, 0.0]), np.array([0.0, 0.0]))
+    assert np.isnan(tiny.apgr(np.array([1, 0])))  # one row: no curve
