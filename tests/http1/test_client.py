@@ -1,4 +1,5 @@
-"""The gateway's HTTP/1.1 upstream client against real loopback servers that answer what a test scripts.
+"""The gateway's HTTP/1.1 upstream client against real loopback servers that answer what a test scripts
+(each test on asyncio's loop and on uvloop, see conftest.py).
 
 Each server is a raw asyncio server (no HTTP library), so answers the gateway's own fake upstreams
 never give (chunked, close-delimited, compressed, 1xx, broken, bytes after the answer) are exact.
