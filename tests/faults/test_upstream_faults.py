@@ -4,15 +4,21 @@ cleanly in OpenAI's shape — and the decision log holds a record of each reques
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import uvicorn
 from openai import OpenAI
 
-from tests.fakes.upstream import FAILS, WORDS, FakeUpstream
+from gateway.app import create_app
+from gateway.config import parse_config
+from tests.conftest import standard_config
+from tests.fakes.upstream import FAILS, WORDS, FakeUpstream, free_port
 from tests.gatewayproc import GatewayProcess
 from tests.polling import eventually
 
@@ -211,3 +217,28 @@ def test_client_disconnect_mid_stream_cancels_upstream(gateway: GatewayProcess, 
     eventually(lambda: upstream.state.disconnects["stall-midstream"] > before, "upstream dropped", timeout=0.5)
     assert gateway.decision(request_id)["outcome"] == "client_disconnected"
 
+
+
+def test_under_another_asgi_server_a_disconnect_still_cancels_the_upstream_call(
+    upstream: FakeUpstream, backup_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    # create_app served by stock uvicorn (not the gateway's own HTTP front, which fires a callback at
+    # the disconnect): the service then watches receive() for http.disconnect itself.
+    config = standard_config(upstream, backup_upstream)
+    config["store"] = {"kind": "sqlite", "path": str(tmp_path / "pointsman.db"), "flush_interval": 0.05}
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(parse_config(config)), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        eventually(lambda: server.started, "stock uvicorn serving the app", timeout=30)
+        before = upstream.state.disconnects["hang"]
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=0.3,
+                       json={"model": "fake-hang", "messages": MESSAGES})
+        # At once: well before the backend's 1 s first-byte timeout would drop it anyway (0.3 + 0.5 s).
+        eventually(lambda: upstream.state.disconnects["hang"] > before, "the upstream request was dropped", timeout=0.5)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
