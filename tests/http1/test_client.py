@@ -26,7 +26,8 @@ from gateway import http1
 from gateway.config import Timeouts
 from gateway.upstream import UpstreamClient
 
-Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]  # -> keep the connection open
+# -> keep the connection open (True), close it (False), or send nothing more until the client closes (None)
+Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool | None]]
 
 
 @dataclass
@@ -58,7 +59,11 @@ class Server:
                         length = int(line.split(b":", 1)[1])
                 body = await reader.readexactly(length)
                 self.requests.append(head + body)
-                if not await self.answer(head, writer):
+                keep = await self.answer(head, writer)
+                if keep is None:
+                    await reader.read()  # stalled: returns at the client's close
+                    break
+                if not keep:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -90,8 +95,8 @@ async def pool() -> AsyncIterator[http1.Http1Pool]:
     await client.close()
 
 
-def fixed(*parts: bytes, keep: bool = True) -> Answer:
-    async def answer(head: bytes, writer: asyncio.StreamWriter) -> bool:
+def fixed(*parts: bytes, keep: bool | None = True) -> Answer:
+    async def answer(head: bytes, writer: asyncio.StreamWriter) -> bool | None:
         for part in parts:
             writer.write(part)
             await writer.drain()
@@ -398,14 +403,8 @@ async def test_a_head_line_that_never_ends_is_refused_at_the_head_limit(
 async def test_a_post_cancelled_while_reading_a_retryable_answer_drops_its_connection(
     serve: Callable[[Answer], Awaitable[Server]]
 ) -> None:
-    async def stalled_503(head: bytes, writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 100\r\n\r\nbusy")
-        await writer.drain()
-        assert server.reader is not None
-        await server.reader.read()  # the rest never comes; returns at the client's close
-        return False
-
-    server = await serve(stalled_503)
+    # The rest of the body never comes.
+    server = await serve(fixed(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 100\r\n\r\nbusy", keep=None))
     client = UpstreamClient()
     await client.start()
     try:
@@ -477,14 +476,8 @@ async def test_a_deflate_body_without_its_zlib_header_is_decoded(
 async def test_a_close_delimited_body_cut_by_closing_the_pool_is_an_error_not_the_whole_answer(
     serve: Callable[[Answer], Awaitable[Server]]
 ) -> None:
-    async def partial(head: bytes, writer: asyncio.StreamWriter) -> bool:
-        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"partial": ')
-        await writer.drain()
-        assert server.reader is not None
-        await server.reader.read()  # the rest never comes; returns at the client's close
-        return False
-
-    server = await serve(partial)
+    # The rest never comes (no length: the body would end at the server's close).
+    server = await serve(fixed(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"partial": ', keep=None))
     pool = http1.Http1Pool()
     response = await pool.request("POST", server.url, {}, b"x")
     await pool.close()  # the gateway shutting down with this answer in flight
