@@ -553,7 +553,8 @@ class ResampledApgr:
         if m < 2:
             return float("nan")
         w = c.astype(float)
-        strong, weak = float(w @ self._strong) / m, float(w @ self._weak) / m
+        weak_sum = float(w @ self._weak)
+        strong, weak = float(w @ self._strong) / m, weak_sum / m
         if abs(strong - weak) < 1e-12:
             return float("nan")
         edges = self._edges(cum, m)
@@ -561,7 +562,6 @@ class ResampledApgr:
         # reversed copies), which differs from a suffix sum only in the last bits.
         prefix_gain = np.cumsum(w * self._gain)
         total_gain = float(prefix_gain[-1])
-        base = float(w @ self._weak)
         points = []
         for i, t in enumerate(edges):
             # As routing_curve: at or above the threshold goes strong (above, for the last edge).
@@ -569,7 +569,7 @@ class ResampledApgr:
             before_gain = float(prefix_gain[first - 1]) if first else 0.0
             before_count = int(cum[first - 1]) if first else 0
             points.append(CurvePoint(float(t), (m - before_count) / m,
-                                     (base + total_gain - before_gain) / m, float("nan")))
+                                     (weak_sum + total_gain - before_gain) / m, float("nan")))
         return apgr(points, strong, weak)
 
     def _edges(self, cum: np.ndarray, m: int) -> np.ndarray:

@@ -260,7 +260,6 @@ class Response:
             waiter.set_result(None)
 
 
-
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: at most one request at a time."""
 
@@ -360,12 +359,6 @@ class _Connection(asyncio.Protocol):
             "the connection closed before the answer was complete" + (f" ({exc})" if exc else "")
         ))
 
-    def pause_writing(self) -> None:  # a large request body: the transport buffers it
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # -- httptools callbacks ------------------------------------------------------------------
 
     def _begin(self) -> None:
@@ -436,8 +429,7 @@ class _Connection(asyncio.Protocol):
             return
         keep = self.parser.should_keep_alive() and not self._until_close and not self._broken
         response._finish()
-        if self.paused:
-            self.resume()
+        self.resume()  # a body received whole while reading was paused: read on (the next answer, a close)
         if keep:
             self.pool.put(self)
         else:
@@ -568,9 +560,11 @@ class Http1Pool:
         expired = now - self.keepalive
         oldest: float | None = None
         for origin, idle in list(self._idle.items()):
-            kept = [c for c in idle if c.reusable and c.idle_since > expired]
+            kept: list[_Connection] = []
             for conn in idle:
-                if conn not in kept:
+                if conn.reusable and conn.idle_since > expired:
+                    kept.append(conn)
+                else:
                     conn.abort()
             if kept:
                 self._idle[origin] = kept

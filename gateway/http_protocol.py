@@ -91,15 +91,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # requests queued behind it, the one being answered never learnt it (its upstream call ran on,
         # and writing its answer raised on the closed transport: an "unhandled error" logged).
         running = self._running
-        if running is not None and not running.response_complete:
-            running.disconnected = True
-            running.message_event.set()
+        cut_off = running if running is not None and not running.response_complete else None
+        if cut_off is not None:
+            cut_off.disconnected = True
+            cut_off.message_event.set()
         self.pipeline.clear()  # never started
         super().connection_lost(exc)
-        if running is not None and not running.response_complete:
-            gone = running.scope.get(SCOPE_KEY)
-            if isinstance(gone, ClientGone):
-                gone.fire()  # after uvicorn's own bookkeeping: the callbacks cancel the request's task
+        gone = cut_off.scope.get(SCOPE_KEY) if cut_off is not None else None
+        if isinstance(gone, ClientGone):
+            gone.fire()  # after uvicorn's own bookkeeping: the callbacks cancel the request's task
 
     def data_received(self, data: bytes) -> None:
         if self._last_word is not None:
