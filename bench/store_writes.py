@@ -24,7 +24,7 @@ import os
 import resource
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -63,11 +63,19 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _open(kind: str, scheme: str, workdir: Path, dsn: str) -> tuple[DecisionStore, Callable[[], object]]:
+async def _open(
+    kind: str, scheme: str, workdir: Path, dsn: str
+) -> tuple[DecisionStore, Callable[[], Awaitable[None]]]:
+    """An opened empty store, and what removes its data afterwards."""
     if kind == "sqlite":
         sqlite_store = SQLiteDecisionStore(str(workdir / f"{scheme}.db"))
         await sqlite_store.open()
-        return sqlite_store, lambda: None
+
+        async def unlink() -> None:
+            for suffix in ("", "-wal", "-shm"):  # the next round starts from an empty file
+                (workdir / f"{scheme}.db{suffix}").unlink(missing_ok=True)
+
+        return sqlite_store, unlink
     import asyncpg
 
     schema = f"bench_store_writes_{scheme.replace('-', '_')}"
@@ -98,9 +106,7 @@ async def measure(kind: str, scheme: str, prefill: int, rows: int, workdir: Path
         cpu, wall = _cpu() - cpu0, time.perf_counter() - wall0
     finally:
         await store.close()
-        done = cleanup()
-        if asyncio.iscoroutine(done):
-            await done
+        await cleanup()
     n = len(batches) * BATCH
     return cpu / n * 1e6, wall / n * 1e6
 
@@ -119,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
             for scheme in SCHEMES:
                 results[scheme].append(asyncio.run(measure(args.store, scheme, args.prefill, args.rows, Path(tmp),
                                                            args.dsn)))
-                for suffix in ("", "-wal", "-shm"):  # the next round starts from an empty file
-                    (Path(tmp) / f"{scheme}.db{suffix}").unlink(missing_ok=True)
     table = Table(title=f"{args.store}: one decision row after {args.prefill:,} rows ({BATCH}-row batches)")
     for column in ("request ids", "CPU us/row (each round)", "wall us/row (each round)"):
         table.add_column(column)
