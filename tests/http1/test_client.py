@@ -25,6 +25,7 @@ import pytest
 from gateway import http1
 from gateway.config import Timeouts
 from gateway.upstream import UpstreamClient
+from tests.polling import eventually_async
 
 # -> keep the connection open (True), close it (False), or send nothing more until the client closes (None)
 Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool | None]]
@@ -116,14 +117,6 @@ async def read_all(response: http1.Response) -> bytes:
     return b"".join(parts)
 
 
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    for _ in range(200):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
 async def test_keep_alive_reuses_one_connection_and_sends_a_plain_head(
     serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
 ) -> None:
@@ -209,7 +202,7 @@ async def test_an_idle_connection_the_server_closed_is_not_used(
 ) -> None:
     server = await serve(fixed(JSON_OK, keep=False))  # answers, then closes (no Connection: close header)
     assert await read_all(await pool.request("POST", server.url, {}, b"x")) == OK
-    await eventually(lambda: server.closed == 1, "the server closed its side")
+    await eventually_async(lambda: server.closed == 1, "the server closed its side")
     await asyncio.sleep(0.05)  # the client has seen the FIN
     assert await read_all(await pool.request("POST", server.url, {}, b"x")) == OK
     assert server.connections == 2
@@ -222,7 +215,7 @@ async def test_idle_connections_are_closed_after_keepalive(
     pool = http1.Http1Pool(keepalive=0.2)
     try:
         assert await read_all(await pool.request("POST", server.url, {}, b"x")) == OK
-        await eventually(lambda: server.closed == 1, "the idle connection swept")
+        await eventually_async(lambda: server.closed == 1, "the idle connection swept")
     finally:
         await pool.close()
 
@@ -239,7 +232,7 @@ async def test_a_cancelled_wait_drops_the_connection(
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.1):
             await pool.request("POST", server.url, {}, b"x")
-    await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
+    await eventually_async(lambda: server.closed == 1, "the upstream saw the connection close")
 
 
 async def test_reading_pauses_while_the_reader_lags(
@@ -260,7 +253,7 @@ async def test_reading_pauses_while_the_reader_lags(
     await asyncio.sleep(0.3)  # the server writes as fast as the client takes it
     assert response._buffered < 4 * http1.HIGH_WATER  # not the 64 MB the server has to send
     response.close()
-    await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
+    await eventually_async(lambda: server.closed == 1, "the upstream saw the connection close")
 
 
 async def test_url_credentials_are_sent_as_basic_auth_and_bad_headers_are_refused(
@@ -397,7 +390,7 @@ async def test_a_head_line_that_never_ends_is_refused_at_the_head_limit(
     with pytest.raises(http1.ProtocolError, match="head is over"):
         async with asyncio.timeout(2):
             await pool.request("POST", server.url, {}, b"x")
-    await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
+    await eventually_async(lambda: server.closed == 1, "the upstream saw the connection close")
 
 
 async def test_a_post_cancelled_while_reading_a_retryable_answer_drops_its_connection(
@@ -409,12 +402,14 @@ async def test_a_post_cancelled_while_reading_a_retryable_answer_drops_its_conne
     await client.start()
     try:
         task = asyncio.create_task(client.post(server.url, b"{}", {}, Timeouts()))
-        await eventually(lambda: any(c.response is not None and c.response.status == 503 for c in client.pool._open),
-                         "the 503's head arrived (its body is being read)")
+        await eventually_async(
+            lambda: any(c.response is not None and c.response.status == 503 for c in client.pool._open),
+            "the 503's head arrived (its body is being read)",
+        )
         task.cancel()  # the gateway's client went away
         with pytest.raises(asyncio.CancelledError):
             await task
-        await eventually(lambda: server.closed == 1, "the upstream saw the connection close")
+        await eventually_async(lambda: server.closed == 1, "the upstream saw the connection close")
     finally:
         await client.close()
 
@@ -457,7 +452,7 @@ async def test_a_request_connecting_while_the_pool_closes_fails_and_keeps_no_con
     await pool.close()
     with pytest.raises(http1.ConnectError, match="closed"):
         await task
-    await eventually(lambda: server.closed == server.connections, "the upstream saw every connection close")
+    await eventually_async(lambda: server.closed == server.connections, "the upstream saw every connection close")
     assert not server.requests
 
 
