@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from gateway.sse_frames import SSEFramer, event_data
 from gateway.workflows.confidence import first_choice
 
 DONE = b"data: [DONE]\n\n"
@@ -94,40 +95,41 @@ class LiveRewriter:
     def __init__(self, *, client_usage: bool, close: Closer) -> None:
         self._client_usage = client_usage
         self._close = close
-        self._buffer = b""
+        self._framer = SSEFramer()
         self._held: dict[str, Any] | None = None
         self._closed = False
 
     def feed(self, chunk: bytes) -> bytes:
-        """The bytes to send the client for ``chunk`` (b"" while an event is incomplete or held)."""
-        self._buffer += chunk
-        if b"\n\n" not in self._buffer and b"\r\n\r\n" not in self._buffer:
-            return b""
-        text = self._buffer.replace(b"\r\n", b"\n")
-        *events, self._buffer = text.split(b"\n\n")
+        """The bytes to send the client for ``chunk`` (b"" while an event is incomplete or held).
+
+        Events end as the SSE specification allows (a blank line after LF, CRLF or bare-CR line
+        endings: the framer the gateway relays with cuts the same way), and each passes through as it
+        came unless it is rewritten. (The relay hands over whole events, each within its size limit.)"""
+        events = self._framer.feed(chunk)
         return b"".join(self._rewrite(event) for event in events)
 
     def _rewrite(self, event: bytes) -> bytes:
-        data = _data(event)
+        data = event_data(event)
         if data is None:
-            return event + b"\n\n"  # comments, keep-alives: as they came
+            return event  # comments, keep-alives: as they came
+        data = data.strip()
         if data == b"[DONE]":
-            return self._release(None) + DONE
+            return self._release(None) + event
         if self._closed or (_USAGE.search(data) is None and _FINISHED.search(data) is None):
-            return event + b"\n\n"
+            return event
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return event + b"\n\n"
+            return event
         if not isinstance(payload, dict):
-            return event + b"\n\n"
+            return event
         usage = payload.get("usage")
         if isinstance(usage, Mapping):
             return self._release(payload)
         if self._held is None:
             self._held = payload
             return b""
-        return event + b"\n\n"
+        return event
 
     def _release(self, usage_chunk: dict[str, Any] | None) -> bytes:
         """Close the stream: the held finish chunk and the usage chunk, with the totals put in."""
@@ -152,9 +154,3 @@ class LiveRewriter:
             out += _event(held)
         return out
 
-
-def _data(event: bytes) -> bytes | None:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            return line[5:].strip()
-    return None

@@ -15,6 +15,7 @@ probabilities      the answer's tokens carry "logprobs" of 0.9 (a server sending
                    where log-probabilities belong)
 n-honouring        ``n`` choices of ``The answer is 42.``
 n-once             one choice of ``The answer is 42.`` for ``n`` > 1; a single call stalls 3 s first
+cr-stream          streams :data:`CR_TEXT` with bare-CR line endings (``data: ...\\r\\r``, legal SSE)
 =================  =============================================================================
 
 Every answer's usage is 11 prompt and 7 completion tokens a choice. ``bodies`` keeps every request.
@@ -34,6 +35,7 @@ from starlette.routing import Route
 from tests.fakes.upstream import LoopbackServer
 
 REFUSAL = "the request is refused"
+CR_TEXT = "Carriage returns end these lines."
 
 
 def _completion(body: dict[str, Any], choices: list[Any]) -> dict[str, Any]:
@@ -73,6 +75,26 @@ def _answer(body: dict[str, Any]) -> Response:
                                    "code": None}}, status_code=400)
 
 
+def _cr_stream(body: dict[str, Any]) -> Response:
+    """A streamed answer whose SSE lines end with a bare CR (the SSE specification allows CRLF, LF or CR)."""
+    head = {"id": "chatcmpl-hostile", "object": "chat.completion.chunk", "created": 1700000000,
+            "model": body.get("model", "")}
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return b"data: " + orjson.dumps({**head, "choices": choices, **extra}) + b"\r\r"
+
+    words = CR_TEXT.split(" ")
+    events = [event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
+    events += [event([{"index": 0, "delta": {"content": (" " if i else "") + word}, "finish_reason": None}])
+               for i, word in enumerate(words)]
+    events.append(event([{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append(event([], usage={"prompt_tokens": 11, "completion_tokens": len(words),
+                                       "total_tokens": 11 + len(words)}))
+    events.append(b"data: [DONE]\r\r")
+    return Response(b"".join(events), media_type="text/event-stream")
+
+
 class HostileUpstream(LoopbackServer):
     """The scripted hostile upstream on a loopback port; ``bodies`` holds every request it got."""
 
@@ -84,6 +106,8 @@ class HostileUpstream(LoopbackServer):
             self.bodies.append(body)
             if body.get("model") == "n-once" and not (isinstance(body.get("n"), int) and body["n"] > 1):
                 await asyncio.sleep(3)
+            if body.get("model") == "cr-stream" and body.get("stream"):
+                return _cr_stream(body)
             return _answer(body)
 
         super().__init__(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))

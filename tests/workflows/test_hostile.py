@@ -15,12 +15,13 @@ from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 from tests.workflows.conftest import CHEAP, MESSAGES, STRONG, STRONG_TEXT, key
 from tests.workflows.helpers import extension, feedback, record
-from tests.workflows.hostile_upstream import REFUSAL, HostileUpstream
+from tests.workflows.hostile_upstream import CR_TEXT, REFUSAL, HostileUpstream
 
 HOSTILE: dict[str, str] = {  # gateway model -> the hostile script
     "refuse-n": "refuse-n", "blank": "blank", "holes": "holes", "refuse-a": "refuse", "refuse-b": "refuse",
     "probabilities": "probabilities", "n-honouring": "n-honouring", "n-once": "n-once",
     "cand-a": "say:Answer A", "cand-b": "say:Answer B",
+    "cr-stream": "cr-stream",
     "judge-negative": "say:-5", "judge-negative-bracketed": "say:[[-5]]", "judge-rating-negative": "say:Rating: -3",
 }
 AGREE = {"source": "agreement", "threshold": 0.6, "samples": 3}
@@ -41,6 +42,8 @@ WORKFLOWS: list[dict[str, Any]] = [
     _cascade("samples-slow", "n-once", AGREE, max_seconds=1.0),
     _cascade("verifier-slow", "cand-a", {"source": "verifier", "threshold": 0.5, "verifier": {"model": "slow"}},
              max_seconds=1.0),
+    {"name": "cr-live", "kind": "cascade", "stages": ["probabilities", "cr-stream"],
+     "confidence": {"source": "logprobs", "threshold": 0.7}},
     {"name": "refused", "kind": "fusion", "candidates": ["refuse-a", "refuse-b"], "combine": {"fuser": "strong"}},
     {"name": "refusals", "kind": "ratings", "candidates": ["refuse-a", "refuse-b"], "judge": "judge-negative"},
     *({"name": judge, "kind": "ratings", "candidates": ["cand-a", "cand-b"], "judge": judge}
@@ -183,3 +186,22 @@ def test_a_cap_that_stops_the_missing_samples_answers_with_a_sample_it_has(sdk: 
     completion = raw.parse()
     assert completion.choices[0].message.content == "The answer is 42."
     assert raw.headers["x-pointsman-stage"] == "0:n-once" and extension(completion)["capped"] == "max_seconds"
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_a_live_final_stage_with_bare_cr_line_endings_is_relayed(sdk: OpenAI, include_usage: bool) -> None:
+    """The final stage streams its SSE lines ended by a bare CR (legal SSE, and the gateway's framer
+    reads it): the client gets the answer, its finish chunk and the workflow's extension (the
+    rewriter waited for an LF blank line that never came, and the client got an empty 200 stream)."""
+    options = {"stream_options": {"include_usage": True}} if include_usage else {}
+    with sdk.chat.completions.with_streaming_response.create(
+        model="cascade/cr-live", messages=MESSAGES, stream=True, user=key(), **options
+    ) as response:
+        assert response.headers["x-pointsman-stage"] == "1:cr-stream"
+        chunks = list(response.parse())
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == CR_TEXT
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    info = extension(chunks[-1])
+    assert info["escalated"] is True and info["answered_by"]["model"] == "cr-stream"
+    if include_usage:
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7 + len(CR_TEXT.split(" "))
