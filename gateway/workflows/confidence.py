@@ -86,17 +86,32 @@ def _content_tokens(completion: Mapping[str, Any]) -> list[Mapping[str, Any]] | 
     content = message.get("content") if isinstance(message, Mapping) else None
     if not isinstance(content, str) or not content.strip():
         return None  # only a tool call (or nothing): no text whose tokens could be judged
+    calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+    with_calls = isinstance(calls, list) and bool(calls)
     # Some servers (vLLM with a tool parser) return logprobs for every generated token, the tool
-    # call's JSON included; keep the tokens that spell the text, which comes first.
+    # call's JSON included; keep the tokens that spell the text, which comes first. Without a tool
+    # call every token is the text's: a token's spelling can be longer than what it adds to the text
+    # (partial UTF-8 written as escaped bytes, "\\xf0\\x9f"), and counting it would cut the answer's
+    # tail off. The text's length is counted in UTF-8 bytes, a token's from its ``bytes`` when given.
+    size = len(content.encode("utf-8", "surrogatepass"))
     kept: list[Mapping[str, Any]] = []
     spelled = 0
     for entry in entries:
-        if not isinstance(entry, Mapping) or spelled >= len(content):
+        if not isinstance(entry, Mapping) or (with_calls and spelled >= size):
             break
-        token = entry.get("token")
         kept.append(entry)
-        spelled += len(token) if isinstance(token, str) else 1
+        spelled += _token_size(entry)
     return kept or None
+
+
+def _token_size(entry: Mapping[str, Any]) -> int:
+    """How many bytes of the text a logprob entry spells: its ``bytes`` (the token's UTF-8 bytes, in
+    OpenAI's format), else its token's UTF-8 length."""
+    raw = entry.get("bytes")
+    if isinstance(raw, list) and raw:
+        return len(raw)
+    token = entry.get("token")
+    return len(token.encode("utf-8", "surrogatepass")) if isinstance(token, str) else 1
 
 
 #: How far above 0 a logprob may be and still be read (as 0: float rounding in the server). Beyond it

@@ -15,6 +15,8 @@ probabilities      the answer's tokens carry "logprobs" of 0.9 (a server sending
                    where log-probabilities belong)
 n-honouring        ``n`` choices of ``The answer is 42.``
 n-once             one choice of ``The answer is 42.`` for ``n`` > 1; a single call stalls 3 s first
+escaped-bytes      ``ESCAPED_TEXT`` (an emoji first) with token logprobs as DeepSeek writes partial UTF-8 tokens
+                   (``"\\xf0\\x9f\\x98"``, the bytes escaped): every token sure but `` 42`` (-2.0)
 cr-stream          streams :data:`CR_TEXT` with bare-CR line endings (``data: ...\\r\\r``, legal SSE)
 =================  =============================================================================
 
@@ -36,6 +38,7 @@ from tests.fakes.upstream import LoopbackServer
 
 REFUSAL = "the request is refused"
 CR_TEXT = "Carriage returns end these lines."
+ESCAPED_TEXT = "\U0001F60A The answer is 42."
 
 
 def _completion(body: dict[str, Any], choices: list[Any]) -> dict[str, Any]:
@@ -71,6 +74,12 @@ def _answer(body: dict[str, Any]) -> Response:
     if model == "probabilities":
         tokens = [{"token": word, "logprob": 0.9, "top_logprobs": []} for word in ("The", " answer", ".")]
         return JSONResponse(_completion(body, [_choice(0, "The answer.", {"content": tokens})]))
+    if model == "escaped-bytes":
+        pieces = [("\\xf0\\x9f\\x98", [240, 159, 152], -0.01), ("\\x8a", [138], -0.01), (" The", None, -0.01),
+                  (" answer", None, -0.01), (" is", None, -0.01), (" 42", None, -2.0), (".", None, -0.01)]
+        tokens = [{"token": token, "logprob": logprob, "bytes": raw or list(token.encode()),
+                   "top_logprobs": [{"token": token, "logprob": logprob}]} for token, raw, logprob in pieces]
+        return JSONResponse(_completion(body, [_choice(0, ESCAPED_TEXT, {"content": tokens})]))
     return JSONResponse({"error": {"message": REFUSAL, "type": "invalid_request_error", "param": None,
                                    "code": None}}, status_code=400)
 

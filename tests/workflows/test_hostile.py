@@ -4,6 +4,7 @@ upstream's own refusal, never a blank answer voted in, a misread verdict or a 50
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ HOSTILE: dict[str, str] = {  # gateway model -> the hostile script
     "refuse-n": "refuse-n", "blank": "blank", "holes": "holes", "refuse-a": "refuse", "refuse-b": "refuse",
     "probabilities": "probabilities", "n-honouring": "n-honouring", "n-once": "n-once",
     "cand-a": "say:Answer A", "cand-b": "say:Answer B",
-    "cr-stream": "cr-stream",
+    "cr-stream": "cr-stream", "escaped-bytes": "escaped-bytes",
     "judge-negative": "say:-5", "judge-negative-bracketed": "say:[[-5]]", "judge-rating-negative": "say:Rating: -3",
 }
 AGREE = {"source": "agreement", "threshold": 0.6, "samples": 3}
@@ -42,6 +43,7 @@ WORKFLOWS: list[dict[str, Any]] = [
     _cascade("samples-slow", "n-once", AGREE, max_seconds=1.0),
     _cascade("verifier-slow", "cand-a", {"source": "verifier", "threshold": 0.5, "verifier": {"model": "slow"}},
              max_seconds=1.0),
+    _cascade("escaped-bytes", "escaped-bytes", {"source": "logprobs", "threshold": 0.7, "stat": "min"}),
     {"name": "cr-live", "kind": "cascade", "stages": ["probabilities", "cr-stream"],
      "confidence": {"source": "logprobs", "threshold": 0.7}},
     {"name": "refused", "kind": "fusion", "candidates": ["refuse-a", "refuse-b"], "combine": {"fuser": "strong"}},
@@ -205,3 +207,14 @@ def test_a_live_final_stage_with_bare_cr_line_endings_is_relayed(sdk: OpenAI, in
     assert info["escalated"] is True and info["answered_by"]["model"] == "cr-stream"
     if include_usage:
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7 + len(CR_TEXT.split(" "))
+
+
+def test_tokens_spelled_longer_than_their_text_are_all_scored(sdk: OpenAI) -> None:
+    """An answer that starts with an emoji whose tokens the server writes as escaped bytes
+    (``"\\xf0\\x9f\\x98"``: 12 characters for part of one): every token of the answer counts, so
+    its least likely one (`` 42``, logprob -2) makes it escalate. The tokens were cut off once they
+    had "spelled" as many characters as the text has, leaving only the sure ones: accepted at 0.99."""
+    completion = sdk.chat.completions.create(model="cascade/escaped-bytes", messages=MESSAGES, user=key())
+    info = extension(completion)
+    assert info["steps"][0]["confidence"] == pytest.approx(math.exp(-2.0), abs=1e-6)
+    assert info["escalated"] is True and completion.choices[0].message.content == STRONG_TEXT

@@ -47,6 +47,13 @@ def test_logprobs_of_tool_call_json_are_excluded() -> None:
     assert logprob_confidence(completion(None, tokens, tool=True)) is None  # only a tool call: no text to judge
 
 
+def test_text_tokens_before_a_tool_call_are_counted_in_bytes() -> None:
+    # "Café" then the tool call's JSON; the server writes the "é" as two escaped byte tokens.
+    tokens = [token("Caf", -0.1), {**token("\\xc3", -0.1), "bytes": [195]}, {**token("\\xa9", -3.0), "bytes": [169]},
+              token(' {"a":', -0.001)]
+    assert logprob_confidence(completion("Café", tokens, tool=True), "min") == pytest.approx(math.exp(-3.0))
+
+
 @pytest.mark.parametrize("answer", [
     completion("text", None), completion("", [token("", -0.1)]), {"choices": []}, {},
     completion("ab", [token("ab", -0.1)]) | {"choices": [{"message": {"content": "ab"}, "logprobs": {"content": []}}]},
