@@ -215,13 +215,17 @@ class ShadowRunner:
             arm.spend.settle(reservation, spent)
 
     def _estimate(self, model: str, served: DecisionRecord, body: Mapping[str, Any]) -> float:
-        """What the shadow call will cost: the served call's token counts at this model's prices."""
+        """What the shadow call will cost: the served call's token counts at this model's prices.
+
+        Counts of 0 are no counts: no model was called for the served request (the response cache
+        answered it, with 0 tokens), and estimating the shadow's call at $0 would let it past any
+        budget, a budget of $0 included."""
         target = self._pool.get(model)
         if target is None:
             return 0.0
-        prompt = served.prompt_tokens if served.prompt_tokens is not None else len(transcript(body)) // 4 + 1
+        prompt = served.prompt_tokens or len(transcript(body)) // 4 + 1
         completion = served.completion_tokens
-        if completion is None:
+        if not completion:
             asked = body.get("max_tokens") or body.get("max_completion_tokens")
             completion = asked if isinstance(asked, int) and asked > 0 else _DEFAULT_COMPLETION_TOKENS
         return cost_usd(target.model, prompt, completion) or 0.0
