@@ -20,6 +20,7 @@ from gateway.workflows.runtime import Answer, Run, SubCallFailed
 from policies.workflows import CascadeWorkflow, Stage
 
 VERIFIER_MAX_TOKENS = 4
+_INT64 = 2**63
 VERIFIER_TOP_LOGPROBS = 5
 DEFAULT_VERIFIER_PROMPT = """\
 You check another assistant's answer.
@@ -157,7 +158,9 @@ def _nth_sample(body: dict[str, Any], index: int) -> dict[str, Any]:
     agree: confidence 1 whatever the model knows)."""
     seed = body.get("seed")
     if isinstance(seed, int) and not isinstance(seed, bool) and index > 0:
-        return {**body, "seed": seed + index}
+        # Wrapped into the signed 64-bit range upstreams take: a seed at its top plus an index is
+        # no seed they accept, and past 2**64 no JSON integer the gateway can write.
+        return {**body, "seed": (seed + index + _INT64) % (2 * _INT64) - _INT64}
     return body
 
 

@@ -136,6 +136,22 @@ def test_parallel_samples_get_their_own_seeds_when_the_client_sends_one(
     assert sorted(b["seed"] for b in samples[1:]) == [8, 9]  # the parallel ones: seed + their index
 
 
+@pytest.mark.parametrize("seed", [2**63 - 1, 2**64 - 1])
+def test_sample_seeds_stay_64_bit_integers_at_the_top_of_the_range(
+    sdk: OpenAI, upstream: FakeUpstream, seed: int
+) -> None:
+    """seed + index past the top of the range: the request was a 500 (2**64 is no JSON integer the
+    gateway can write) or carried a seed no int64 upstream takes; the samples' seeds wrap instead."""
+    user = key()
+    completion = sdk.chat.completions.create(model="cascade/disagree", messages=MESSAGES, user=user, seed=seed)
+    assert completion.choices[0].message.content == STRONG_TEXT
+    samples = [b for b in sent(upstream, user) if b["model"].startswith("cycle1:")]
+    assert samples[0]["seed"] == seed
+    seeds = [b["seed"] for b in samples[1:]]
+    assert len(set(seeds)) == 2 and seed not in seeds
+    assert all(-(2**63) <= s < 2**63 for s in seeds)
+
+
 @pytest.mark.parametrize(("workflow", "answered", "confidence"), [
     ("verified", "unsure", 1.0), ("refuted", "strong", 0.0), ("unreadable", "strong", None),
 ])
