@@ -5,9 +5,10 @@ to French" and "... French to English", "Port this Python to JavaScript" and the
 0.97-1.0 alike on the encoders, yet want opposite answers. The semantic cache's guard
 (:func:`gateway.cache.key.guard_tokens`) keeps every word of :data:`GUARD_WORDS` as its canonical token, in
 order among themselves, so a hit needs the same ones in the same order. Spelled-out units map to the short
-form the guard already reads after a number ("5 kilometers" = "5 km"); a paraphrase that changes only
-the spelling of a unit keeps its guard where both spellings map alike, and otherwise only misses (a
-miss costs one upstream call; a wrong hit answers the wrong question).
+form the guard already reads after a number ("5 kilometers" = "5 km"), and so do abbreviations and
+currency codes standing alone ("How many mb in a gb?", "USD to EUR" = "dollars to euros"); a paraphrase
+that changes only the spelling of a unit keeps its guard where both spellings map alike, and otherwise
+only misses (a miss costs one upstream call; a wrong hit answers the wrong question).
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ GUARD_WORDS: dict[str, str] = {
     **_forms("kb", "kilobyte"), **_forms("mb", "megabyte"), **_forms("gb", "gigabyte"), **_forms("tb", "terabyte"),
     # Currencies (the signs are read as signs: "$100" and "100 dollars" both give "$").
     **_forms("$", "dollar"), **_forms("€", "euro"), "yen": "¥", **_forms("rupee", "rupee"), "yuan": "yuan",
+    # Abbreviations standing alone ("How many mb in a gb?", "mph to kph"): right after a number the guard reads
+    # them as a unit anyway. Single letters (m, g, c, f ...) and everyday words (in, min, pt, cup) are left out.
+    **_same(("km", "cm", "mm", "kg", "lb", "oz", "ml", "ft", "yd", "gal", "qt", "tbsp", "tsp", "kb", "mb", "gb", "tb",
+             "mph", "kph")),
+    "lbs": "lb", "kmh": "kph",
+    # Currency codes, as the currency they name ("USD to EUR" is "dollars to euros", not "EUR to USD").
+    "usd": "$", "eur": "€", "gbp": "£", "jpy": "¥", "cny": "yuan", "rmb": "yuan", "inr": "rupee",
+    # (TRY, RUB and CAD are also English words: left to the encoder.)
+    **_same(("chf", "aud", "nzd", "hkd", "sgd", "sek", "nok", "dkk", "pln", "mxn", "brl", "krw", "zar", "btc", "eth")),
     # Natural languages (translation direction).
     **_same((
         "english", "french", "german", "spanish", "italian", "portuguese", "dutch", "russian", "chinese",

@@ -41,7 +41,7 @@ DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
 
 #: Bumped whenever the guard's rule changes: an item stored under another rule has another digest, so it
 #: never matches semantically (a miss until it expires, never a wrong hit).
-_GUARD_RULE = b"guard-3"
+_GUARD_RULE = b"guard-4"
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-", strict=True))
 _SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
 _SIGN_SPELLINGS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "⋅": "*", "⁄": "/",

@@ -41,6 +41,12 @@ MUST_MISS: list[tuple[str, str]] = [
     ("Port this Python function to JavaScript", "Port this JavaScript function to Python"),
     ("How many euros is 50 dollars?", "How many dollars is 50 euros?"),
     ("How many megabytes are in a gigabyte?", "How many gigabytes are in a megabyte?"),
+    # Unit abbreviations and currency codes without a number: as much a direction as their spelled-out forms
+    # (both encoders score each pair 0.95-1.0 alike).
+    ("Convert USD to EUR", "Convert EUR to USD"), ("USD to GBP exchange rate", "GBP to USD exchange rate"),
+    ("Convert JPY to USD", "Convert USD to JPY"), ("How many mb in a gb?", "How many gb in a mb?"),
+    ("convert ft to cm", "convert cm to ft"), ("mph to kph", "kph to mph"),
+    ("How many cm in an inch?", "How many inches in a cm?"), ("how many kg in a pound", "how many pounds in a kg"),
     # Negations: the encoders score these 0.96-0.99 alike.
     ("Which foods are safe for dogs?", "Which foods are not safe for dogs?"),
     ("Is 91 a prime number?", "Is 91 not a prime number?"), ("Is 10 equal to 5?", "Is 10 not equal to 5?"),
@@ -100,6 +106,8 @@ MUST_HIT: list[tuple[str, str]] = [
     ("Translate 'good morning' from English to French", "Translate 'good morning' from English into French"),
     ("Is 0.1 + 0.2 equal to 0.3 in Python?", "In Python, is 0.1 + 0.2 equal to 0.3?"),
     ("Rewrite this Python loop in JavaScript", "Rewrite this Python loop as JavaScript"),
+    ("Convert USD to EUR", "convert usd to eur please"), ("How many lbs in a kg?", "How many pounds in a kg?"),
+    ("What is 100 USD in euros?", "What's 100 dollars in euros?"),
 ]
 
 # Paraphrases the guard does cost: a short word moved next to a number reads as its unit.
