@@ -41,7 +41,7 @@ DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
 
 #: Bumped whenever the guard's rule changes: an item stored under another rule has another digest, so it
 #: never matches semantically (a miss until it expires, never a wrong hit).
-_GUARD_RULE = b"guard-4"
+_GUARD_RULE = b"guard-5"
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-", strict=True))
 _SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
 _SIGN_SPELLINGS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "⋅": "*", "⁄": "/",
@@ -70,6 +70,7 @@ UNIT_STOPWORDS = frozenset({
     "any", "too",
 })
 _UNIT_MAX_LETTERS = 3  # "C", "km", "mph", "°F"; longer words after a number are the encoder's to see
+_DEGREES = frozenset({"degree", "degrees"})  # "30 degrees C" reads as "30° C": the C is the unit
 
 
 def guard_tokens(text: str) -> tuple[list[str], list[str], int]:
@@ -83,8 +84,8 @@ def guard_tokens(text: str) -> tuple[list[str], list[str], int]:
       (x < y). Except a hyphen or slash between two words of two or more letters, spaced or not: "and/or",
       "TCP/IP", "state-of-the-art", "Paris - the guide" are spelling (but e-mail, x-axis, a/b keep theirs);
     * a number's unit, case-folded: letters glued to a number on either side (30C, 5km, 2nd, 12x4, GPT4)
-      or a word of at most three letters one space after it or its ° (30 C, 5 km, 2 x 3, 30° F), unless it is a
-      function word (:data:`UNIT_STOPWORDS`).
+      or a word of at most three letters one space after it, its ° or the word "degrees" (30 C, 5 km, 2 x 3,
+      30° F, 30 degrees F), unless it is a function word (:data:`UNIT_STOPWORDS`).
 
     ``words`` are the spelled-out units, currencies and languages
     (:data:`~gateway.cache.guard_words.GUARD_WORDS`) anywhere else, as their short forms ("kilometers" ->
@@ -120,8 +121,10 @@ def guard_tokens(text: str) -> tuple[list[str], list[str], int]:
                 negations += 1
                 continue
             glued = before[0] == "number" or after[0] == "number"
-            # One space after a number, or after its degree sign: "30 C", "30° C".
-            spaced = before[0] == "gap" and i > 1 and (parts[i - 2][0] == "number" or parts[i - 2][1] == "°")
+            # One space after a number, or after its degree sign or word: "30 C", "30° C", "30 degrees C".
+            spaced = before[0] == "gap" and i > 1 and (
+                parts[i - 2][0] == "number" or parts[i - 2][1] == "°" or parts[i - 2][1].casefold() in _DEGREES
+            )
             if word in GUARD_WORDS:  # spelled out: a number's unit like its short form ("5 kilometers" = "5 km")
                 (tokens if glued or spaced else words).append(GUARD_WORDS[word])
             elif glued or (spaced and len(word.lstrip("°")) <= _UNIT_MAX_LETTERS and word not in UNIT_STOPWORDS):

@@ -350,6 +350,7 @@ def test_semantic_never_matches_other_numbers(gw: GatewayProcess) -> None:
     ("Convert 30 C to F", ["Convert 30 F to C"], "convert 30 c to f"),
     ("Which foods are safe for dogs?", ["Which foods are not safe for dogs?"], "which foods are safe for dogs"),
     ("Convert USD to EUR", ["Convert EUR to USD"], "convert usd to eur"),
+    ("Convert 30 degrees C to F", ["Convert 30 degrees F to C"], "convert 30 degrees c to f"),
 ])
 def test_semantic_never_answers_another_sign_unit_or_negation(
     gw: GatewayProcess, upstream: FakeUpstream, first: str, others: list[str], paraphrase: str,

@@ -34,6 +34,7 @@ MUST_MISS: list[tuple[str, str]] = [
     ("Can I take 2 pills?", "Can I take 20 pills?"),
     # Units, currencies and languages spelled out: a conversion's or translation's direction.
     ("Convert 30 degrees Celsius to Fahrenheit", "Convert 30 degrees Fahrenheit to Celsius"),
+    ("Convert 30 degrees C to F", "Convert 30 degrees F to C"), ("Is 30 degrees C hot?", "Is 30 degrees F hot?"),
     ("How many hours are in 7 days?", "How many days are in 7 hours?"),
     ("How many meters are in a mile?", "How many miles are in a meter?"),
     ("Convert 5 kilograms to pounds", "Convert 5 pounds to kilograms"),
@@ -102,6 +103,7 @@ MUST_HIT: list[tuple[str, str]] = [
     ("Python - how do I sort a list?", "Python-how do I sort a list?"), ("Paris - the guide", "Paris: the guide"),
     ("Write a haiku about autumn", "Write me a haiku about autumn"),
     ("Convert 30 degrees Celsius to Fahrenheit", "convert 30 degrees celsius to fahrenheit please"),
+    ("What is 30 degrees C in F?", "what's 30 degrees c in f"),
     ("How far is 5 kilometers in miles?", "How far is 5 km in miles?"),
     ("Translate 'good morning' from English to French", "Translate 'good morning' from English into French"),
     ("Is 0.1 + 0.2 equal to 0.3 in Python?", "In Python, is 0.1 + 0.2 equal to 0.3?"),
@@ -138,6 +140,8 @@ def test_a_paraphrase_keeping_its_numbers_signs_and_units_keeps_its_guard(one: s
     ("Convert 5 kilometres, 3 Miles and 2 cups from English to French",
      ["5", "km", "3", "mi", "2", "cup"], ["english", "french"], 0),
     ("Why isn't it, why won’t it, and why not?", [], [], 3),
+    ("Convert 30 degrees C to F", ["30", "c"], [], 0),  # after "degrees" as after its sign: 30° C
+    ("Convert 30 degrees Celsius to Fahrenheit", ["30", "c"], ["f"], 0),
 ])
 def test_guard_tokens(text: str, tokens: list[str], words: list[str], negations: int) -> None:
     assert guard_tokens(text) == (tokens, words, negations)
