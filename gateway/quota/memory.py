@@ -53,9 +53,14 @@ class MemoryQuotaStore:
         now = now_s * 1000.0
         for fix in corrections:
             tat = self._tats.get(fix.key)
-            if tat is None:
-                continue
-            base = max(tat, now) if fix.delta > 0 else tat
+            if fix.delta > 0:
+                # A drained bucket may have been swept meanwhile: what the call used past its reservation
+                # is still charged, from now (as the Redis store does with a bucket that expired).
+                base = now if tat is None else max(tat, now)
+            elif tat is None:
+                continue  # swept away once drained: nothing left to give back
+            else:
+                base = tat
             self._tats[fix.key] = base + fix.interval_ms * fix.delta
         for key, delta in spends:
             entry = self._spent.get(key)

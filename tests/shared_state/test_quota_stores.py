@@ -99,3 +99,19 @@ async def test_redis_unreachable_is_quota_unavailable_quickly() -> None:
         await store.reserve([bucket], [])
     assert time.monotonic() - started < 1.0
     await client.aclose()
+
+
+async def test_tokens_used_past_the_reservation_are_charged_even_after_the_bucket_drained() -> None:
+    # A long call on a busy gateway: its bucket drains while it runs and the store sweeps drained buckets
+    # away; the settlement must still charge what the call used beyond its reservation (Redis does: a
+    # bucket that expired meanwhile starts again from now).
+    now = [1_000_000.0]
+    store = MemoryQuotaStore(clock=lambda: now[0])
+    tokens = Bucket("tok", 600, 100, "tokens", "API key 'k'")  # 100 ms a token
+    assert (await store.reserve([tokens], [])).allowed
+    now[0] += 30.0  # the call streams for 30 s; the bucket is full again after 10
+    for i in range(5000):  # other keys' traffic meanwhile: the store sweeps drained buckets every few thousand
+        await store.reserve([Bucket(f"other-{i}", 600, 1, "requests", "API key 'o'")], [])
+    await store.settle([Correction(tokens.key, tokens.interval_ms, 650 - 100)], [])  # it used 650 tokens
+    refused = await store.reserve([tokens], [])  # the minute's 600 are spent: nothing fits now
+    assert not refused.allowed and refused.refused == 0
