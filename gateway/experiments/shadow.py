@@ -6,12 +6,13 @@ same request context with its own policy, in a background task. The decision is 
 decision record, ``<served id>:shadow:<arm>``, with ``shadow_of`` the served request's id and
 outcome ``shadow``; the store's experiment totals leave such rows out.
 
-A shadow arm calls a backend only with ``call_backend: true``: the already redacted body, not
-streamed, to the model its decision chose (a workflow decision is recorded, not run), with the
-arm's ``max_concurrency`` calls in flight at most and ``budget_usd_per_hour`` over any rolling hour
-(estimated from the configured prices before the call, settled from its usage); what is over a
-bound is skipped and counted. The call's status, tokens, cost and latency go into the shadow's
-record. :meth:`ShadowRunner.close` cancels whatever runs (the gateway calls it on shutdown).
+A shadow arm calls a backend only with ``call_backend: true``: the already redacted body (redacted
+again for the PII kinds the shadow's own decision redacts), not streamed, to the model its decision
+chose (a workflow decision is recorded, not run), with the arm's ``max_concurrency`` calls in flight
+at most and ``budget_usd_per_hour`` over any rolling hour (estimated from the configured prices
+before the call, settled from its usage); what is over a bound is skipped and counted. The call's
+status, tokens, cost and latency go into the shadow's record. :meth:`ShadowRunner.close` cancels
+whatever runs (the gateway calls it on shutdown).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from classifiers.offload import with_model_first
+from classifiers.signals.pii.redact import redact_body
 from gateway.compare import RollingSpend, transcript
 from gateway.errors import PointsmanError
 from gateway.forward import Completed, Forwarder
@@ -146,7 +148,7 @@ class ShadowRunner:
                 if plan.workflow is not None or served.endpoint != CHAT.name:
                     arm.counts["skipped_workflow"] += 1  # a workflow's sub-calls are not shadowed
                 else:
-                    await self._call(arm, shadow, served, forwarded, plan.candidates)
+                    await self._call(arm, shadow, served, forwarded, plan.candidates, plan.redact)
         except asyncio.CancelledError:
             arm.counts["cancelled"] += 1
             raise
@@ -172,6 +174,7 @@ class ShadowRunner:
         served: DecisionRecord,
         forwarded: Mapping[str, Any],
         candidates: tuple[str, ...],
+        redact: tuple[str, ...] = (),
     ) -> None:
         settings = arm.config
         if arm.in_flight >= settings.max_concurrency:
@@ -190,6 +193,10 @@ class ShadowRunner:
         try:
             body = {k: v for k, v in forwarded.items() if k not in ("stream", "stream_options", "n")}
             body = {**body, "model": candidates[0], "stream": False}
+            if redact:
+                # The shadow's own policy redacts (the served one may not have): what it removes never
+                # leaves the gateway. In a thread: a long request's scan must not hold the event loop.
+                body = await asyncio.to_thread(redact_body, body, redact)
             try:
                 # The forwarder writes the model it tries, its replica and the attempts into the trace.
                 result = await self._forwarder.forward(
