@@ -205,3 +205,12 @@ def test_live_rewriter_without_an_upstream_usage_chunk() -> None:
     parsed = events(b"".join(rewriter.feed(chunk) for chunk in (*UPSTREAM[:3], UPSTREAM[4])))
     assert parsed[-1]["choices"][0]["finish_reason"] == "stop" and parsed[-1]["pointsman"]
     assert parsed[-1]["usage"]["total_tokens"] == 50 and seen == [None]
+
+
+def test_live_rewriter_reads_a_finish_chunk_written_over_several_data_lines() -> None:
+    # SSE joins an event's data lines with LF: the finish chunk is one JSON object over two lines.
+    rewriter, _ = live(client_usage=False)
+    split = b'data: {"id":"u",\ndata: "choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    parsed = events(b"".join(rewriter.feed(chunk) for chunk in (UPSTREAM[0], split, UPSTREAM[4])))
+    assert parsed[-1]["choices"][0]["finish_reason"] == "stop"
+    assert parsed[-1]["pointsman"] == {"workflow": "cascade/x"}
