@@ -72,3 +72,14 @@ GUARD_WORDS: dict[str, str] = {
         "bash", "powershell",
     )),
 }
+
+#: Numbers spelled out, read as the number they name ("two plus three" is "2 plus 3", not "two plus two").
+#: "one" is left out: mostly a pronoun ("which one is faster?"), and "one" against another number still
+#: differs by the other one.
+NUMBER_WORDS: dict[str, str] = {
+    word: str(value) for value, word in enumerate((
+        "zero", "", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+        "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty",
+    )) if word
+} | {"thirty": "30", "forty": "40", "fifty": "50", "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90",
+     "hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000"}

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from classifiers.messages import last_user_index
-from gateway.cache.guard_words import GUARD_WORDS
+from gateway.cache.guard_words import GUARD_WORDS, NUMBER_WORDS
 from policies.config import CacheSettings
 
 #: Fields that change how an answer is delivered, not what it is.
@@ -41,7 +41,7 @@ DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
 
 #: Bumped whenever the guard's rule changes: an item stored under another rule has another digest, so it
 #: never matches semantically (a miss until it expires, never a wrong hit).
-_GUARD_RULE = b"guard-5"
+_GUARD_RULE = b"guard-6"
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-", strict=True))
 _SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
 _SIGN_SPELLINGS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "⋅": "*", "⁄": "/",
@@ -78,7 +78,8 @@ def guard_tokens(text: str) -> tuple[list[str], list[str], int]:
 
     The tokens, in order, are
 
-    * every number (``12``, ``3.5``, ``1,000``, ``.5``);
+    * every number (``12``, ``3.5``, ``1,000``, ``.5``; spelled out, as in "two" or "twelve", the number it
+      names: :data:`~gateway.cache.guard_words.NUMBER_WORDS`);
     * every sign ``+ - * / ^ < > = % $ € £ ¥ °`` (and ``!=``; ``!`` only glued to a number: 5!), wherever
       it stands: a leading minus (-7), an operator (12-4), a comparison (10 > 5), a sign between letters
       (x < y). Except a hyphen or slash between two words of two or more letters, spaced or not: "and/or",
@@ -99,6 +100,9 @@ def guard_tokens(text: str) -> tuple[list[str], list[str], int]:
     text = _SUPERSCRIPT_RUN.sub(lambda m: "^" + "".join(_SUPERSCRIPTS[c] for c in m.group()), text)
     text = unicodedata.normalize("NFKC", text).translate(_SIGN_SPELLINGS)
     parts = [(m.lastgroup or "other", m.group()) for m in _GUARD_TOKEN.finditer(text)]
+    # Numbers spelled out are numbers ("two plus three" = "2 plus 3"), units after them included.
+    parts = [("number", NUMBER_WORDS[value.casefold()]) if kind == "word" and value.casefold() in NUMBER_WORDS
+             else (kind, value) for kind, value in parts]
     tokens: list[str] = []
     words: list[str] = []
     negations = 0

@@ -351,6 +351,7 @@ def test_semantic_never_matches_other_numbers(gw: GatewayProcess) -> None:
     ("Which foods are safe for dogs?", ["Which foods are not safe for dogs?"], "which foods are safe for dogs"),
     ("Convert USD to EUR", ["Convert EUR to USD"], "convert usd to eur"),
     ("Convert 30 degrees C to F", ["Convert 30 degrees F to C"], "convert 30 degrees c to f"),
+    ("What is two plus two?", ["What is two plus three?"], "what is two plus two"),
 ])
 def test_semantic_never_answers_another_sign_unit_or_negation(
     gw: GatewayProcess, upstream: FakeUpstream, first: str, others: list[str], paraphrase: str,
