@@ -95,7 +95,13 @@ class ReplicaHints:
             results = await pipe.execute()
         except redis_errors() as exc:
             for name, batch in sent.items():  # keep them (bounded) for the next round trip
-                self._pending[name].extendleft(reversed(batch))
+                # Ahead of what was placed while the round trip waited: when the buffer is full the
+                # oldest go first (extendleft on a full deque would drop the newest placements).
+                pending = self._pending[name]
+                newer = list(pending)
+                pending.clear()
+                pending.extend(batch)
+                pending.extend(newer)
             self.failures += 1
             self._failure_log.failed(exc, "sync")
             return False

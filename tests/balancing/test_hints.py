@@ -4,6 +4,7 @@ agreement, and the hints buffered meanwhile arrive once it is back."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.balancing import Affinity, prefix_blocks
-from gateway.balancing.hints import ReplicaHints, share_hints
+from gateway.balancing.hints import MAX_PENDING, ReplicaHints, share_hints
 from gateway.config import BackendConfig, BreakerConfig
 from gateway.pool import BackendPool
 from gateway.shared_state import redis_client
@@ -120,3 +121,38 @@ async def test_an_entry_that_is_not_utf8_does_not_stop_the_hints(redis_server: P
     finally:
         await client.aclose()
         await raw.aclose()
+
+
+async def test_placements_made_while_a_hanging_redis_fails_a_sync_are_the_ones_kept(
+    redis_server: PrivateRedis,
+) -> None:
+    """While Redis is away the buffer keeps the newest placements (the oldest go first), also those made
+    during the sync that fails: the newest placement of a session is the one peers must learn."""
+    here, peer = _pool("session_affinity"), _pool("session_affinity")
+    clients = [redis_client(redis_server.url, 0.5, decode=True) for _ in range(2)]
+    try:
+        hints_here = share_hints(here.backends, clients[0], "t:")
+        hints_peer = share_hints(peer.backends, clients[1], "t:")
+        assert hints_here is not None and hints_peer is not None
+        assert await hints_here.sync() and await hints_peer.sync()  # connected; the stream read up to now
+        backend = here.backends[0]
+        for key in range(1, MAX_PENDING + 1):  # a full buffer of older placements, all on URLS[0]
+            hints_here.publish(backend, key, URLS[0])
+        redis_server.pause()  # Redis hangs: the next sync's calls time out
+        syncing = asyncio.create_task(hints_here.sync())
+        await asyncio.sleep(0)  # the sync takes the buffer and waits for Redis
+        hints_here.publish(backend, 424242, URLS[1])  # a session placed meanwhile
+        assert not await syncing
+        redis_server.resume()
+        assert await hints_here.sync()
+        applied = -1
+        while hints_peer.applied != applied:  # read the stream to its end (READ_COUNT entries a sync)
+            applied = hints_peer.applied
+            assert await hints_peer.sync()
+        choice = peer.backends[0].choose(affinity=Affinity(session=424242))
+        assert choice is not None and choice.reason == "session"
+        assert choice.replica.base_url == URLS[1]  # type: ignore[attr-defined]
+    finally:
+        redis_server.resume()
+        for client in clients:
+            await client.aclose()
