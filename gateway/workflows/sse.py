@@ -85,8 +85,9 @@ Closer = Callable[[Mapping[str, Any] | None], tuple[dict[str, Any], dict[str, An
 class LiveRewriter:
     """Rewrites a live final stage's stream event by event for the client.
 
-    Chunks with the answer pass through byte for byte. The ``finish_reason`` chunk is held until the
-    usage chunk (which the gateway asked for) or ``[DONE]`` arrives; then ``close(usage of this
+    Chunks with the answer pass through byte for byte (a running usage on them too). The
+    ``finish_reason`` chunk is held until the usage chunk (which the gateway asked for: no choices)
+    or ``[DONE]`` arrives; then ``close(usage of this
     stage)`` returns the workflow's usage totals and its ``pointsman`` extension: with
     ``client_usage`` the usage chunk carries them, otherwise the usage chunk is dropped (the client
     did not ask for one) and the held finish chunk carries the extension.
@@ -123,9 +124,14 @@ class LiveRewriter:
             return event
         if not isinstance(payload, dict):
             return event
-        usage = payload.get("usage")
-        if isinstance(usage, Mapping):
-            return self._release(payload)
+        choices = payload.get("choices")
+        if isinstance(payload.get("usage"), Mapping) and not choices:
+            return self._release(payload)  # the usage chunk
+        if not (isinstance(choices, list) and any(isinstance(c, Mapping) and c.get("finish_reason") is not None
+                                                  for c in choices)):
+            # A running usage on a chunk of the answer (vLLM's continuous_usage_stats): the stage's
+            # own count so far, passed on; the workflow's totals ride on the stream's last chunk.
+            return event
         if self._held is None:
             self._held = payload
             return b""
@@ -136,6 +142,8 @@ class LiveRewriter:
         if self._closed:
             return b""
         self._closed = True
+        if usage_chunk is None and self._held is not None and isinstance(self._held.get("usage"), Mapping):
+            usage_chunk, self._held = self._held, None  # a backend that put its usage on its finish chunk
         usage, extension = self._close(usage_chunk.get("usage") if usage_chunk is not None else None)
         out = b""
         held = self._held

@@ -18,6 +18,8 @@ n-once             one choice of ``The answer is 42.`` for ``n`` > 1; a single c
 escaped-bytes      ``ESCAPED_TEXT`` (an emoji first) with token logprobs as DeepSeek writes partial UTF-8 tokens
                    (``"\\xf0\\x9f\\x98"``, the bytes escaped): every token sure but `` 42`` (-2.0)
 cr-stream          streams :data:`CR_TEXT` with bare-CR line endings (``data: ...\\r\\r``, legal SSE)
+running-usage      streams :data:`CR_TEXT`; with ``stream_options.continuous_usage_stats`` every chunk
+                   carries the usage so far, then the usage chunk (as vLLM does)
 =================  =============================================================================
 
 Every answer's usage is 11 prompt and 7 completion tokens a choice. ``bodies`` keeps every request.
@@ -84,23 +86,30 @@ def _answer(body: dict[str, Any]) -> Response:
                                    "code": None}}, status_code=400)
 
 
-def _cr_stream(body: dict[str, Any]) -> Response:
-    """A streamed answer whose SSE lines end with a bare CR (the SSE specification allows CRLF, LF or CR)."""
+def _stream(body: dict[str, Any], *, end: bytes) -> Response:
+    """A streamed answer (:data:`CR_TEXT`) whose events end with ``end``; with the usage chunk when
+    asked for, and a running usage on every chunk too when ``continuous_usage_stats`` is (as vLLM does)."""
     head = {"id": "chatcmpl-hostile", "object": "chat.completion.chunk", "created": 1700000000,
             "model": body.get("model", "")}
-
-    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        return b"data: " + orjson.dumps({**head, "choices": choices, **extra}) + b"\r\r"
-
+    options = body.get("stream_options") or {}
+    usage_asked = bool(options.get("include_usage"))
+    running = usage_asked and bool(options.get("continuous_usage_stats"))
     words = CR_TEXT.split(" ")
-    events = [event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
-    events += [event([{"index": 0, "delta": {"content": (" " if i else "") + word}, "finish_reason": None}])
+
+    def usage(completion_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": 11, "completion_tokens": completion_tokens, "total_tokens": 11 + completion_tokens}
+
+    def event(choices: list[dict[str, Any]], written: int) -> bytes:
+        extra = {"usage": usage(written)} if running else {}
+        return b"data: " + orjson.dumps({**head, "choices": choices, **extra}) + end
+
+    events = [event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}], 0)]
+    events += [event([{"index": 0, "delta": {"content": (" " if i else "") + word}, "finish_reason": None}], i + 1)
                for i, word in enumerate(words)]
-    events.append(event([{"index": 0, "delta": {}, "finish_reason": "stop"}]))
-    if (body.get("stream_options") or {}).get("include_usage"):
-        events.append(event([], usage={"prompt_tokens": 11, "completion_tokens": len(words),
-                                       "total_tokens": 11 + len(words)}))
-    events.append(b"data: [DONE]\r\r")
+    events.append(event([{"index": 0, "delta": {}, "finish_reason": "stop"}], len(words)))
+    if usage_asked:
+        events.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage(len(words))}) + end)
+    events.append(b"data: [DONE]" + end)
     return Response(b"".join(events), media_type="text/event-stream")
 
 
@@ -115,8 +124,8 @@ class HostileUpstream(LoopbackServer):
             self.bodies.append(body)
             if body.get("model") == "n-once" and not (isinstance(body.get("n"), int) and body["n"] > 1):
                 await asyncio.sleep(3)
-            if body.get("model") == "cr-stream" and body.get("stream"):
-                return _cr_stream(body)
+            if body.get("model") in ("cr-stream", "running-usage") and body.get("stream"):
+                return _stream(body, end=b"\r\r" if body["model"] == "cr-stream" else b"\n\n")
             return _answer(body)
 
         super().__init__(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))

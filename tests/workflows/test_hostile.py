@@ -22,7 +22,7 @@ HOSTILE: dict[str, str] = {  # gateway model -> the hostile script
     "refuse-n": "refuse-n", "blank": "blank", "holes": "holes", "refuse-a": "refuse", "refuse-b": "refuse",
     "probabilities": "probabilities", "n-honouring": "n-honouring", "n-once": "n-once",
     "cand-a": "say:Answer A", "cand-b": "say:Answer B",
-    "cr-stream": "cr-stream", "escaped-bytes": "escaped-bytes",
+    "cr-stream": "cr-stream", "escaped-bytes": "escaped-bytes", "running-usage": "running-usage",
     "judge-negative": "say:-5", "judge-negative-bracketed": "say:[[-5]]", "judge-rating-negative": "say:Rating: -3",
 }
 AGREE = {"source": "agreement", "threshold": 0.6, "samples": 3}
@@ -44,6 +44,8 @@ WORKFLOWS: list[dict[str, Any]] = [
     _cascade("verifier-slow", "cand-a", {"source": "verifier", "threshold": 0.5, "verifier": {"model": "slow"}},
              max_seconds=1.0),
     _cascade("escaped-bytes", "escaped-bytes", {"source": "logprobs", "threshold": 0.7, "stat": "min"}),
+    {"name": "running-usage", "kind": "cascade", "stages": ["probabilities", "running-usage"],
+     "confidence": {"source": "logprobs", "threshold": 0.7}},
     {"name": "cr-live", "kind": "cascade", "stages": ["probabilities", "cr-stream"],
      "confidence": {"source": "logprobs", "threshold": 0.7}},
     {"name": "refused", "kind": "fusion", "candidates": ["refuse-a", "refuse-b"], "combine": {"fuser": "strong"}},
@@ -218,3 +220,22 @@ def test_tokens_spelled_longer_than_their_text_are_all_scored(sdk: OpenAI) -> No
     info = extension(completion)
     assert info["steps"][0]["confidence"] == pytest.approx(math.exp(-2.0), abs=1e-6)
     assert info["escalated"] is True and completion.choices[0].message.content == STRONG_TEXT
+
+
+def test_a_running_usage_on_every_chunk_still_ends_with_the_workflows_totals(sdk: OpenAI) -> None:
+    """vLLM's continuous_usage_stats: every chunk of the final stage carries its usage so far. The
+    client's last chunk has the workflow's totals (both stages) and the extension, no other chunk
+    has the extension (the first chunk with a usage took both, and the stream then ended with the
+    final stage's own usage only)."""
+    options: Any = {"include_usage": True, "continuous_usage_stats": True}
+    with sdk.chat.completions.with_streaming_response.create(
+        model="cascade/running-usage", messages=MESSAGES, stream=True, user=key(), stream_options=options
+    ) as response:
+        chunks = list(response.parse())
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == CR_TEXT
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    words = len(CR_TEXT.split(" "))
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (11 + 11, 7 + words)
+    assert extension(last)["answered_by"]["model"] == "running-usage"
+    assert not any((c.model_extra or {}).get("pointsman") for c in chunks[:-1])

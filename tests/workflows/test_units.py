@@ -214,3 +214,16 @@ def test_live_rewriter_reads_a_finish_chunk_written_over_several_data_lines() ->
     parsed = events(b"".join(rewriter.feed(chunk) for chunk in (UPSTREAM[0], split, UPSTREAM[4])))
     assert parsed[-1]["choices"][0]["finish_reason"] == "stop"
     assert parsed[-1]["pointsman"] == {"workflow": "cascade/x"}
+
+
+@pytest.mark.parametrize("client_usage", [True, False])
+def test_live_rewriter_with_the_usage_on_the_finish_chunk(client_usage: bool) -> None:
+    # A backend that puts its usage on the finish chunk and sends no chunk of usage alone.
+    rewriter, seen = live(client_usage=client_usage)
+    finish = (b'data: {"id":"u","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+              b'"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}\n\n')
+    parsed = events(b"".join(rewriter.feed(chunk) for chunk in (UPSTREAM[0], finish, UPSTREAM[4])))
+    assert len(parsed) == 2 and parsed[-1]["choices"][0]["finish_reason"] == "stop"
+    assert parsed[-1]["pointsman"] == {"workflow": "cascade/x"} and seen[0]["completion_tokens"] == 2
+    assert parsed[-1]["usage"] == ({"prompt_tokens": 30, "completion_tokens": 20, "total_tokens": 50}
+                                   if client_usage else None)
