@@ -41,7 +41,7 @@ DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
 
 #: Bumped whenever the guard's rule changes: an item stored under another rule has another digest, so it
 #: never matches semantically (a miss until it expires, never a wrong hit).
-_GUARD_RULE = b"guard-6"
+_GUARD_RULE = b"guard-7"
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-", strict=True))
 _SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
 _SIGN_SPELLINGS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-", "·": "*", "⋅": "*", "⁄": "/",
@@ -49,7 +49,7 @@ _SIGN_SPELLINGS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-", "
 _GUARD_TOKEN = re.compile(
     r"(?P<number>\d+(?:[.,]\d+)*|(?<![\w.])\.\d+)"  # 12, 3.5, 1,000 and .5 (".5" is not "5"; "v.5" is)
     r"|(?P<word>°?[^\W\d_]+(?:['’][^\W\d_]+)*)"  # letters (°C, isn't)
-    r"|(?P<sign>\*\*|!=|[-+*/^<>=%!$€£¥°])"
+    r"|(?P<sign>\*\*|!=|[-+*/^<>=%!$€£¥°&|~])"
     r"|(?P<gap>[ \t]+)"
     r"|(?P<other>.)",
     re.DOTALL,
@@ -80,10 +80,11 @@ def guard_tokens(text: str) -> tuple[list[str], list[str], int]:
 
     * every number (``12``, ``3.5``, ``1,000``, ``.5``; spelled out, as in "two" or "twelve", the number it
       names: :data:`~gateway.cache.guard_words.NUMBER_WORDS`);
-    * every sign ``+ - * / ^ < > = % $ € £ ¥ °`` (and ``!=``; ``!`` only glued to a number: 5!), wherever
-      it stands: a leading minus (-7), an operator (12-4), a comparison (10 > 5), a sign between letters
-      (x < y). Except a hyphen or slash between two words of two or more letters, spaced or not: "and/or",
-      "TCP/IP", "state-of-the-art", "Paris - the guide" are spelling (but e-mail, x-axis, a/b keep theirs);
+    * every sign ``+ - * / ^ < > = % $ € £ ¥ ° & | ~`` (and ``!=``; ``!`` only glued to a number: 5!),
+      wherever it stands: a leading minus (-7), an operator (12-4, 5 & 3), a comparison (10 > 5), a sign
+      between letters (x < y). Except a hyphen, slash or ampersand between two words of two or more letters,
+      spaced or not: "and/or", "TCP/IP", "state-of-the-art", "Paris - the guide", "salt & pepper" are
+      spelling (but e-mail, x-axis, a/b, x & y keep theirs);
     * a number's unit, case-folded: letters glued to a number on either side (30C, 5km, 2nd, 12x4, GPT4)
       or a word of at most three letters one space after it, its ° or the word "degrees" (30 C, 5 km, 2 x 3,
       30° F, 30 degrees F), unless it is a function word (:data:`UNIT_STOPWORDS`).
@@ -117,7 +118,7 @@ def guard_tokens(text: str) -> tuple[list[str], list[str], int]:
             elif value == "!":
                 if before[0] == "number":  # a factorial; elsewhere an exclamation mark
                     tokens.append(value)
-            elif not (value in "-/" and _joins_words(parts, i)):
+            elif not (value in "-/&" and _joins_words(parts, i)):
                 tokens.append(value)
         elif kind == "word":
             word = value.casefold().replace("’", "'")
@@ -137,8 +138,9 @@ def guard_tokens(text: str) -> tuple[list[str], list[str], int]:
 
 
 def _joins_words(parts: list[tuple[str, str]], i: int) -> bool:
-    """Whether the hyphen or slash ``parts[i]`` stands between two words of two or more letters (spaces
-    around it or not): "and/or", "TCP/IP", "Paris - the guide" are spelling and punctuation, not arithmetic."""
+    """Whether the hyphen, slash or ampersand ``parts[i]`` stands between two words of two or more letters
+    (spaces around it or not): "and/or", "TCP/IP", "Paris - the guide", "salt & pepper" are spelling and
+    punctuation, not arithmetic."""
     # A gap is a whole run of spaces, so the nearest other part is one or two places away.
     before = next((parts[j] for j in (i - 1, i - 2) if j >= 0 and parts[j][0] != "gap"), ("", ""))
     after = next((parts[j] for j in (i + 1, i + 2) if j < len(parts) and parts[j][0] != "gap"), ("", ""))

@@ -352,6 +352,7 @@ def test_semantic_never_matches_other_numbers(gw: GatewayProcess) -> None:
     ("Convert USD to EUR", ["Convert EUR to USD"], "convert usd to eur"),
     ("Convert 30 degrees C to F", ["Convert 30 degrees F to C"], "convert 30 degrees c to f"),
     ("What is two plus two?", ["What is two plus three?"], "what is two plus two"),
+    ("What is 5 & 3?", ["What is 5 | 3?"], "what is 5 & 3"),
 ])
 def test_semantic_never_answers_another_sign_unit_or_negation(
     gw: GatewayProcess, upstream: FakeUpstream, first: str, others: list[str], paraphrase: str,

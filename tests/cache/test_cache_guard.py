@@ -29,6 +29,9 @@ MUST_MISS: list[tuple[str, str]] = [
     ("What is 2 x 3?", "What is 2 + 3?"), ("Is x > y?", "Is x < y?"), ("What is a/b?", "What is a-b?"),
     ("Is 30°C hot?", "Is 30°F hot?"), ("Is 30 °C hot?", "Is 30 °F hot?"), ("Is 30° C hot?", "Is 30° F hot?"),
     ("Is 30C warm?", "Is 30F warm?"),
+    # Bitwise operators (static encoder 0.995-0.999 alike).
+    ("What is 5 & 3?", "What is 5 | 3?"), ("What does x & y do?", "What does x | y do?"),
+    ("What is ~5 in Python?", "What is 5 in Python?"),
     ("Convert 10 kg to lb", "Convert 10 lb to kg"), ("Convert 5 km to miles", "Convert 5 miles to km"),
     ("Is 100 km far?", "Is 100 m far?"), ("How much is $100 in euros?", "How much is €100 in dollars?"),
     ("Can I take 2 pills?", "Can I take 20 pills?"),
@@ -109,6 +112,7 @@ MUST_HIT: list[tuple[str, str]] = [
     ("Convert 30 degrees Celsius to Fahrenheit", "convert 30 degrees celsius to fahrenheit please"),
     ("What is 30 degrees C in F?", "what's 30 degrees c in f"),
     ("Give me ten ideas", "Give me 10 ideas"), ("What is two plus two?", "what's two plus two"),
+    ("Is salt & pepper enough?", "Is salt and pepper enough?"),
     ("How far is 5 kilometers in miles?", "How far is 5 km in miles?"),
     ("Translate 'good morning' from English to French", "Translate 'good morning' from English into French"),
     ("Is 0.1 + 0.2 equal to 0.3 in Python?", "In Python, is 0.1 + 0.2 equal to 0.3?"),
@@ -147,6 +151,7 @@ def test_a_paraphrase_keeping_its_numbers_signs_and_units_keeps_its_guard(one: s
     ("Why isn't it, why won’t it, and why not?", [], [], 3),
     ("Convert 30 degrees C to F", ["30", "c"], [], 0),  # after "degrees" as after its sign: 30° C
     ("Add two cups and twelve grams, then one more", ["2", "cup", "12", "g"], [], 0),  # "one" is mostly a pronoun
+    ("Is 5 & 3 | ~x the same for salt & pepper?", ["5", "&", "3", "|", "~"], [], 0),  # & between words: "and"
     ("Convert 30 degrees Celsius to Fahrenheit", ["30", "c"], ["f"], 0),
 ])
 def test_guard_tokens(text: str, tokens: list[str], words: list[str], negations: int) -> None:
