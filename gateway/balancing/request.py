@@ -53,9 +53,12 @@ def affinity_of(
     return affinity
 
 
-def session_hash(tenant: str | None, session_id: str | None, body: Mapping[str, Any]) -> int:
+def session_hash(tenant: str | None, session_id: str | None, body: Mapping[str, Any]) -> int | None:
     """A 64-bit key of the request's session: its ``x-pointsman-session-id``, else the conversation's
     start (system prompt and first user message, which every later turn repeats), scoped by tenant.
+    None when there is neither: a request without a conversation (embeddings' ``input``, no messages
+    or prompt) is no session's turn, and one shared key would pin all of a tenant's such requests to
+    the replica the first one went to.
 
     Only the first :data:`SESSION_START_CHARS` characters of the start are hashed: the key places a
     session on a replica, so two sessions that open with the same 8k characters may share one (their
@@ -65,8 +68,11 @@ def session_hash(tenant: str | None, session_id: str | None, body: Mapping[str, 
     scope = (tenant or "").encode() + b"\x00"
     if session_id:
         return xxhash.xxh3_64_intdigest(scope + b"id\x00" + session_id.encode())
+    start = conversation_start(body)
+    if all(part is None for part in start):  # [] (no system or user message) or [None] (no prompt)
+        return None
     digest = xxhash.xxh3_64(scope + b"start\x00")
-    _feed(digest, conversation_start(body), SESSION_START_CHARS)
+    _feed(digest, start, SESSION_START_CHARS)
     return digest.intdigest()
 
 
