@@ -1,7 +1,8 @@
 """The in-process store (``shared_state.kind: memory``): one per route, bounded by ``max_entries``.
 
 Entries are kept least-recently-used first and expire ``ttl`` seconds after they were stored;
-semantic buckets keep their newest ``bucket_size`` items and are bounded by ``max_entries`` too.
+semantic buckets keep their newest ``bucket_size`` items and are bounded by ``max_entries`` too (least
+recently looked up or written evicted).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class MemoryStore:
             bucket = self._buckets.get(keys.bucket)
             if bucket is not None:
                 items = list(bucket)
+                # A scope looked up is in use: its bucket is evicted least recently *used*, like its entries
+                # (evicted by puts of other scopes only, it went while its entries were being hit).
+                self._buckets.move_to_end(keys.bucket)
         return await self.get(keys.exact), items
 
     async def get(self, key: str) -> CachedAnswer | None:

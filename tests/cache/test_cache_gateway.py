@@ -46,6 +46,7 @@ def gw(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iter
              "signals": {"keywords": {"banned": {"keywords": ["forbidden"]}}}},
             {"name": "sem", "model": "echo-model", "cache": {"mode": "semantic"}},
             {"name": "sem-95", "model": "echo-model", "cache": {"mode": "semantic", "similarity": 0.95}},
+            {"name": "sem-2", "model": "echo-model", "cache": {"mode": "semantic", "max_entries": 2}},
             {"name": "strict", "model": "echo-model", "cache": {"sampled": False}},
             {"name": "peruser", "model": "echo-model", "cache": {"per_user": True}},
             {"name": "c-err", "model": "err-model", "cache": CACHE},
@@ -370,6 +371,26 @@ def test_semantic_never_answers_another_sign_unit_or_negation(
     if "What is 12*4?" in others:  # one multiplication spelled another way is the same question
         times = ask(gw.base_url, "sem-95", [system, {"role": "user", "content": "What is 12 × 4?"}], user=user)
         assert (times.cache, times.text) == ("hit", "ECHO: What is 12*4?")
+
+
+def test_a_scope_in_use_keeps_its_semantic_matches_while_other_scopes_come_and_go(
+    gw: GatewayProcess, upstream: FakeUpstream,
+) -> None:
+    # max_entries 2: the least recently used entry goes, and with it its scope's semantic index; a scope
+    # whose entry keeps being hit is the most recently used one and must keep being found by similarity.
+    tag, user = time.time_ns(), user_id()
+
+    def faq(bot: str, question: str) -> Any:
+        return ask(gw.base_url, "sem-2", [{"role": "system", "content": f"{bot} bot {tag}"},
+                                          {"role": "user", "content": question}], user=user)
+
+    assert faq("Shop", "How do I reset my password?").cache == "miss"
+    assert faq("Bank", "How do I open an account?").cache == "miss"
+    assert faq("Shop", "how do i reset my password").cache == "hit"  # the shop's entry is the recent one now
+    assert faq("Travel", "How do I book a flight?").cache == "miss"  # stored: the bank's entry goes
+    again = faq("Shop", "how do I reset my password")
+    assert (again.cache, again.text) == ("hit", "ECHO: How do I reset my password?")
+    assert calls(upstream, "echo", user) == 3
 
 
 def test_metrics_count_cache_results(gw: GatewayProcess) -> None:
