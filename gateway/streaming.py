@@ -163,6 +163,10 @@ class ProxyStream:
             # whole (an SSE reader drops an unterminated event at the end anyway).
             scanner.saw_done = True
             opened.finish(ok=True)
+            if self._rewrite is not None:
+                # A rewriter may hold events until [DONE] (a workflow's finish chunk, which gets its
+                # extension then): it reads whole events only, so this one gets its blank line.
+                rest = self._rewrite(rest.rstrip(b"\r\n") + b"\n\n")
             await send({"type": "http.response.body", "body": rest, "more_body": False})
             return
         # The body ended without [DONE] (an event cut short is dropped, never half-sent): the answer was

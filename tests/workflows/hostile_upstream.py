@@ -20,6 +20,8 @@ escaped-bytes      ``ESCAPED_TEXT`` (an emoji first) with token logprobs as Deep
 cr-stream          streams :data:`CR_TEXT` with bare-CR line endings (``data: ...\\r\\r``, legal SSE)
 running-usage      streams :data:`CR_TEXT`; with ``stream_options.continuous_usage_stats`` every chunk
                    carries the usage so far, then the usage chunk (as vLLM does)
+done-unended       streams :data:`CR_TEXT` with no usage chunk (whatever is asked), its last line
+                   ``data: [DONE]`` with no line ending after it
 =================  =============================================================================
 
 Every answer's usage is 11 prompt and 7 completion tokens a choice. ``bodies`` keeps every request.
@@ -86,7 +88,7 @@ def _answer(body: dict[str, Any]) -> Response:
                                    "code": None}}, status_code=400)
 
 
-def _stream(body: dict[str, Any], *, end: bytes) -> Response:
+def _stream(body: dict[str, Any], *, end: bytes, done_end: bytes | None = None) -> Response:
     """A streamed answer (:data:`CR_TEXT`) whose events end with ``end``; with the usage chunk when
     asked for, and a running usage on every chunk too when ``continuous_usage_stats`` is (as vLLM does)."""
     head = {"id": "chatcmpl-hostile", "object": "chat.completion.chunk", "created": 1700000000,
@@ -109,7 +111,7 @@ def _stream(body: dict[str, Any], *, end: bytes) -> Response:
     events.append(event([{"index": 0, "delta": {}, "finish_reason": "stop"}], len(words)))
     if usage_asked:
         events.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage(len(words))}) + end)
-    events.append(b"data: [DONE]" + end)
+    events.append(b"data: [DONE]" + (end if done_end is None else done_end))
     return Response(b"".join(events), media_type="text/event-stream")
 
 
@@ -126,6 +128,9 @@ class HostileUpstream(LoopbackServer):
                 await asyncio.sleep(3)
             if body.get("model") in ("cr-stream", "running-usage") and body.get("stream"):
                 return _stream(body, end=b"\r\r" if body["model"] == "cr-stream" else b"\n\n")
+            if body.get("model") == "done-unended" and body.get("stream"):
+                # a server that sends no usage chunk, whatever stream_options ask
+                return _stream({**body, "stream_options": None}, end=b"\n\n", done_end=b"")
             return _answer(body)
 
         super().__init__(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))

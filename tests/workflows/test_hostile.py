@@ -23,6 +23,7 @@ HOSTILE: dict[str, str] = {  # gateway model -> the hostile script
     "probabilities": "probabilities", "n-honouring": "n-honouring", "n-once": "n-once",
     "cand-a": "say:Answer A", "cand-b": "say:Answer B",
     "cr-stream": "cr-stream", "escaped-bytes": "escaped-bytes", "running-usage": "running-usage",
+    "done-unended": "done-unended",
     "judge-negative": "say:-5", "judge-negative-bracketed": "say:[[-5]]", "judge-rating-negative": "say:Rating: -3",
 }
 AGREE = {"source": "agreement", "threshold": 0.6, "samples": 3}
@@ -47,6 +48,8 @@ WORKFLOWS: list[dict[str, Any]] = [
     {"name": "running-usage", "kind": "cascade", "stages": ["probabilities", "running-usage"],
      "confidence": {"source": "logprobs", "threshold": 0.7}},
     {"name": "cr-live", "kind": "cascade", "stages": ["probabilities", "cr-stream"],
+     "confidence": {"source": "logprobs", "threshold": 0.7}},
+    {"name": "done-unended", "kind": "cascade", "stages": ["probabilities", "done-unended"],
      "confidence": {"source": "logprobs", "threshold": 0.7}},
     {"name": "refused", "kind": "fusion", "candidates": ["refuse-a", "refuse-b"], "combine": {"fuser": "strong"}},
     {"name": "refusals", "kind": "ratings", "candidates": ["refuse-a", "refuse-b"], "judge": "judge-negative"},
@@ -209,6 +212,24 @@ def test_a_live_final_stage_with_bare_cr_line_endings_is_relayed(sdk: OpenAI, in
     assert info["escalated"] is True and info["answered_by"]["model"] == "cr-stream"
     if include_usage:
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7 + len(CR_TEXT.split(" "))
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_a_live_final_stage_ending_with_an_unterminated_done_keeps_its_finish_chunk(
+    sdk: OpenAI, include_usage: bool
+) -> None:
+    """The final stage's stream ends with ``data: [DONE]`` and no blank line after it (the body's last
+    line; the relay accepts it as the end). The finish chunk the workflow holds to add its extension is
+    still sent (without a usage chunk it was lost: the client's stream had no finish_reason)."""
+    options = {"stream_options": {"include_usage": True}} if include_usage else {}
+    with sdk.chat.completions.with_streaming_response.create(
+        model="cascade/done-unended", messages=MESSAGES, stream=True, user=key(), **options
+    ) as response:
+        chunks = list(response.parse())
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == CR_TEXT
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    info = extension(chunks[-1])
+    assert info["escalated"] is True and info["answered_by"]["model"] == "done-unended"
 
 
 def test_tokens_spelled_longer_than_their_text_are_all_scored(sdk: OpenAI) -> None:
