@@ -5,8 +5,9 @@ affinity policy makes (a session's replica, or a conversation's last full prefix
 replica) is buffered; every ``hint_interval`` seconds one round trip appends the buffer to a Redis
 stream per backend (``<key_prefix>replica-hints:<backend>``, capped near ``MAX_STREAM`` entries) and
 reads what peer gateways appended since the last read. A peer's hint is applied as if this gateway
-had made the placement, so two gateways mostly agree on where a session lives: a session whose turns
-alternate between gateways still lands on one replica.
+had made the placement (unless it names a replica this gateway has lost: unhealthy or ejected), so
+two gateways mostly agree on where a session lives: a session whose turns alternate between gateways
+still lands on one replica.
 
 Replicas are named by base URL in the stream (gateways may list them in different orders); keys are
 64-bit hashes (no session id, tenant or prompt text reaches Redis). A gateway starts by reading the
@@ -25,10 +26,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from gateway.breaker import BreakerState
 from gateway.redis_failures import RedisFailures, redis_errors, stop_task
 
 if TYPE_CHECKING:
-    from gateway.pool import Backend
+    from gateway.pool import Backend, Replica
 
 log = logging.getLogger("pointsman.balancing")
 
@@ -49,7 +51,7 @@ class ReplicaHints:
         self.gateway_id = os.urandom(6).hex()
         self._backends = {self._stream(key_prefix, b.name): b for b in backends}
         self._stream_of = {b.name: self._stream(key_prefix, b.name) for b in backends}
-        self._slots = {b.name: {r.base_url: r.slot for r in b.replicas} for b in backends}
+        self._replicas: dict[str, dict[str, Replica]] = {b.name: {r.base_url: r for r in b.replicas} for b in backends}
         self._pending: dict[str, deque[tuple[int, str]]] = {
             name: deque(maxlen=MAX_PENDING) for name in self._stream_of
         }
@@ -114,20 +116,23 @@ class ReplicaHints:
             backend = self._backends.get(name)
             if backend is None:
                 continue
-            slots = self._slots[backend.name]
+            replicas = self._replicas[backend.name]
             for entry_id, fields in entries:
                 self._last_id[name] = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
                 values = {_text(k): _text(v) for k, v in fields.items()}
                 if values.get("g") == self.gateway_id:
                     continue
-                slot = slots.get(values.get("r", ""))
+                replica = replicas.get(values.get("r", ""))
                 try:
                     key = int(values.get("k", ""))
                 except ValueError:
                     continue  # not ours to read: another version's entry
-                if slot is not None:
-                    backend.policy.apply_hint(key, slot)
-                    self.applied += 1
+                if replica is None or not replica.healthy or replica.breaker.state is BreakerState.OPEN:
+                    # A replica this gateway lost (see Backend.lost) must not win its conversations back
+                    # through a peer that had not noticed yet: when it returns, its cache is gone.
+                    continue
+                backend.policy.apply_hint(key, replica.slot)
+                self.applied += 1
 
     def start(self) -> None:
         """Sync every ``interval`` seconds in the background until :meth:`close`."""

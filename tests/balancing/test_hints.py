@@ -156,3 +156,36 @@ async def test_placements_made_while_a_hanging_redis_fails_a_sync_are_the_ones_k
         redis_server.resume()
         for client in clients:
             await client.aclose()
+
+
+async def test_a_peers_late_placement_on_a_lost_replica_does_not_pull_the_conversation_back(
+    redis_server: PrivateRedis,
+) -> None:
+    """A replica that went down here loses its prefixes and, when it returns (its cache gone), does not
+    pull them back: not even through a peer that had not noticed yet and placed the conversation there."""
+    here, peer = _pool("cache_aware"), _pool("cache_aware")
+    clients = [redis_client(redis_server.url, 1.0, decode=True) for _ in range(2)]
+    try:
+        hints_here = share_hints(here.backends, clients[0], "t:")
+        hints_peer = share_hints(peer.backends, clients[1], "t:")
+        assert hints_here is not None and hints_peer is not None
+        assert await hints_here.sync() and await hints_peer.sync()
+        backend = here.backends[0]
+        lost = backend.replicas[0]
+        lost.healthy = False  # what the health checker does when the replica fails its checks
+        backend.lost(lost)
+        # The peer has not noticed yet: its next turn of the conversation goes to that replica.
+        theirs = peer.backends[0]
+        theirs.replicas[1].outstanding = 1
+        turn = Affinity(blocks=prefix_blocks(_turn(1)))
+        choice = theirs.choose(affinity=turn)
+        assert choice is not None and choice.replica.base_url == lost.base_url  # type: ignore[attr-defined]
+        theirs.placed(choice, turn)
+        assert await hints_peer.sync() and await hints_here.sync()
+        lost.healthy = True  # it returns, restarted: whatever it cached is gone
+        later = backend.choose(affinity=Affinity(blocks=prefix_blocks(_turn(2))))
+        assert later is not None
+        assert later.reason == "load", f"{later.reason} on {later.replica.base_url}"  # type: ignore[attr-defined]
+    finally:
+        for client in clients:
+            await client.aclose()
