@@ -25,6 +25,15 @@ from policies.workflows import Caps
 EXPECTED_COMPLETION_TOKENS = 256
 
 
+def output_ceiling(model: ModelConfig, prompt_tokens: int) -> int | None:
+    """The most tokens ``model`` can write after a prompt of ~``prompt_tokens``: its configured
+    ``max_output_tokens``, and its ``context_window`` less the prompt (None when neither is configured)."""
+    limits = [model.max_output_tokens] if model.max_output_tokens is not None else []
+    if model.context_window is not None:
+        limits.append(max(model.context_window - prompt_tokens, 1))
+    return min(limits) if limits else None
+
+
 class CapReached(Exception):
     """A sub-call was not made: ``cap`` (``max_steps``, ``max_tokens``, ``max_seconds`` or
     ``max_cost_usd``; ``max_fanout`` only makes calls wait their turn) would be exceeded."""
@@ -89,6 +98,13 @@ class Budget:
                 )
             if affordable != math.inf:
                 bound = int(affordable) if bound is None else min(bound, int(affordable))
+        if bound is not None and bound != max_tokens:
+            # A bound the caps set: never more than the model can write in one answer. OpenAI refuses a
+            # max_tokens over a model's output limit (16,384 for gpt-4o-mini), vLLM one over the context
+            # left after the prompt: a cheap stage given such a bound failed every call and escalated.
+            ceiling = output_ceiling(model, prompt_tokens)
+            if ceiling is not None and bound > ceiling:
+                bound = ceiling
         expected = choices * (EXPECTED_COMPLETION_TOKENS if bound is None else min(bound, EXPECTED_COMPLETION_TOKENS))
         reservation = Reservation(
             prompt_tokens=prompt_tokens,

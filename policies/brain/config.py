@@ -61,6 +61,10 @@ class ModelConfig(_Strict):
     output_cost_per_mtok: float = Field(default=0.0, ge=0)
     tags: tuple[str, ...] = ()
     context_window: int | None = Field(default=None, gt=0)
+    max_output_tokens: int | None = Field(
+        default=None, gt=0, description="the most tokens one answer may have (gpt-4o-mini: 16384); a workflow "
+        "cap never sets max_tokens above it"
+    )
     fallbacks: tuple[str, ...] = Field(
         default=(), description="models tried in order when this one fails after its retries"
     )

@@ -227,3 +227,21 @@ def test_live_rewriter_with_the_usage_on_the_finish_chunk(client_usage: bool) ->
     assert parsed[-1]["pointsman"] == {"workflow": "cascade/x"} and seen[0]["completion_tokens"] == 2
     assert parsed[-1]["usage"] == ({"prompt_tokens": 30, "completion_tokens": 20, "total_tokens": 50}
                                    if client_usage else None)
+
+
+def test_a_bound_the_caps_set_is_never_more_than_the_model_can_write() -> None:
+    """A cost cap affords ~83k tokens of gpt-4o-mini (README's $0.05): the bound it sets stays within the
+    model's output limit and the context left after the prompt, which upstreams refuse to exceed."""
+    mini = ModelConfig(name="gpt-4o-mini", input_cost_per_mtok=0.15, output_cost_per_mtok=0.6,
+                       max_output_tokens=16_384, context_window=128_000)
+    _, bound = Budget(Caps(max_cost_usd=0.05)).reserve(mini, 100, None)
+    assert bound == 16_384
+    _, bound = Budget(Caps(max_cost_usd=0.05)).reserve(mini, 120_000, None)
+    assert bound == 8_000  # the context left after the prompt
+    _, bound = Budget(Caps(max_cost_usd=0.05)).reserve(mini, 100, 500)
+    assert bound == 500  # the client's own lower bound stands
+    _, bound = Budget(Caps(max_cost_usd=1e-3)).reserve(mini, 100, None)
+    assert bound == 1_641  # the cap binds below the limit: (1e-3 - 100 * 0.15e-6) / 0.6e-6
+    unknown = ModelConfig(name="m", output_cost_per_mtok=0.6)
+    _, bound = Budget(Caps(max_cost_usd=0.05)).reserve(unknown, 100, None)
+    assert bound == 83_333  # no limit configured: the cap's own bound
