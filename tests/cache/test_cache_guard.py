@@ -172,9 +172,9 @@ def test_the_guard_stops_the_encoders_wrong_hits_and_keeps_their_paraphrase_hits
         return guard_digest(pair[0]) == guard_digest(pair[1])
 
     wrong = [pair for pair in MUST_MISS if alike(pair)]
-    # The encoder alone would answer these with each other's answers (measured: static 38 of the 47
-    # pairs, MiniLM 18): the guard is what stops them, all of them.
-    assert len(wrong) >= (32 if encoder_name == "static" else 14)
+    # The encoder alone would answer these with each other's answers (measured: static 56 of the 65
+    # pairs, MiniLM 28): the guard is what stops them, all of them.
+    assert len(wrong) >= (50 if encoder_name == "static" else 24)
     assert [pair for pair in wrong if same_guard(pair)] == []
     # Of the paraphrases the encoder matches, the guard keeps all but the known losses: at least 95%.
     hits = [pair for pair in paraphrases if alike(pair)]
