@@ -11,8 +11,11 @@ What it does: HTTP and HTTPS (system trust store, SNI), keep-alive pooling per o
 recently used connection first; idle ones closed after ``keepalive`` seconds), ``Content-Length``,
 chunked and close-delimited bodies, ``gzip`` / ``deflate`` decoded as read (bounded per read, so a
 compression bomb costs what the reader asks for), informational (1xx) answers skipped, flow control
-(reading pauses while more than :data:`HIGH_WATER` bytes wait unread). What it leaves out on
-purpose: redirects, cookies, proxies from the environment, ``Expect: 100-continue`` and pipelining.
+(reading pauses while more than :data:`HIGH_WATER` bytes wait unread). An idle connection the upstream
+has closed (its keep-alive timeout: 5 s for uvicorn, which vLLM serves with) is not reused once the close
+is in its socket, and a request that crossed such a close on the wire, closed before a byte of answer,
+is sent once more on a new connection. What it leaves out on purpose: redirects, cookies, proxies from
+the environment, ``Expect: 100-continue`` and pipelining.
 
 Errors are this module's own (:class:`HttpClientError` and its subclasses); :mod:`gateway.upstream`
 translates them, and timeouts, into the gateway's failure kinds.
@@ -24,6 +27,7 @@ import asyncio
 import base64
 import functools
 import re
+import select
 import ssl
 import zlib
 from collections import deque
@@ -310,6 +314,31 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return not self.closed and not self._broken and self.response is None
 
+    @property
+    def answered_nothing(self) -> bool:
+        """No byte of an answer to the latest request arrived (its head had begun: nothing read yet)."""
+        return self._in_head and self._head_read == 0
+
+    def peer_went_away(self) -> bool:
+        """Whether the idle socket has something to read: the peer's close (or stray bytes) not seen yet.
+
+        An upstream closes a connection it kept idle past its own keep-alive timeout (uvicorn, which
+        vLLM serves with, after 5 s). The FIN can be in the socket before this loop has run
+        ``connection_lost``: reusing the connection then fails the request with a reset. An idle
+        connection has no answer to wait for, so anything readable means it must not be reused
+        (urllib3 checks the same way before reusing a pooled connection).
+        """
+        if self.transport is None:
+            return True
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            readable, _, _ = select.select((sock.fileno(),), (), (), 0)
+        except (OSError, ValueError):  # closed under us
+            return True
+        return bool(readable)
+
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -469,7 +498,9 @@ class Http1Pool:
     ) -> Response:
         """Send a request and wait for the answer's status and headers.
 
-        Cancelling the wait (a deadline, the client gone) drops the connection. Raises
+        A reused connection closed before any byte of the answer (the upstream's idle close crossed
+        the request) is not an error: the request goes once more on a new connection. Cancelling the
+        wait (a deadline, the client gone) drops the connection. Raises
         :class:`ConnectError`, :class:`ConnectTimeout`, :class:`ConnectionClosed` or
         :class:`ProtocolError`; ``ValueError`` for a URL or header that cannot be sent.
         """
@@ -479,8 +510,20 @@ class Http1Pool:
             headers["Authorization"] = authorization
         head = _request_head(method, target, origin.host_header, headers, len(body), method != "GET" or bool(body))
         conn = self._reuse(origin)
-        if conn is None:
-            conn = await self._connect(origin, connect_timeout)
+        if conn is not None:
+            try:
+                return await self._exchange(conn, head, body)
+            except ConnectionClosed:
+                if not conn.answered_nothing:
+                    raise
+                # The upstream closed this idle connection as the request went out (its keep-alive
+                # timeout crossing our request): it never read it. Send it once more on a new connection,
+                # as an answer that never began is not a failure of the upstream.
+        conn = await self._connect(origin, connect_timeout)
+        return await self._exchange(conn, head, body)
+
+    @staticmethod
+    async def _exchange(conn: _Connection, head: bytes, body: bytes) -> Response:
         response = conn.send(head, body)
         try:
             await response._head
@@ -520,7 +563,7 @@ class Http1Pool:
         expired = self.loop.time() - self.keepalive
         while idle:
             conn = idle.pop()  # the most recently used: the likeliest still open
-            if conn.reusable and conn.idle_since > expired:
+            if conn.reusable and conn.idle_since > expired and not conn.peer_went_away():
                 return conn
             conn.abort()
         return None

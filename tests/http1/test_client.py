@@ -11,10 +11,12 @@ import asyncio
 import base64
 import contextlib
 import gzip
+import select
 import socket
 import ssl
 import struct
 import subprocess
+import threading
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -478,3 +480,106 @@ async def test_a_close_delimited_body_cut_by_closing_the_pool_is_an_error_not_th
     await pool.close()  # the gateway shutting down with this answer in flight
     with pytest.raises(http1.ConnectionClosed):
         await read_all(response)
+
+
+class _ClosesWhenTold:
+    """A blocking server on a thread: each connection gets one keep-alive answer, then is closed when the
+    test says so (an upstream's keep-alive timeout, e.g. uvicorn's 5 s), while the client's loop is busy."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.close_now = threading.Event()
+        self.closed = threading.Event()
+        self.connections = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1/chat/completions"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # the listener was closed: the test is over
+                return
+            self.connections += 1
+            with conn:
+                request = b""
+                while not request.endswith(b"x"):  # the head and the one-byte body
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    request += chunk
+                conn.sendall(JSON_OK)
+                self.close_now.wait(10)
+            self.closed.set()
+
+
+async def test_a_connection_the_upstream_closed_while_idle_is_not_reused_even_before_the_loop_saw_it(
+    pool: http1.Http1Pool,
+) -> None:
+    server = _ClosesWhenTold()
+    try:
+        response = await pool.request("POST", server.url, {}, b"x")
+        assert await read_all(response) == OK
+        [(conn,)] = [tuple(idle) for idle in pool._idle.values()]
+        # The upstream closes the idle connection; its FIN reaches the client's socket, and the request
+        # below is sent before this loop runs again (no await in between), so connection_lost has not run.
+        server.close_now.set()
+        assert server.closed.wait(10)
+        fd = conn.transport.get_extra_info("socket").fileno()
+        assert select.select([fd], [], [], 10)[0], "the close never reached the client's socket"
+        assert not conn.closed
+        response = await pool.request("POST", server.url, {}, b"x")
+        assert response.status == 200 and await read_all(response) == OK
+        assert server.connections == 2  # a new connection, not a reset on the closed one
+    finally:
+        server.close_now.set()
+        server.listener.close()
+
+
+async def test_a_request_crossing_the_upstreams_idle_close_is_sent_once_more_on_a_new_connection(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    answered: list[int] = []
+
+    async def keep_alive_timeout_on_the_second(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        answered.append(len(answered))
+        if len(answered) == 2:  # the upstream's keep-alive timeout fired as this request came in
+            return False
+        writer.write(JSON_OK)
+        await writer.drain()
+        return True
+
+    server = await serve(keep_alive_timeout_on_the_second)
+    for _ in range(2):
+        response = await pool.request("POST", server.url, {}, b'{"a":1}')
+        assert response.status == 200 and await read_all(response) == OK
+    assert server.connections == 2 and len(server.requests) == 3  # the crossed request went once more
+    assert server.requests[1] == server.requests[2]
+
+
+async def test_a_close_before_any_answer_is_an_error_on_a_new_connection_or_after_part_of_an_answer(
+    serve: Callable[[Answer], Awaitable[Server]], pool: http1.Http1Pool
+) -> None:
+    silent = await serve(fixed(keep=False))  # reads the request, closes without a byte
+    with pytest.raises(http1.ConnectionClosed):
+        await pool.request("POST", silent.url, {}, b"x")
+    assert len(silent.requests) == 1  # a new connection: the upstream had the request, it is not sent again
+
+    heads: list[int] = []
+
+    async def half_a_head_on_the_second(head: bytes, writer: asyncio.StreamWriter) -> bool:
+        heads.append(1)
+        writer.write(JSON_OK if len(heads) == 1 else b"HTTP/1.1 200 OK\r\nContent-")
+        await writer.drain()
+        return len(heads) == 1
+
+    partial = await serve(half_a_head_on_the_second)
+    response = await pool.request("POST", partial.url, {}, b"x")
+    assert await read_all(response) == OK
+    with pytest.raises(http1.ConnectionClosed):
+        await pool.request("POST", partial.url, {}, b"x")
+    assert len(partial.requests) == 2  # the answer had begun: the upstream was working on it
