@@ -45,7 +45,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from policies.config import RouteConfig
 from policies.strict_model import StrictModel
 
-_NAME = r"^[A-Za-z0-9_][\w.-]*$"  # no "/": the header says <experiment>/<arm>
+_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"  # no "/": the header says <experiment>/<arm>
 _VERSION = r"^v\d{4,}-[0-9a-f]{8}$"
 
 #: Where an experiment reads a request's assignment key from.

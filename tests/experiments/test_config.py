@@ -99,6 +99,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"name": "e", "route": "auto", "guardrails": {"max_error_rate_increase": 2}, "arms": [CONTROL, {"name": "a"}]},
      "experiments.e.guardrails.max_error_rate_increase: Input should be less than or equal to 1"),
     ({"name": "e/1", "route": "auto", "arms": [CONTROL, {"name": "a"}]}, "experiments.0.name: String should match"),
+    # the names go into the x-pointsman-arm header: ASCII only (a Unicode \w let 'bêta' through)
+    ({"name": "e", "route": "auto", "arms": [CONTROL, {"name": "bêta"}]},
+     "experiments.e.arms.bêta.name: String should match"),
+    ({"name": "café", "route": "auto", "arms": [CONTROL, {"name": "a"}]}, "experiments.café.name: String should match"),
     ({"name": "e", "route": "auto", "arms": [CONTROL, {"name": "a", "router_version": "latest"}]},
      "experiments.e.arms.a.router_version: String should match pattern"),
     ({"name": "e", "route": "plain", "arms": [CONTROL, {"name": "a", "router_version": "v0002-1a2b3c4d"}]},
