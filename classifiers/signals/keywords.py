@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import re
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import regex
 
-from classifiers.signals._fold import fold_text
+from classifiers.signals._fold import fold_text, mark_class
 from classifiers.signals._text import SCOPES, iter_texts
 from classifiers.signals.base import Signal
 
@@ -39,8 +40,9 @@ class KeywordSignal:
     boundaries — ``(?<!\\w)`` / ``(?!\\w)`` rather than ``\\b``, so keywords that start or end with
     punctuation (``c++``, ``.net``) work, on the text as a reader sees it: zero-width characters do not
     split a keyword, fullwidth letters, Unicode spaces and Latin look-alikes match their plain forms,
-    and a keyword's words may be apart by any whitespace. Patterns are Python regexes used as given,
-    on the text as sent and on that folded form. Confidence is
+    a keyword's words may be apart by any whitespace, and a combining mark belongs to its letter
+    (``cafe`` + U+0301 is ``café``, composed or not; a Hindi vowel sign continues its word). Patterns
+    are Python regexes used as given, on the text as sent and on that folded form. Confidence is
     1.0: a literal match is certain. ``detail["messages"]`` maps each match to the message indices it
     was found in.
     """
@@ -80,7 +82,8 @@ class KeywordSignal:
                 r"\s+".join(re.escape(word) for word in self._fold(k).split())
                 for k in sorted(kws, key=len, reverse=True)
             )
-            self._kw_re = re.compile(rf"(?:{alts})(?!\w)")
+            # A combining mark after the last letter continues the word ('cafe' + U+0301 is 'café').
+            self._kw_re = re.compile(rf"(?:{alts})(?![\w{mark_class()}])")
         self._patterns: list[tuple[str, Any]] = []
         pattern_flags = 0 if case_sensitive else regex.IGNORECASE
         for pat in pats:
@@ -91,6 +94,9 @@ class KeywordSignal:
 
     def _fold(self, text: str) -> str:
         text = fold_text(text)
+        if not text.isascii():
+            # Composed as a reader sees it: 'cafe' + U+0301 is the 'café' a keyword list holds, and back.
+            text = unicodedata.normalize("NFC", text)
         return text if self.case_sensitive else text.lower()
 
     def extract(self, body: Mapping[str, Any]) -> Signal:
@@ -103,7 +109,7 @@ class KeywordSignal:
                 text = self._fold(piece.text)
                 for m in self._kw_re.finditer(text):
                     start = m.start()
-                    if start and (text[start - 1].isalnum() or text[start - 1] == "_"):
+                    if start and _in_word(text[start - 1]):
                         continue  # inside a longer word
                     _note(where, self._kw_lookup[_spaced(m.group(0))], piece.message)
             if not self._patterns:
@@ -135,6 +141,12 @@ class KeywordSignal:
                 PATTERN_BUDGET * 1000,
             )
         return Signal(self.name, matched, 1.0, detail)
+
+
+def _in_word(char: str) -> bool:
+    """Whether a match right after ``char`` would start inside a word: a letter, digit or ``_``, or a
+    combining mark (it belongs to the letter before it: a Hindi vowel sign, an accent written apart)."""
+    return char.isalnum() or char == "_" or (not char.isascii() and unicodedata.category(char)[0] == "M")
 
 
 def _spaced(text: str) -> str:

@@ -197,3 +197,19 @@ def test_separate_messages_are_not_joined_into_a_finding() -> None:
     ]}
     assert PIISignal().extract(body).value == []
     assert redact_body(body, ["email"]) == body
+
+
+def test_keywords_read_combining_marks_as_part_of_the_word() -> None:
+    """A letter with a combining mark is one letter to a reader: 'café' typed as 'cafe' + U+0301 (NFD, as
+    macOS and PDF copies write it) is the keyword 'café', not 'cafe'; and a Hindi word goes on through its
+    vowel signs (combining marks), so the keyword 'कर' (tax) is not in 'करो' (do!) nor 'ताब' in 'किताब'."""
+    signal = KeywordSignal("k", keywords=["café", "cafe", "कर", "ताब"])
+    nfd = "cafe\u0301"
+    assert signal.extract(user(f"meet me at the {nfd} at noon")).value == ["café"]
+    assert signal.extract(user("meet me at the café at noon")).value == ["café"]
+    assert signal.extract(user("meet me at the cafe at noon")).value == ["cafe"]
+    decomposed = KeywordSignal("k", keywords=[nfd])  # a keyword written decomposed matches the composed text
+    assert decomposed.extract(user("the café")).value == [nfd]
+    assert signal.extract(user("तुम यह काम करो")).value == []
+    assert signal.extract(user("यह किताब पढ़ो")).value == []
+    assert signal.extract(user("आयकर नहीं, बस कर दो")).value == ["कर"]
