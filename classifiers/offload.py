@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from classifiers.messages import text_chars
+from classifiers.messages import iter_messages, text_chars
 from classifiers.signals import Signal, SignalExtractor, redact_body
 
 log = logging.getLogger("pointsman.offload")
@@ -84,6 +84,40 @@ def default_workers() -> int:
     """One worker on a machine with two cores or fewer (the gateway keeps one), else up to four."""
     cores = os.cpu_count() or 1
     return 1 if cores <= 2 else min(4, cores - 1)
+
+
+def scan_size(body: Mapping[str, Any], stop_after: int) -> int:
+    """What the rule scans of ``body`` read, in characters, counted until past ``stop_after``: its text
+    (:func:`classifiers.messages.text_chars`), one for each message and content part (every scanner
+    walks them, text or not: a part that is an image costs one, not its data), and the tool
+    definitions as the length signal reads them (their strings, and one for each value)."""
+    total = 0
+    for _, _, message in iter_messages(body):
+        content = message.get("content")
+        total += 1 + (len(content) if type(content) is list or isinstance(content, tuple) else 0)
+        if total > stop_after:
+            return total
+    for key in ("tools", "functions"):
+        total = _value_size(body.get(key), total, stop_after)
+        if total > stop_after:
+            return total
+    return total + text_chars(body, stop_after - total)
+
+
+def _value_size(value: Any, total: int, stop_after: int) -> int:
+    """``total`` plus the size of a JSON value (its strings' lengths and one per value), until past ``stop_after``."""
+    stack = [value]
+    while stack and total <= stop_after:
+        item = stack.pop()
+        total += 1
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total
 
 
 def with_model_first(body: Mapping[str, Any]) -> bytes:
@@ -130,8 +164,8 @@ class ScanPool:
         self.timeouts = 0
 
     def offloads(self, body: Mapping[str, Any]) -> bool:
-        """Whether ``body`` holds more text than is scanned inline."""
-        return text_chars(body, self.inline_chars) > self.inline_chars
+        """Whether scanning ``body`` reads more than is scanned inline (:func:`scan_size`)."""
+        return scan_size(body, self.inline_chars) > self.inline_chars
 
     async def start(self) -> None:
         """Start the workers and wait until each has imported the scanners (so no request pays it)."""

@@ -162,3 +162,28 @@ async def test_a_full_or_missing_memory_spool_falls_back_to_the_temp_directory(
         assert b"@corp-mail.com" not in raw and "@corp-mail.com" not in repr(parsed)
     finally:
         pool._spool = original
+
+
+async def test_text_in_tool_definitions_or_spread_over_many_messages_is_scanned_in_a_worker(pool: ScanPool) -> None:
+    """What a scan reads is more than the messages' text: the length signal reads the tool definitions
+    (a 7.8 MB description held the event loop ~0.4 s, in a request with a two-letter message), and every
+    scanner walks every message and content part (250,000 empty messages: ~0.2 s). Both are long
+    requests; a short prompt with a large image is not (scanners skip images)."""
+    inline = ScanPool(1, inline_chars=4096)  # never started: offloads() only decides
+    tools = {"model": "auto", "messages": [{"role": "user", "content": "hi"}],
+             "tools": [{"type": "function", "function": {"name": "f", "description": "word, " * 2000,
+                                                         "parameters": {"type": "object"}}}]}
+    assert inline.offloads(tools)
+    many = {"model": "auto", "messages": [{"role": "user", "content": ""}] * 5000}
+    assert inline.offloads(many)
+    parts = {"model": "auto", "messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * 5000}]}
+    assert inline.offloads(parts)
+    image = {"model": "auto", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 1_000_000}}]}]}
+    assert not inline.offloads(image)
+    extractors = build_extractors()
+    for body in (tools, many):
+        assert pool.offloads(body)
+        in_worker = await pool.extract(list(extractors.values()), orjson.dumps(body))
+        assert in_worker == {name: extractor.extract(body) for name, extractor in extractors.items()}
