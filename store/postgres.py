@@ -63,6 +63,11 @@ from store.schema import (
 # Key of the transaction-scoped advisory lock that serializes migrations: replicas starting together
 # would otherwise race on CREATE TABLE IF NOT EXISTS (it is not atomic against itself in PostgreSQL).
 _MIGRATION_LOCK_KEY = 0x706F696E74736D61  # "pointsma"
+# PostgreSQL text cannot hold U+0000: a query parameter holding it fails (CharacterNotInRepertoireError),
+# and every write strips it, so no stored request id has one. A lookup by such an id (a client's
+# POST /v1/feedback) finds nothing, as on SQLite, instead of raising: the feedback endpoint read that as
+# the store being unavailable and answered 503 (retry) to a request that can only ever be a 404.
+_NUL = "\x00"
 
 
 class PostgresDecisionStore:
@@ -196,6 +201,8 @@ class PostgresDecisionStore:
     # --- reads ---------------------------------------------------------------------------------
 
     async def fetch(self, request_id: str) -> DecisionRecord | None:
+        if _NUL in request_id:
+            return None  # see _NUL
         row = await self._require_pool().fetchrow(select_decisions_sql() + " WHERE request_id = $1", request_id)
         return record_from_row(row) if row is not None else None
 
@@ -207,10 +214,14 @@ class PostgresDecisionStore:
         return int(await self._require_pool().fetchval("SELECT count(*) FROM decisions"))
 
     async def fetch_feedback(self, request_id: str) -> list[FeedbackRecord]:
+        if _NUL in request_id:
+            return []
         sql = select_feedback_sql() + " WHERE request_id = $1 ORDER BY metric, source, model"
         return [feedback_from_row(row) for row in await self._require_pool().fetch(sql, request_id)]
 
     async def fetch_subcalls(self, request_id: str) -> list[SubCallRecord]:
+        if _NUL in request_id:
+            return []
         sql = select_subcalls_sql() + " WHERE request_id = $1 ORDER BY idx"
         return [subcall_from_row(row) for row in await self._require_pool().fetch(sql, request_id)]
 

@@ -4,6 +4,7 @@ feedback posted with httpx, rows read from the gateway's real SQLite store."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from store.outcomes import served_feedback
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import REPO, GatewayProcess
 from tests.polling import eventually
+from tests.store.conftest import sync_pg_schema
 from tests.store.test_migrations import build_v1_sqlite
 
 KEYS = {"team-a": "sk-team-a-0123456789", "team-b": "sk-team-b-9876543210"}
@@ -505,3 +507,27 @@ def test_clients_cannot_replace_the_gateways_own_judge_rows(upstream: FakeUpstre
         ("quality", "judge", "f-big"), ("quality", "judge", "f-small"),  # the gateway's, as it wrote them
         ("judge_quality", "judge", "f-big"), ("quality", "user", "f-big"),  # the client's
     }
+
+
+# --- ids no gateway issues read the same on every store ---------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_request_id_holding_nul_is_a_404_on_either_store(upstream: FakeUpstream, tmp_path: Path, kind: str) -> None:
+    """PostgreSQL text cannot hold U+0000: looking such an id up raised, and the feedback was answered
+    503 store_unavailable with Retry-After (a client retrying it for ever, the unavailable count rising)
+    where SQLite answered 404. No issued id holds one: a 404 on both, and nothing is stored."""
+    config = gateway_config(upstream, KEYS)
+    config["feedback"] = {**config["feedback"], "recheck_after": 0.05}
+    with contextlib.ExitStack() as stack:
+        if kind == "postgres":
+            config["store"] = {"kind": "postgres", "dsn": stack.enter_context(sync_pg_schema())}
+        proc = GatewayProcess(config, tmp_path).start()
+        stack.callback(proc.terminate)
+        request_id = serve(proc)
+        for odd in (request_id + "\x00", request_id[:8] + "\x00" + request_id[8:], "\x00"):
+            assert_error(post(proc, {"request_id": odd, "score": 1.0}), 404, "request_not_found", "request_id")
+        assert post(proc, {"request_id": request_id, "score": 1.0}).status_code == 200  # the store still answers
+        metrics = httpx.get(proc.url + "/metrics", timeout=30).text
+        assert 'pointsman_feedback_total{outcome="not_found"} 3.0' in metrics, metrics
+        assert 'outcome="unavailable"' not in metrics, metrics

@@ -77,6 +77,20 @@ async def test_feedback_text_with_nul_is_stored(store: DecisionStore) -> None:
     assert got.comment in ("ab", "a\x00b") and got.label in ("x", "x\x00")
 
 
+
+async def test_an_id_holding_nul_is_found_nowhere_on_either_store(
+    store: DecisionStore, make_record: MakeRecord
+) -> None:
+    # PostgreSQL text cannot hold U+0000: a lookup by such an id raised CharacterNotInRepertoireError
+    # (the feedback endpoint answered it 503 store_unavailable) where SQLite found nothing.
+    await store.write_batch([make_record(1)])
+    await store.write_feedback([FeedbackRecord("req-000001", 1.0)])
+    for odd in ("req-000001\x00", "req-\x00000001", "\x00"):
+        assert await store.fetch(odd) is None
+        assert await store.fetch_feedback(odd) == []
+        assert await store.fetch_subcalls(odd) == []
+    assert (await store.fetch("req-000001")) is not None
+
 # --- conversations and logged requests ------------------------------------------------------------
 
 
