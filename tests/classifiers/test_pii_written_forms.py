@@ -162,3 +162,41 @@ def test_runs_of_marks_beyond_the_bmp_are_read_once() -> None:
     chakma_mark = "\U00011134"
     assert find_pii("a" + chakma_mark * 60 + " x@", ["email"]) == []
     assert find_pii(("a" + chakma_mark) * 200_000 + "@", ["email"]) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# International phone numbers as Europe writes them: a one-digit area code, the trunk 0 in brackets
+
+
+@pytest.mark.parametrize(
+    "phone",
+    [
+        "+33 6 12 34 56 78",  # French mobile, the way every French signature writes it abroad
+        "+33 1 42 68 53 00",  # Paris
+        "+31 6 12345678",  # Dutch mobile
+        "+46 8 123 456 78",  # Stockholm
+        "+353 1 234 5678",  # Dublin
+        "0033 6 12 34 56 78",
+        "+44 (0)20 7946 0958",  # the UK's trunk 0 in brackets, as on business cards
+        "+49 (0)30 12345678",
+        "+44 (0) 7700 900123",
+    ],
+)
+def test_an_international_number_with_a_one_digit_area_code_or_a_bracketed_trunk_zero_is_found(phone: str) -> None:
+    text = f"Reach me on {phone} after six."
+    found = find_pii(text)
+    assert [(f.kind, text[f.start : f.end]) for f in found] == [("phone", phone)]
+    assert redact(text)[0] == "Reach me on [PHONE] after six."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "+3 4 5 6 7 8 9 10",  # single digits after a plus: arithmetic, no number
+        "+33 6 1 2 3 4 5 6",  # one-digit groups past the area code
+        "+44 (0)",  # a trunk zero alone
+        "Score +12 (0) 3",
+    ],
+)
+def test_plus_signs_before_short_digit_groups_are_no_phone(text: str) -> None:
+    assert [f.kind for f in find_pii(text)] == []

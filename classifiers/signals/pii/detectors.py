@@ -285,13 +285,20 @@ _DOTTED_QUAD = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
 _DIGIT_RUN = re.compile(r"\d+")
 
 
+#: The trunk 0 of an international number in brackets (``+44 (0)20 ...``): dialled only from inside the country.
+_TRUNK_ZERO = re.compile(r"\(0\)")
+
+
 def _phone_groups_ok(raw: str, intl: bool, nanp: bool) -> bool:
-    """Digit groups as people write phone numbers, so that ``1 2 3 4 5 6 7 8 9 10`` is not one."""
+    """Digit groups as people write phone numbers, so that ``1 2 3 4 5 6 7 8 9 10`` is not one.
+
+    After an international country code the area code may be one digit (``+33 6 12 34 56 78``,
+    ``+31 6 ...``, ``+46 8 ...``); every later group has two or more."""
     groups = [len(g) for g in _DIGIT_RUN.findall(raw)]
     if len(groups) == 1:
         return True
     if intl:
-        return len(groups) <= 6 and all(g >= 2 for g in groups[1:])
+        return len(groups) <= 6 and all(g >= 2 for g in groups[2:])
     if nanp:
         return groups in ([3, 3, 4], [1, 3, 3, 4], [3, 7])
     return len(groups) <= 5 and all(g >= 2 for g in groups)
@@ -301,8 +308,10 @@ def _phone(m: re.Match[str], text: str) -> Finding | None:
     raw = m.group(0)
     if raw.count("(") != raw.count(")") or _DATE_LIKE.match(raw) or _DOTTED_QUAD.match(raw):
         return None
-    digits = _NON_DIGIT.sub("", raw)
     intl = raw.startswith(("+", "00"))
+    if intl:
+        raw = _TRUNK_ZERO.sub(" ", raw)  # read as dialled from abroad: without the bracketed trunk 0
+    digits = _NON_DIGIT.sub("", raw)
     if raw.startswith("00"):
         digits = digits[2:]
     separated = any(c in raw for c in " ().-")
