@@ -76,7 +76,9 @@ class RouterHeads:
         return {name: head for name, head in heads.items() if head is not None}
 
 
-def load_router_heads(encoder: str, routers_dir: str | Path | None = None) -> RouterHeads:
+def load_router_heads(
+    encoder: str, routers_dir: str | Path | None = None, *, other_encoders_ok: bool = False
+) -> RouterHeads:
     """Load the difficulty, domain and quality heads trained for ``encoder`` (missing ones stay None).
 
     Each head is looked up in ``routers_dir`` first, then among the artifacts shipped with the package,
@@ -87,7 +89,10 @@ def load_router_heads(encoder: str, routers_dir: str | Path | None = None) -> Ro
 
     ``routers_dir`` may be a router registry: its active version's directory is used (none active:
     the shipped artifacts). Pair heads (``difficulty-<strong>--<weak>-<encoder>``) come from that
-    directory only and fill ``pairs``; two for the same pair raise ``ValueError``.
+    directory only and fill ``pairs``; two for the same pair raise ``ValueError``. A registry version trained
+    for other encoders only (``pointsman train --encoders static`` served with ``minilm``) raises
+    ``ValueError``: it has nothing for ``encoder``, and its routes would read the shipped heads under its
+    version id. ``other_encoders_ok`` loads the shipped heads for it instead (the promotion gate's baseline).
     """
     resolved = resolve_routers_dir(routers_dir)
     roots = [resolved.directory]
@@ -119,13 +124,14 @@ def load_router_heads(encoder: str, routers_dir: str | Path | None = None) -> Ro
         heads.sources[attr] = str(directory)
     if roots[0] != DEFAULT_ROUTERS_DIR:
         heads.pairs = _load_pair_heads(roots[0], encoder, heads.sources)
-        _check_listed_pairs(roots[0], encoder, heads.sources)
+        _check_listed_pairs(roots[0], encoder, heads.sources, other_encoders_ok=other_encoders_ok)
     return heads
 
 
-def _check_listed_pairs(root: Path, encoder: str, sources: dict[str, str]) -> None:
+def _check_listed_pairs(root: Path, encoder: str, sources: dict[str, str], *, other_encoders_ok: bool) -> None:
     """A registry version's ``version.json`` lists its pair heads: each must have loaded. A head directory
-    that lost its manifest would otherwise be skipped, and its routes silently fall back to another head."""
+    that lost its manifest would otherwise be skipped, and its routes silently fall back to another head.
+    So would every route of a version with pair heads for other encoders only (unless ``other_encoders_ok``)."""
     from classifiers.registry import VERSION_FILE, RegistryError, read_json_file
 
     try:
@@ -136,6 +142,13 @@ def _check_listed_pairs(root: Path, encoder: str, sources: dict[str, str]) -> No
     if not isinstance(listed, list) or not all(isinstance(pair, dict) for pair in listed):
         raise RegistryError(f"{root / VERSION_FILE}: not a version record (an object whose pairs are a list of "
                             "objects); the file is corrupt")
+    trained = sorted({str(pair.get("encoder", "static")) for pair in listed})
+    if trained and encoder not in trained and not other_encoders_ok:
+        raise ValueError(
+            f"{root}: this version was trained for encoder {', '.join(trained)}, not {encoder!r} "
+            f"(classifiers.encoder): it has no head for {encoder!r}, so its routes would read the shipped GPT-4 vs "
+            f"Mixtral head. Set classifiers.encoder: {trained[0]}, or train with --encoders {encoder}"
+        )
     loaded = set(sources.values())
     for pair in listed:
         if pair.get("encoder", "static") != encoder:

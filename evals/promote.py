@@ -373,7 +373,8 @@ def run_gate(
         data = embed_rows(rows, encoder, progress=progress)
         if data.dropped:
             log(f"  {data.dropped} held-out requests have neither text nor a {encoder.id} embedding: left out")
-        active_heads = load_router_heads(encoder_name, registry_dir)
+        # An active version without heads for this encoder: the shipped ones stand in as the baseline.
+        active_heads = load_router_heads(encoder_name, registry_dir, other_encoders_ok=True)
         without_shipped: tuple[Embedded, int] | None = None  # computed once, for the pairs that need it
         for pair in gated:
             if pair.get("encoder", "static") != encoder_name:

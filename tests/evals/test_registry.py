@@ -6,6 +6,7 @@ import json
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -250,5 +251,38 @@ def test_a_version_missing_a_pair_head_it_lists_does_not_load(tmp_path: Path) ->
     shutil.rmtree(head_dir)
     with pytest.raises(ValueError, match="the version is incomplete"):
         load_router_heads("static", registry.root)
-    # Heads of another encoder are not this load's business.
-    assert load_router_heads("minilm", registry.root).pairs == {}
+    # Its heads are for encoder static: loading it for another is refused (its routes would read the shipped
+    # head), unless the caller stands the shipped heads in for it (the promotion gate's baseline).
+    with pytest.raises(ValueError, match="trained for encoder static, not 'minilm'"):
+        load_router_heads("minilm", registry.root)
+    assert load_router_heads("minilm", registry.root, other_encoders_ok=True).pairs == {}
+
+
+def test_a_registry_trained_for_another_encoder_is_refused_not_served_by_the_shipped_heads(tmp_path: Path) -> None:
+    """`pointsman train --encoders static` and a gateway with `classifiers.encoder: minilm`: the version has no
+    minilm head, and its routes silently read the shipped GPT-4/Mixtral head while /v1/route and every decision
+    record named the registry's version. The version cannot serve that encoder: start-up (and a hot reload)
+    refuses it, naming the key and the encoders it was trained for."""
+    from gateway.cli import main
+    from policies.brain import RoutingConfigError, build_brain, parse_routing_config
+    from tests.evals.labelled_files import STRONG, WEAK, rows, write_jsonl
+
+    labels = write_jsonl(tmp_path / "labels.jsonl", rows(seed=1, n=60))
+    out = tmp_path / "routers"
+    assert main(["train", "--data", f"file:{labels}", "--encoders", "static", "--out", str(out), "--no-progress",
+                 "--folds", "3"]) == 0
+
+    def routing(encoder: str) -> Any:
+        return parse_routing_config({
+            "backends": [{"name": "b", "base_url": "http://127.0.0.1:9/v1", "health": {"enabled": False},
+                          "models": [STRONG, WEAK]}],
+            "routes": [{"name": "auto", "cost_quality": {"strong": STRONG, "weak": WEAK, "threshold": 0.5}}],
+            "classifiers": {"encoder": encoder, "routers_dir": str(out)},
+        }, env={})
+
+    assert build_brain(routing("static")).router_version == RouterRegistry(out).active_version()
+    with pytest.raises(RoutingConfigError) as caught:
+        build_brain(routing("minilm"))
+    message = str(caught.value)
+    assert message.startswith("classifiers.routers_dir: ") and "trained for encoder static" in message
+    assert "'minilm' (classifiers.encoder)" in message and "--encoders minilm" in message
