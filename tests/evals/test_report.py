@@ -207,6 +207,24 @@ def test_report_numbers_put_a_good_router_above_random_and_a_blind_one_inside_it
     assert "router-knn" in good["differences"]
 
 
+def test_a_route_whose_apgr_clears_the_random_band_is_not_called_indistinguishable_from_random() -> None:
+    """The random band is where random scores' APGR falls on these very requests (the null): an APGR above its
+    top is better than random. The verdict asked the route's own lower 95% bound to clear the band's top, two
+    intervals stacked, and called a route "not distinguishable from random" at APGR 0.600 [0.552, 0.645]
+    against random 0.499 [0.449, 0.553] on 1,068 held-out RouterBench prompts."""
+    from evals.report_render import render_markdown
+
+    weak_signal = _report(table(n=600, seed=1, informative=0.2))
+    route, band = weak_signal["routers"]["router"]["apgr"], weak_signal["routers"]["random"]["apgr"]["ci"]
+    assert route["ci"][0] < band[1] < route["value"]  # the case: above the band, its interval reaching into it
+    verdict = render_markdown(weak_signal)
+    assert "The route ranks requests better than random: its APGR (0.530) is above the random band" in verdict
+    assert "not distinguishable from random" not in verdict
+    blind = _report(table(n=600, seed=1, informative=0.0))
+    assert blind["routers"]["router"]["apgr"]["value"] < blind["routers"]["random"]["apgr"]["ci"][1]
+    assert "The route is not distinguishable from random here: its APGR (" in render_markdown(blind)
+
+
 def test_report_files_are_written_and_the_html_shows_existing_pngs(tmp_path: Path) -> None:
     t = table(n=300)
     t.pins[:10] = 1  # a rule routed some requests: the report says so
