@@ -183,6 +183,9 @@ class SQLiteDecisionStore:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
+            # What forget and the text purge delete is overwritten with zeros, not only unlinked: the
+            # default of some builds of SQLite (Debian's), not of others (its own).
+            conn.execute("PRAGMA secure_delete = ON")
             self.schema_version = self._migrate_sync(conn)
             note_newer_schema(self.schema_version, self.path)
             # Taken after connecting: the file exists now (connect created it when it did not).
@@ -310,15 +313,18 @@ class SQLiteDecisionStore:
         """
         by_tenant, value = check_forget_args(tenant, request_id)
         if not by_tenant:
-            return await self._run(self._forget_sync, value)
-        counts = dict.fromkeys(FORGET_TABLES, 0)
-        for step in (self._forget_decisions_sync, self._forget_strays_sync):
-            while True:
-                started = time.monotonic()
-                deleted = await self._run(step, value, counts)
-                if not deleted:
-                    break
-                await asyncio.sleep(time.monotonic() - started)
+            counts = await self._run(self._forget_sync, value)
+        else:
+            counts = dict.fromkeys(FORGET_TABLES, 0)
+            for step in (self._forget_decisions_sync, self._forget_strays_sync):
+                while True:
+                    started = time.monotonic()
+                    deleted = await self._run(step, value, counts)
+                    if not deleted:
+                        break
+                    await asyncio.sleep(time.monotonic() - started)
+        if any(counts.values()):
+            await self._run(self._erase_wal_sync)
         return counts
 
     def _forget_sync(self, request_id: str) -> dict[str, int]:
@@ -367,7 +373,29 @@ class SQLiteDecisionStore:
         conn = self._require_conn()
         with _transaction(conn):
             purged = conn.execute(purge_text_sql("sqlite"), (now,)).rowcount
+        if purged:
+            self._erase_wal_sync()
         return int(purged)
+
+    def _erase_wal_sync(self) -> None:
+        """Empty the write-ahead log after a deletion (forget, the text purge).
+
+        The WAL keeps the page images of every transaction since it was last reset, the inserts of what
+        was just deleted among them, and while a gateway has the store open it is never deleted: a copy of
+        the files (``strings decisions.db-wal``) gave forgotten text back long after the rows were gone.
+        A TRUNCATE checkpoint copies the latest pages (the deleted content zeroed, see ``secure_delete``)
+        into the database and cuts the log to zero bytes. It waits (``busy_timeout``) for readers and
+        writers of other connections; when they keep it from finishing, the log is emptied at a later one.
+        """
+        try:
+            row = self._require_conn().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as exc:  # the deletion itself committed: say so, do not fail it
+            row = (exc,)
+        if row is not None and row[0]:
+            logger.warning(
+                "the SQLite decision store %s is busy: its write-ahead log still holds what was just deleted "
+                "until its next full checkpoint", self.path,
+            )
 
     # --- reads ---------------------------------------------------------------------------------
 
