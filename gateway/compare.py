@@ -237,7 +237,9 @@ class LoopLoad:
 class RollingSpend:
     """Money committed over the last hour: reservations made at launch, settled to the real cost.
 
-    A running total is kept so that asking costs O(1) however many comparisons the hour held.
+    A running total is kept so that asking costs O(1) however many comparisons the hour held. Only the
+    last hour's reservations are held: each reservation forgets the older ones, so a route without a
+    budget (nothing asks for the total) on a gateway nobody scrapes does not keep every one since start.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -245,18 +247,27 @@ class RollingSpend:
         self._entries: deque[_Spend] = deque()  # oldest first
         self._total = 0.0
 
+    def __len__(self) -> int:
+        """Reservations held (those of the last hour, and older ones until the next reserve or total)."""
+        return len(self._entries)
+
     def total(self) -> float:
-        cutoff = self._clock() - HOUR
+        self._expire(self._clock())
+        return max(self._total, 0.0)
+
+    def _expire(self, now: float) -> None:
+        cutoff = now - HOUR
         while self._entries and self._entries[0].when <= cutoff:
             gone = self._entries.popleft()
             gone.counted = False
             self._total -= gone.usd
         if not self._entries:
             self._total = 0.0  # no float drift left over from an empty window
-        return max(self._total, 0.0)
 
     def reserve(self, usd: float) -> _Spend:
-        entry = _Spend(self._clock(), usd)
+        now = self._clock()
+        self._expire(now)
+        entry = _Spend(now, usd)
         self._entries.append(entry)
         self._total += usd
         return entry

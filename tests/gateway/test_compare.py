@@ -580,3 +580,27 @@ async def test_a_streamed_answer_that_called_a_tool_is_not_judged_on_its_text_al
         await followups.close()
         await recorder.stop()
         await client.close()
+
+
+async def test_a_route_without_a_budget_holds_only_the_last_hours_spend(graded: GradedUpstream, tmp_path: Path) -> None:
+    """Every comparison reserves its estimated cost in the route's rolling hour. The reservations older than
+    an hour were forgotten only when the total was asked for: by the budget check, or by a /metrics scrape.
+    A route without a budget (the default) on a gateway nobody scrapes kept one for every comparison since
+    start, memory growing for as long as the gateway ran."""
+    now = [0.0]
+    runner, recorder, client = await _in_process_runner(graded, tmp_path, clock=lambda: now[0])
+    state = runner.routes["auto"]
+    assert state.settings.budget_usd_per_hour is None
+    body = {"model": "auto", "messages": [{"role": "user", "content": "A question"}]}
+    try:
+        for hour in range(3):
+            now[0] = hour * 7200.0  # two hours apart: every earlier reservation is out of the window
+            for i in range(3):
+                runner.launch(_served(f"psm-spend-{hour}-{i}"), body, "answer of big")
+                await _until(lambda: state.in_flight == 0, "the comparison finished")
+            assert state.counts["judged"] == 3 * (hour + 1)
+            assert len(state.spend) == 3, f"hour {hour}: {len(state.spend)} reservations held"
+    finally:
+        await runner.close()
+        await recorder.stop()
+        await client.close()
