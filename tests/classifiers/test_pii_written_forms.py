@@ -5,6 +5,7 @@ in lower case. Each is found whole and redacted exactly; what only looks like on
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -200,3 +201,54 @@ def test_an_international_number_with_a_one_digit_area_code_or_a_bracketed_trunk
 )
 def test_plus_signs_before_short_digit_groups_are_no_phone(text: str) -> None:
     assert [f.kind for f in find_pii(text)] == []
+
+
+# ----------------------------------------------------------------------------------------------
+# Redaction removes what the pii signal finds, context and all
+
+
+def chat(*messages: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "auto", "messages": list(messages)}
+
+
+CONTEXT = [
+    # The question is in the assistant's turn, the bare number in the user's reply.
+    chat({"role": "assistant", "content": "What is the best phone number to reach you?"},
+         {"role": "user", "content": "4155552671"}),
+    chat({"role": "assistant", "content": "Please confirm your SSN."}, {"role": "user", "content": "536221234"}),
+    # The word is in one content part, the number in the next (a model reads them as one text).
+    chat({"role": "user", "content": [{"type": "text", "text": "my phone:"}, {"type": "text", "text": "4155552671"}]}),
+    # A tool call whose argument is named after what it holds.
+    chat({"role": "user", "content": "Save Ann's contact."},
+         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+             "name": "save_contact", "arguments": '{"name": "Ann", "phone": "4155552671", "ssn": 536221234}'}}]}),
+    chat({"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "save", "arguments": '{"contact": {"type": "mobile", "value": "4155552671"}}'}}]}),
+    {"model": "auto", "prompt": ["Caller's phone:", "4155552671"]},
+]
+
+
+@pytest.mark.parametrize("body", CONTEXT)
+def test_redaction_removes_what_the_signal_finds_with_its_context(body: dict[str, Any]) -> None:
+    """The pii signal reads a number with the words around it, in the turn before or the part before
+    ('phone', 'SSN'), so a redact rule applied; the redaction read each text alone, found nothing in a
+    bare '4155552671', and sent it upstream."""
+    kinds = ["phone", "us_ssn"]
+    assert PIISignal(kinds=kinds).extract(body).value
+    redacted = redact_body(body, kinds)
+    assert PIISignal(kinds=kinds).extract(redacted).value == []
+    assert "4155552671" not in repr(redacted) and "536221234" not in repr(redacted)
+    assert "[PHONE]" in repr(redacted) or "[US_SSN]" in repr(redacted)
+    for message in redacted.get("messages", []):
+        for call in message.get("tool_calls") or []:
+            json.loads(call["function"]["arguments"])  # still JSON
+
+
+def test_context_redaction_replaces_only_the_number() -> None:
+    body = CONTEXT[0]
+    redacted = redact_body(body, ["phone"])
+    assert redacted["messages"] == [body["messages"][0], {"role": "user", "content": "[PHONE]"}]
+    call = redact_body(CONTEXT[3], ["phone", "us_ssn"])["messages"][1]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(call) == {"name": "Ann", "phone": "[PHONE]", "ssn": "[US_SSN]"}
+    assert redact_body({"model": "auto", "prompt": ["Caller's phone:", "4155552671"]}, ["phone"])["prompt"] == [
+        "Caller's phone:", "[PHONE]"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -11,9 +10,7 @@ from classifiers.signals._text import SCOPES, iter_texts
 from classifiers.signals.base import Signal
 from classifiers.signals.pii.findings import PII_CATEGORIES, PII_KINDS
 from classifiers.signals.pii.redact import part_groups
-from classifiers.signals.pii.scan import find_across, find_pii
-
-_SEP = "\n\x00\n"
+from classifiers.signals.pii.scan import find_across, find_in_texts
 
 
 class PIISignal:
@@ -47,15 +44,6 @@ class PIISignal:
     def extract(self, body: Mapping[str, Any]) -> Signal:
         """Scan every message (content, tool results, tool-call arguments) for personal data."""
         pieces = list(iter_texts(body, self.scope))
-        # One scan over all texts joined (far cheaper than ~10 scans per message), then each finding
-        # is mapped back to its message. The separator holds a NUL so that no detector pattern
-        # (all of which stop at whitespace or control characters) joins two messages into one match.
-        starts: list[int] = []
-        pos = 0
-        for p in pieces:
-            starts.append(pos)
-            pos += len(p.text) + len(_SEP)
-        joined = _SEP.join(p.text for p in pieces)
         findings: list[dict[str, Any]] = []
         counts: dict[str, int] = {}
         best = 0.0
@@ -68,13 +56,10 @@ class PIISignal:
         for run, _, spans in crossings:
             for index, start, end in spans:
                 covered.setdefault(id(run[index]), []).append((start, end))
-        for f in find_pii(joined, self.kinds):
-            i = bisect_right(starts, f.start) - 1
+        # One scan over all texts, each finding mapped back to its message (redact_body reads the same).
+        for i, f in find_in_texts([p.text for p in pieces], self.kinds):
             piece = pieces[i]
-            start = f.start - starts[i]
-            if start >= len(piece.text):
-                continue  # inside a separator
-            end = min(f.end - starts[i], len(piece.text))
+            start, end = f.start, f.end
             if any(start < c_end and c_start < end for c_start, c_end in covered.get(id(piece), ())):
                 continue
             counts[f.kind] = counts.get(f.kind, 0) + 1

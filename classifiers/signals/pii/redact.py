@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from classifiers.messages import TextPiece, iter_message_texts, rewrite_message_texts
 from classifiers.signals.pii.findings import Finding
-from classifiers.signals.pii.scan import find_across, find_pii
+from classifiers.signals.pii.scan import find_across, find_in_texts, find_pii
 
 
 def placeholder(kind: str) -> str:
@@ -39,21 +41,46 @@ def redact_body(body: Mapping[str, Any], kinds: Iterable[str] | None = None) -> 
 
     Redacted: string ``content``, ``text`` of content parts (also what runs from one part into the
     next: a model reads them as one text), the legacy ``prompt``, and the string
-    values inside tool-call ``arguments`` (parsed as JSON, redacted value by value and re-serialised,
-    so the arguments stay valid JSON; arguments that are not JSON are redacted as text). Not
+    values inside tool-call ``arguments`` (redacted value by value, so the arguments stay valid JSON;
+    arguments that are not JSON are redacted as text). Not
     redacted: roles, names, ids, tool definitions, images, ``refusal`` parts and every request
     parameter. The input is never modified; what holds no finding is shared with it, not copied.
+
+    Every text is read with the words around it, as the ``pii`` signal reads the request
+    (:func:`~classifiers.signals.pii.scan.find_in_texts`): a bare ``4155552671`` answering "What is your
+    phone number?", or the value of an argument named ``phone``, is a phone number here as there.
     """
     wanted = tuple(kinds) if kinds is not None else None
-    across = _redact_across_parts(iter_message_texts(body, tool_calls=False, prompt=False), wanted)
+    pieces = list(iter_message_texts(body))
+    across = _redact_across_parts(pieces, wanted)
+    found: dict[tuple[int, str, int], list[Finding]] = {}
+    for i, finding in find_in_texts([p.text for p in pieces], wanted):
+        piece = pieces[i]
+        found.setdefault((piece.message, piece.source, piece.part), []).append(finding)
 
     def redacted(piece: TextPiece) -> str:
+        findings = found.get((piece.message, piece.source, piece.part), [])
         if piece.source == "tool_call":
-            return _redact_arguments(piece.text, wanted)
-        text = across.get((piece.message, piece.part), piece.text) if across else piece.text
-        return redact(text, wanted)[0]
+            return _redact_arguments(piece.text, wanted, findings) if findings else piece.text
+        edits = across.get((piece.message, piece.part), []) if piece.source == "content" else []
+        return _edit(piece.text, [*edits, *((f.start, f.end, placeholder(f.kind)) for f in findings)])
 
     return rewrite_message_texts(body, redacted)
+
+
+def _edit(text: str, edits: Iterable[tuple[int, int, str]]) -> str:
+    """``text`` with each ``(start, end, replacement)`` made, an edit overlapping one before it left out."""
+    kept: list[tuple[int, int, str]] = []
+    for start, end, replacement in edits:
+        if not any(start < k_end and k_start < end for k_start, k_end, _ in kept):
+            kept.append((start, end, replacement))
+    if not kept:
+        return text
+    out, pos = [], 0
+    for start, end, replacement in sorted(kept):
+        out += [text[pos:start], replacement]
+        pos = end
+    return "".join(out) + text[pos:]
 
 
 def part_groups(pieces: Iterable[TextPiece]) -> Iterator[list[TextPiece]]:
@@ -71,35 +98,42 @@ def part_groups(pieces: Iterable[TextPiece]) -> Iterator[list[TextPiece]]:
         yield run
 
 
-def _redact_across_parts(pieces: Iterable[TextPiece], kinds: tuple[str, ...] | None) -> dict[tuple[int, int], str]:
-    """``{(message, part): text}`` for the content parts holding a piece of a finding that runs on into
-    the next part (``"john.smith"``, ``"@acme-corp.com"``): its first part gets the placeholder, the
-    others lose their piece of it. Findings within one part are left to the part's own redaction."""
+def _redact_across_parts(
+    pieces: Iterable[TextPiece], kinds: tuple[str, ...] | None
+) -> dict[tuple[int, int], list[tuple[int, int, str]]]:
+    """``{(message, part): [(start, end, replacement)]}`` for the content parts holding a piece of a finding
+    that runs on into the next part (``"john.smith"``, ``"@acme-corp.com"``): its first part gets the
+    placeholder, the others lose their piece of it. Findings within one part are left to the part's own
+    redaction."""
     edits: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
-    texts: dict[tuple[int, int], str] = {}
     for run in part_groups(pieces):
         for finding, spans in find_across([p.text for p in run], kinds):
             for n, (i, start, end) in enumerate(spans):
                 key = (run[i].message, run[i].part)
-                texts[key] = run[i].text
                 edits.setdefault(key, []).append((start, end, placeholder(finding.kind) if n == 0 else ""))
-    out: dict[tuple[int, int], str] = {}
-    for key, changes in edits.items():
-        text, pos, parts = texts[key], 0, []
-        for start, end, replacement in sorted(changes):
-            parts += [text[pos:start], replacement]
-            pos = end
-        out[key] = "".join(parts) + text[pos:]
-    return out
+    return edits
 
 
-def _redact_arguments(args: str, kinds: tuple[str, ...] | None) -> str:
-    if not find_pii(args, kinds):
-        return args  # keep the client's exact bytes when there is nothing to hide
+#: A JSON string literal (what the arguments' findings are looked for in) and the characters of a number.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NUMBER_CHARS = frozenset("0123456789+-.eE")
+_NOT_JSON = object()
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+
+
+def _redact_arguments(args: str, kinds: tuple[str, ...] | None, findings: list[Finding]) -> str:
+    """Tool-call ``args`` (JSON, usually) with ``findings`` (spans in ``args``, found with their context)
+    and every finding in their values redacted."""
+    as_text = _edit(args, ((f.start, f.end, placeholder(f.kind)) for f in findings))
     try:
-        parsed = json.loads(args)
+        json.loads(args)
     except (ValueError, RecursionError):  # not JSON, or nested beyond what can be walked: plain text
-        return redact(args, kinds)[0]
+        return redact(as_text, kinds)[0]
+    # The findings made in the text as sent (an argument named "phone" is read beside its number) first,
+    # each turned into a JSON string; then every value on its own.
+    parsed = _mark_json(args, findings)
+    if parsed is _NOT_JSON:  # findings outside literals and numbers cannot be: never send them as they were
+        return redact(as_text, kinds)[0]
 
     def walk(obj: Any) -> Any:
         if isinstance(obj, str):
@@ -116,3 +150,33 @@ def _redact_arguments(args: str, kinds: tuple[str, ...] | None) -> str:
         return json.dumps(walk(parsed), ensure_ascii=False)
     except RecursionError:  # arguments nested too deep to rebuild: redact them as text instead
         return redact(args, kinds)[0]
+
+
+def _mark_json(args: str, findings: list[Finding]) -> Any:
+    """The JSON value of ``args`` with each finding's span replaced by its placeholder: within a string
+    literal the span itself (the whole literal's text when the span touches an escape sequence, whose
+    characters are not the value's), a number the finding covers becomes the placeholder as a string.
+    :data:`_NOT_JSON` when a span lies elsewhere (no finding does) or the result is no JSON."""
+    literals = [(m.start(), m.end()) for m in _JSON_STRING.finditer(args)]
+    starts = [start for start, _ in literals]
+    edits: list[tuple[int, int, str]] = []
+    for f in findings:
+        mark = placeholder(f.kind)
+        k = bisect_right(starts, f.start) - 1
+        if k >= 0 and literals[k][0] < f.start and f.end < literals[k][1]:
+            start, end = literals[k]
+            escaped = "\\" in args[f.start : f.end] or args[f.start - 1] == "\\"
+            edits.append((start + 1, end - 1, mark) if escaped else (f.start, f.end, mark))
+            continue
+        start, end = f.start, f.end
+        while start > 0 and args[start - 1] in _NUMBER_CHARS:
+            start -= 1
+        while end < len(args) and args[end] in _NUMBER_CHARS:
+            end += 1
+        if not _JSON_NUMBER.fullmatch(args, start, end):
+            return _NOT_JSON
+        edits.append((start, end, json.dumps(mark)))
+    try:
+        return json.loads(_edit(args, edits))
+    except (ValueError, RecursionError):
+        return _NOT_JSON

@@ -59,6 +59,32 @@ def _candidates(text: str, wanted: Collection[str] | None) -> Iterator[Finding]:
                 yield f
 
 
+#: What texts read together are joined with: a NUL stops every detector's pattern, so no finding runs from
+#: one text into the next, while the words just before a text (the question in the turn before, the
+#: label in the content part before) stay within a detector's context window, as a reader reads them.
+TEXT_SEPARATOR = "\n\x00\n"
+
+
+def find_in_texts(texts: Sequence[str], kinds: Iterable[str] | None = None) -> list[tuple[int, Finding]]:
+    """Findings in ``texts`` read one after another, each with the words around it (one scan of the texts
+    joined by :data:`TEXT_SEPARATOR`, far cheaper than one scan a text): ``(text index, finding)``, the
+    finding's span in that text. ``"4155552671"`` after ``"What is your phone number?"`` is a phone number.
+    """
+    starts: list[int] = []
+    pos = 0
+    for text in texts:
+        starts.append(pos)
+        pos += len(text) + len(TEXT_SEPARATOR)
+    out: list[tuple[int, Finding]] = []
+    for f in find_pii(TEXT_SEPARATOR.join(texts), kinds):
+        i = bisect_right(starts, f.start) - 1
+        start = f.start - starts[i]
+        if start >= len(texts[i]):
+            continue  # inside a separator
+        out.append((i, replace(f, start=start, end=min(f.end - starts[i], len(texts[i])))))
+    return out
+
+
 #: A finding across texts and its pieces ``(text index, start, end)`` in them.
 Crossing = tuple[Finding, list[tuple[int, int, int]]]
 #: Characters read on each side of a junction between two texts (an address or a number is shorter;
