@@ -128,6 +128,9 @@ class _Parser:
             exponent = self.unary()
             if abs(exponent) > _MAX_EXPONENT:
                 raise OverflowError
+            if base < 0 and not exponent.is_integer():
+                # A root of a negative number ("(-8)^(1/3)"): Python's power is complex, no written value.
+                raise ValueError("root of a negative number")
             return float(base**exponent)
         return base
 
@@ -179,8 +182,8 @@ def _longest_tail(tokens: list[str]) -> tuple[list[str], float] | None:
     """The longest suffix of ``tokens`` that is a whole expression (text before a calculation, such as
     "16, so 3 + 4", leaves stray tokens in front)."""
     for start in range(len(tokens)):
-        if tokens[start] in ("*", "/", "^", ")", "%", "+"):
-            continue
+        if tokens[start] in ("*", "/", "^", ")", "%", "+") or (start and tokens[start - 1] == "^"):
+            continue  # an exponent is no calculation of its own ("(-8)^(1/3) = -2" is not "1/3 = -2")
         value = _evaluate_tokens(tokens[start:])
         if value is not None:
             return tokens[start:], value

@@ -221,3 +221,17 @@ def test_answer_text_keeps_the_end_of_long_answers() -> None:
     text = answer_text("q" * 5000, "step\n" * 1000 + "#### 42")
     assert text.endswith("#### 42")
     assert len(text) <= 800 + 1200 + len("\n\n[answer] ")
+
+
+def test_a_root_of_a_negative_number_is_no_checkable_step_and_no_error(confidence: AnswerConfidence) -> None:
+    """'(-8)^(1/3) = -2' is how an answer writes a cube root; Python's power of a negative base to a fraction
+    is a complex number, which made the check raise, so the cascade's head scored nothing (it escalated)
+    and a ratings workflow lost the scores of every answer scored with this one."""
+    assert evaluate("(-8)^(1/3)") is None
+    assert evaluate("(-8)^2") == 64.0
+    answer = "The cube root is (-8)^(1/3) = -2, and 2 + 3 = 5. The answer is -2."
+    checks = answer_checks("What is the cube root of -8?", answer)
+    assert checks["log_equations"] == pytest.approx(np.log1p(1))  # only 2 + 3 = 5 is checked
+    assert checks["equations_wrong"] == 0.0
+    scores = confidence.score_many([("What is the cube root of -8?", answer), (PROMPT, GOOD)])
+    assert np.isfinite(scores).all()
