@@ -8,7 +8,8 @@ Conditions address a signal by name and, with dots, a field of it:
 
 - ``difficulty`` or ``difficulty.value`` — the signal's value;
 - ``domain.confidence`` — its confidence, a probability;
-- ``domain.scores.code`` — a key inside the value when the value is a mapping, else inside ``detail``.
+- ``domain.scores.code`` — a key inside the value when the value is a mapping, else inside ``detail``;
+  a key may hold dots (``quality.gpt-4.1-mini``: the longest key that matches is read).
 
 A missing signal or field resolves to ``None`` (conditions on it are false).
 """
@@ -120,31 +121,43 @@ def signal_name(path: str) -> str:
 
 
 def resolve(signals: Mapping[str, SignalLike], path: str) -> Any:
-    """The value at a dotted ``path`` (see the module docstring); ``None`` when absent."""
+    """The value at a dotted ``path`` (see the module docstring); ``None`` when absent.
+
+    A key may hold dots itself (a model named ``gpt-4.1-mini`` in ``quality.gpt-4.1-mini``): at each
+    mapping, the longest run of the path's remaining parts that is one of its keys is that key.
+    """
     name, *rest = path.split(".")
     signal = signals.get(name)
     if signal is None:
         return None
     if not rest:
         return signal.value
-    head, *tail = rest
     current: Any
-    if head == "value":
+    if rest[0] == "value":
+        current, rest = signal.value, rest[1:]
+    elif rest[0] == "confidence":
+        current, rest = signal.confidence, rest[1:]
+    elif isinstance(signal.value, Mapping) and _key_parts(signal.value, rest):
         current = signal.value
-    elif head == "confidence":
-        current = signal.confidence
-    elif isinstance(signal.value, Mapping) and head in signal.value:
-        current = signal.value[head]
     else:
-        detail = getattr(signal, "detail", None)
-        if not isinstance(detail, Mapping) or head not in detail:
+        current = getattr(signal, "detail", None)
+    while rest:
+        if not isinstance(current, Mapping):
             return None
-        current = detail[head]
-    for key in tail:
-        if not isinstance(current, Mapping) or key not in current:
+        taken = _key_parts(current, rest)
+        if not taken:
             return None
-        current = current[key]
+        current = current[".".join(rest[:taken])]
+        rest = rest[taken:]
     return current
+
+
+def _key_parts(mapping: Mapping[str, Any], parts: list[str]) -> int:
+    """How many of ``parts``, joined by dots, make the longest key of ``mapping``; 0 when none does."""
+    for taken in range(len(parts), 0, -1):
+        if ".".join(parts[:taken]) in mapping:
+            return taken
+    return 0
 
 
 def spec_for_path(specs: Mapping[str, SignalSpec], path: str) -> SignalSpec | None:

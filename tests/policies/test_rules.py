@@ -272,3 +272,29 @@ sticky: {ttl: 60}
 def test_static_routes_keep_their_plan_shape() -> None:
     plan = Plan(candidates=("m1",), policy="static", reason="r")
     assert plan.describe() == {"policy": "static", "candidates": ["m1"], "reason": "r"}
+
+
+DOTTED = """
+name: auto
+policy: rules
+rules:
+  - name: mini-unsure
+    priority: 10
+    when: {signal: quality.gpt-4.1-mini, op: lt, value: 0.5}
+    action: {route: big}
+cost_quality: {signal: difficulty, strong: big, weak: small, threshold: 0.9}
+"""
+
+
+async def test_a_condition_on_a_model_whose_name_has_dots_reads_that_models_value() -> None:
+    """quality.gpt-4.1-mini names the model gpt-4.1-mini (a quality head trained on your own models is keyed by
+    their names: gpt-4.1, claude-3.5-sonnet, llama-3.1-8b); the path was cut at every dot, looked for a model
+    'gpt-4', found none, and the rule never matched, with no word at start-up."""
+    policy, _ = build(DOTTED)
+    unsure = await policy.decide(request("hello [q gpt-4.1-mini=0.3 gpt-4=0.9] [d=0.1]"))
+    assert unsure.candidates[0] == "big" and unsure.details["rules"] == ["mini-unsure"]
+    sure = await policy.decide(request("hello [q gpt-4.1-mini=0.8 gpt-4=0.1] [d=0.1]"))
+    assert sure.candidates[0] == "small" and sure.details["rules"] == []
+    explained = await policy.explain(request("hello [q gpt-4.1-mini=0.3] [d=0.1]"))
+    assert explained["rules"][0]["checks"] == [
+        {"signal": "quality.gpt-4.1-mini", "op": "lt", "value": 0.5, "actual": 0.3, "result": True}]
