@@ -511,15 +511,32 @@ def _scale_hint(q: object) -> str:
     return " (a percentage? divide by 100)"
 
 
-def _number_in_quotes(value: object, where: str) -> object:
+def _number_in_quotes(value: object, where: str, *, booleans: bool = False) -> object:
     """A number written as a string (``"0.8"``: a spreadsheet or a dataframe of strings exported to JSON)
-    read as the number, as the same cell of a CSV file is; any other value as it is."""
+    read as the number, as the same cell of a CSV file is (and, with ``booleans``, ``"True"``/``"false"`` as
+    the bool); any other value as it is. A blank string is a missing value (None), as an empty CSV cell."""
     if not isinstance(value, str):
         return value
+    text = value.strip()
+    if not text:
+        return None
+    if booleans and text.lower() in _BOOL_CELLS:
+        return _BOOL_CELLS[text.lower()]
     try:
-        return float(value.strip())
+        return float(text)
     except ValueError:
         raise DataError(f"{where}: {value!r} is text, not a number") from None
+
+
+def _missing(value: object) -> bool:
+    """Whether a JSON value is a missing cell: null, or NaN as json.dumps of a pandas row writes one."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _optional_text(value: object) -> str | None:
+    """An optional text field (``source``, ``domain``, ``id``): None when missing or empty (an empty CSV cell,
+    null or NaN from a dataframe), else the value as text."""
+    return None if _missing(value) or value == "" else str(value)
 
 
 class ModelNames(dict[str, str]):
@@ -557,16 +574,14 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str, names: ModelNa
     written: dict[str, object] = {}
     for raw_model, q in scores.items():
         model = _model_key(raw_model, written, f"{where}: scores", names)
-        # NaN is how pandas (and json.dumps of a pandas row) spells a missing value: unknown, like null.
-        if q is None or (isinstance(q, float) and math.isnan(q)):
+        # NaN is how pandas (and json.dumps of a pandas row) spells a missing value: unknown, like null; so is
+        # "NaN" or "" in quotes, as the same CSV cell. "True"/"false" in quotes is the label, as in the CSV.
+        q = _number_in_quotes(q, f"{where}: scores.{model}", booleans=True)
+        if _missing(q):
             qualities[model] = None
             continue
         if isinstance(q, bool):  # a correct/incorrect label
             qualities[model] = float(q)
-            continue
-        q = _number_in_quotes(q, f"{where}: scores.{model}")
-        if isinstance(q, float) and math.isnan(q):  # "NaN" in quotes: missing, as unquoted
-            qualities[model] = None
             continue
         if not isinstance(q, int | float) or not math.isfinite(q) or not 0.0 <= q <= 1.0:
             raise DataError(f"{where}: scores.{model}: {q!r} is not a quality in [0, 1]{_scale_hint(q)}")
@@ -578,26 +593,25 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str, names: ModelNa
     written = {}
     for raw_model, c in costs_raw.items():
         model = _model_key(raw_model, written, f"{where}: costs", names)
-        if c is None or (isinstance(c, float) and math.isnan(c)):
-            continue  # unknown cost, as an empty CSV cell
         c = _number_in_quotes(c, f"{where}: costs.{model}")
+        if _missing(c):
+            continue  # unknown cost, as an empty CSV cell
         if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
             raise DataError(f"{where}: costs.{model}: {c!r} is not a cost >= 0")
         costs[model] = float(c)
-    weight = obj.get("weight", 1.0)
+    weight = _number_in_quotes(obj.get("weight"), f"{where}: weight")
+    if _missing(weight):  # no weight, or a missing cell (a frame concatenated with one that has none): 1
+        weight = 1.0
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or weight < 0:
         raise DataError(f"{where}: weight: {weight!r} is not a number >= 0")
-    source = obj.get("source") or default_source
-    domain = obj.get("domain")
-    request_id = obj.get("id")
     return LabelledRequest(
         messages=messages if own_messages else [dict(m) for m in messages],
         qualities=qualities,
         costs=costs,
-        source=str(source),
+        source=_optional_text(obj.get("source")) or default_source,
         weight=float(weight),
-        domain=None if domain is None else str(domain),
-        request_id=None if request_id is None else str(request_id),
+        domain=_optional_text(obj.get("domain")),
+        request_id=_optional_text(obj.get("id")),
     )
 
 

@@ -197,3 +197,37 @@ def test_numbers_written_as_strings_load_as_the_numbers_and_text_is_named(tmp_pa
     for value, refused in (("good", "'good' is text, not a number"), ("1.5", "1.5 is not a quality in [0, 1]")):
         data = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "hi", "scores": {STRONG: value, WEAK: 0}}])
         _refused(_cli("eval", data, tmp_path), f"{data}:1: scores.{STRONG}: {refused}")
+
+
+def test_a_jsonl_row_with_missing_cells_reads_like_the_same_csv_row(tmp_path: Path) -> None:
+    """pd.concat of two labelled frames, one with a weight (or domain, source) column and one without, leaves
+    NaN in the other's rows: to_csv writes an empty cell (weight 1, no domain), to_json null and json.dumps of a
+    row NaN. The JSONL was refused whole ('weight: None is not a number >= 0'), or read domain and source 'nan';
+    a frame of strings wrote its correct/incorrect and missing cells "True" / "" ('text, not a number')."""
+    nan = float("nan")
+    frame = [  # prompt, score strong, score weak, weight, domain, source
+        ("Prove there are infinitely many primes.", True, False, 2.0, "math", "team-a"),
+        ("Say hi to Anna.", 1.0, 1.0, nan, nan, nan),
+        ("Solve 3x + 5 = 20.", "True", "false", None, None, None),
+        ("Name a colour.", "", "0", "1.5", "chat", ""),
+    ]
+    csv_path = tmp_path / "labels.csv"
+    csv_path.write_text(f"prompt,score:{STRONG},score:{WEAK},weight,domain,source\n" + "".join(
+        ",".join("" if v is None or v != v else str(v) for v in row) + "\n" for row in frame))
+    jsonl = tmp_path / "labels.jsonl"
+    jsonl.write_text("".join(json.dumps({
+        "prompt": p, "scores": {STRONG: s, WEAK: w}, "weight": weight, "domain": domain, "source": source,
+    }) + "\n" for p, s, w, weight, domain, source in frame))
+
+    def read(path: Path) -> list[tuple[Any, ...]]:
+        return [(r.text(), r.qualities, r.weight, r.domain, r.source.replace(path.name, "FILE"))
+                for r in load_source(f"file:{path}").rows]
+
+    from_jsonl = read(jsonl)
+    assert from_jsonl == read(csv_path)
+    assert [row[1:] for row in from_jsonl] == [
+        ({STRONG: 1.0, WEAK: 0.0}, 2.0, "math", "team-a"),
+        ({STRONG: 1.0, WEAK: 1.0}, 1.0, None, "file:FILE"),
+        ({STRONG: 1.0, WEAK: 0.0}, 1.0, None, "file:FILE"),
+        ({STRONG: None, WEAK: 0.0}, 1.5, "chat", "file:FILE"),
+    ]
