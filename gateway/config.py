@@ -32,6 +32,7 @@ from policies.config import RouteConfig
 from policies.experiments.config import ExperimentConfig, experiment_problems
 from policies.strict_model import StrictModel
 from policies.textfile import NotUtf8, read_utf8
+from policies.validation import shadowed_guards
 from policies.workflows import WorkflowConfig, WorkflowLimits, workflow_models, workflow_problems
 from policies.yaml_file import load_yaml
 
@@ -561,6 +562,8 @@ class Config(_Strict):
             problems = route_problems(route, models, tags, workflows)
             if problems:
                 raise ValueError("\n  ".join(problems))
+            for warning in shadowed_guards(route.name, route):
+                _log.warning("%s", warning)
         for name in self.limits.routes:
             if name not in route_names and name not in models and name not in virtual:
                 raise ValueError(f"limits.routes.{name}: not a route, a model or a workflow's model")

@@ -287,6 +287,31 @@ class _Checker:
                 self.fail(path, f"impossible condition on {signal!r}: {text} can never all hold")
 
 
+def shadowed_guards(route_name: str, cfg: RouteConfig) -> list[str]:
+    """``block`` and ``redact`` rules that run after a ``route``/``tier``/``workflow`` rule, one line each.
+
+    Rules run from the highest priority down and a routing rule ends them: the requests it decides
+    are neither blocked nor redacted by rules below it. That may be meant (an in-house model that may
+    see PII), so it is a warning, not a problem; a guard meant for every request needs a priority
+    above the routing rules.
+    """
+    ordered = sorted(enumerate(cfg.rules), key=lambda item: -item[1].priority)  # as RulePolicy runs them
+    router = None
+    lines = []
+    for index, rule in ordered:
+        kind = rule.action.kind
+        if kind in ("route", "tier", "workflow"):
+            router = router or rule
+        elif router is not None:
+            done = "blocked" if kind == "block" else "redacted"
+            lines.append(
+                f"routes.{route_name}.rules.{index}: {kind} rule {rule.name!r} (priority {rule.priority}) runs after "
+                f"{router.action.kind} rule {router.name!r} (priority {router.priority}): the requests that rule "
+                f"decides are not {done}; give {rule.name!r} a higher priority if it must apply to them"
+            )
+    return lines
+
+
 def quality_label_problems(
     mm: MultiModel, labels: Collection[str], source: str = "the quality signal"
 ) -> list[tuple[str, str]]:

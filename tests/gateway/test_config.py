@@ -501,3 +501,29 @@ def test_the_decision_log_queue_is_bounded_in_bytes_and_configurable() -> None:
     bounded = parse_config({"backends": backends, "store": {"queue_bytes_limit": 1 << 20}})
     assert bounded.store.queue_bytes_limit == 1 << 20
     assert "store.queue_bytes_limit" in _error({"backends": backends, "store": {"queue_bytes_limit": 0}})
+
+
+def test_a_guard_rule_below_a_routing_rule_is_warned_about_naming_both(caplog: pytest.LogCaptureFixture) -> None:
+    """Rules run from the highest priority down and a route rule ends them: a redact or block rule
+    below it never sees the requests it routes (PII goes upstream). That may be meant, so it loads,
+    with a warning that says which rule skips which."""
+    tools = {"name": "tools-big", "priority": 60, "when": {"signal": "tools", "op": "truthy"},
+             "action": {"route": "m1"}}
+    pii = {"name": "redact-pii", "priority": 10, "when": {"signal": "pii", "op": "truthy"},
+           "action": {"redact": ["email"]}}
+    jail = {"name": "no-jailbreaks", "priority": 90, "when": {"signal": "jailbreak", "op": "ge", "value": 0.8},
+            "action": {"block": "no"}}
+
+    def load(rules: list[dict[str, Any]]) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="pointsman.config"):
+            parse_config({"backends": [_backend()], "routes": [{"name": "auto", "model": "m1", "rules": rules}]},
+                         env={})
+        return [r.getMessage() for r in caplog.records if r.name == "pointsman.config"]
+
+    assert load([tools, pii, jail]) == [
+        "routes.auto.rules.1: redact rule 'redact-pii' (priority 10) runs after route rule 'tools-big' "
+        "(priority 60): the requests that rule decides are not redacted; give 'redact-pii' a higher "
+        "priority if it must apply to them"
+    ]
+    assert load([tools, {**pii, "priority": 70}, jail]) == []  # README's order: guards first
