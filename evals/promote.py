@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from classifiers.heads import Head, load_head
+from classifiers.heads.reverse import reversed_pair_head, reversible
 from classifiers.registry import (
     SHIPPED_ROUTERS_DIR,
     ResolvedRouters,
@@ -233,10 +234,16 @@ def _percentiles(values: np.ndarray) -> tuple[float, float]:
 
 def _baseline_head(heads: Any, strong: str, weak: str) -> tuple[Head | None, str, bool]:
     """The active router's head for the pair, its name, and whether it is the shipped difficulty head
-    (the fallback of a registry version without a head of its own for the pair)."""
+    (the fallback of a registry version without a head of its own for the pair).
+
+    As a gateway reads it (``policies.brain.heads.pair_head``): the head trained for the pair, else the one
+    trained for it the other way round read reversed, else the shipped head."""
     head = heads.pairs.get((strong, weak))
     if head is not None:
         return head, str(head.manifest.get("name", f"{strong} vs {weak}")), False
+    other = heads.pairs.get((weak, strong))
+    if other is not None and reversible(other):
+        return reversed_pair_head(other), f"{other.manifest.get('name', f'{weak} vs {strong}')} (reversed)", False
     if heads.difficulty is not None:
         source = heads.sources.get("difficulty")
         shipped = source is not None and Path(source).resolve().parent == SHIPPED_ROUTERS_DIR

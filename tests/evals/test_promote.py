@@ -872,3 +872,30 @@ def test_a_held_out_file_judging_each_prompt_four_times_gets_the_interval_of_its
         widths.append(cmp["apgr_diff_ci95"][1] - cmp["apgr_diff_ci95"][0])
         assert cmp["resamples_used"] == 2000
     assert 0.8 < widths[1] / widths[0] < 1.25, widths
+
+
+def test_the_active_versions_head_for_the_reversed_pair_is_the_baseline_read_as_a_gateway_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The active version was trained for the pair the other way round (--strong/--weak, or data where the other
+    model did better on average: a near tie flips between retrainings). A gateway reads that head reversed; the
+    gate compared the candidate against the shipped GPT-4/Mixtral head instead, printed as the active one."""
+    registry = tmp_path / "routers"
+    active = write_jsonl(tmp_path / "active.jsonl", rows(seed=2, n=120))
+    candidate = write_jsonl(tmp_path / "candidate.jsonl", rows(seed=1, n=120))
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", rows(seed=3, n=120))
+    for data, pair in ((active, ["--strong", WEAK, "--weak", STRONG]), (candidate, [])):
+        assert main(["train", "--data", f"file:{data}", "--encoders", "static", "--out", str(registry),
+                     "--no-progress", "--folds", "3", *pair]) == 0
+    v1, v2 = (v.version for v in RouterRegistry(registry).versions())
+    assert RouterRegistry(registry).info(v1).pairs[0]["strong"] == WEAK
+    code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}",
+                              "--resamples", "1000")
+    assert code in (0, 1), out + err
+    (cmp,) = RouterRegistry(registry).info(v2).verdicts[-1]["comparisons"]
+    reversed_head = f"difficulty-{WEAK}--{STRONG}-static"
+    assert cmp["baseline_head"] == f"{reversed_head} (reversed)"
+    assert f"(active, {reversed_head} (reversed))" in out
+    assert cmp["excluded_fallback_training_rows"] == 0 and "has no head for it" not in out
+    # Both learnt which prompts need the strong model: read the right way round, the active head ranks as well.
+    assert abs(cmp["apgr_candidate"] - cmp["apgr_active"]) < 0.05
