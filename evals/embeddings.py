@@ -2,22 +2,42 @@
 
 Prompts go through ``classifiers.conversation.conversation_text`` (the serving text form) and the
 contract encoder ``classifiers.encoders.load_encoder``. The cache key is the encoder id plus a hash of
-every encoded text, so a change to either the text form or the encoder invalidates it. The cache lives
-in ``<repo>/.cache/embeddings/`` (gitignored) as plain ``.npy`` files (no pickle).
+every encoded text, so a change to either the text form or the encoder invalidates it. The cache holds
+plain ``.npy`` files (no pickle) in :func:`default_cache_dir`; one that cannot be written costs the cache,
+never the command.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from evals.data.paths import REPO_ROOT
 
-CACHE_DIR = REPO_ROOT / ".cache" / "embeddings"
+log = logging.getLogger("pointsman.train")
+
+
+def default_cache_dir() -> Path:
+    """Where encoded texts are cached: ``$POINTSMAN_CACHE_DIR/embeddings`` when set; in a source checkout
+    ``<repo>/.cache/embeddings`` (gitignored); in an installed package the user's cache
+    (``$XDG_CACHE_HOME/pointsman/embeddings``, else ``~/.cache/pointsman/embeddings``), never the package's own
+    directory: that is site-packages, which its user may not write (the Docker image runs as uid 10001)."""
+    from classifiers.encoders.minilm_onnx import CACHE_ENV, cache_root
+
+    if os.environ.get(CACHE_ENV):
+        return cache_root() / "embeddings"
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT / ".cache" / "embeddings"
+    return cache_root() / "embeddings"
+
+
+CACHE_DIR = default_cache_dir()
 _MAX_CHARS = 2000
 
 
@@ -106,19 +126,16 @@ def embed_texts(encoder: _Encoder, texts: Sequence[str], batch: int = 64, progre
     A whole-list hit loads one file; otherwise texts already encoded for any other list with the same
     encoder fingerprint are reused and only the new ones go through the encoder.
     """
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    ignore = CACHE_DIR.parent / ".gitignore"
-    if not ignore.exists():  # keep the cache out of git without touching the repo's .gitignore
-        ignore.write_text("*\n")
     fingerprint = _fingerprint(encoder)
     digests = _text_digests(texts)
     key = _key(fingerprint, digests)
     prefix = f"{encoder.id}-{fingerprint}"
     path = CACHE_DIR / f"{prefix}-{key}.npy"
-    if path.exists():
+    if path.is_file():
         return np.load(path, allow_pickle=False)
     out = np.zeros((len(texts), encoder.dim), dtype=np.float32)
-    missing = np.flatnonzero(~_fill_known(prefix, digests, out)).tolist()
+    missing = np.flatnonzero(~_fill_known(prefix, digests, out)).tolist() if CACHE_DIR.is_dir() else list(
+        range(len(texts)))
     if missing:
         from tqdm import tqdm
 
@@ -127,11 +144,24 @@ def embed_texts(encoder: _Encoder, texts: Sequence[str], batch: int = 64, progre
         for start in tqdm(range(0, len(order), batch), desc=f"encode {encoder.id}", disable=not progress):
             idx = order[start : start + batch]
             out[idx] = encoder.encode([texts[i] for i in idx])
+    try:
+        _store(path, digests, out)
+    except OSError as exc:  # a read-only or root-owned cache: encode again next time, but train now
+        log.warning("cannot write the embedding cache %s (%s): texts are encoded again on every run; set %s to "
+                    "a writable directory to keep them", CACHE_DIR, exc.strerror or exc, "POINTSMAN_CACHE_DIR")
+    return out
+
+
+def _store(path: Path, digests: np.ndarray, vectors: np.ndarray) -> None:
+    """Write one cached list (its text digests, then its vectors under a temporary name renamed into place)."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    ignore = CACHE_DIR.parent / ".gitignore"
+    if CACHE_DIR.parent == REPO_ROOT / ".cache" and not ignore.exists():
+        ignore.write_text("*\n")  # keep the cache out of git without touching the repo's .gitignore
     np.save(path.with_name(path.name.replace(".npy", ".keys.npy")), digests, allow_pickle=False)
     tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, out, allow_pickle=False)
+    np.save(tmp, vectors, allow_pickle=False)
     tmp.replace(path)
-    return out
 
 
 def embed_prompts(encoder: _Encoder, prompts: Sequence[str], progress: bool = True) -> np.ndarray:

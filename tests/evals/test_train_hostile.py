@@ -468,3 +468,54 @@ def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(
     code, _, stderr = _train(capsys, "--data", f"file:{labelled}", "--out", str(out))
     assert code == 130 and "Traceback" not in stderr
     assert registry.version_ids() == [version] and not list(out.glob(".staging-*"))
+
+
+def _installed_copy(root: Path) -> Path:
+    """The packages as a wheel lays them out in site-packages (no checkout around them: no pyproject.toml)."""
+    import shutil
+
+    from tests.gatewayproc import REPO
+
+    site = root / "site-packages"
+    for package in ("gateway", "classifiers", "policies", "evals", "store"):
+        shutil.copytree(REPO / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+def test_an_installed_pointsman_trains_without_writing_into_its_package_directory(tmp_path: Path) -> None:
+    """The embedding cache lived in <package dir>/../.cache: in an installed Pointsman that is site-packages,
+    which the Docker image's uid 10001 cannot write, so `pointsman train` (and promote) stopped with
+    "site-packages/.cache: Permission denied" before any training. Here the package directory has a file
+    where that cache would go (root ignores permissions; a file in the way fails the same mkdir)."""
+    import subprocess
+    import sys
+
+    site = _installed_copy(tmp_path)
+    (site / ".cache").write_text("not a directory\n")
+    labels = write_jsonl(tmp_path / "labels.jsonl", rows(seed=1, n=40))
+    home = tmp_path / "home"
+    env = {**os.environ, "PYTHONPATH": str(site), "HOME": str(home)}
+    for key in ("POINTSMAN_CACHE_DIR", "XDG_CACHE_HOME"):
+        env.pop(key, None)
+
+    def train(out: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "train", "--data", f"file:{labels}", "--encoders", "static",
+             "--out", str(tmp_path / out), "--no-progress", "--folds", "3", "--no-warm-start"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**env, **extra},
+        )
+
+    run = train("routers")
+    assert run.returncode == 0, run.stderr
+    assert "wrote router version" in run.stdout
+    assert (site / ".cache").read_text() == "not a directory\n"
+    assert list((home / ".cache" / "pointsman" / "embeddings").glob("*.npy"))  # the user's cache instead
+    # A cache directory that cannot be written either (POINTSMAN_CACHE_DIR as the image sets it, root-owned)
+    # costs the cache, not the training.
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    again = train("routers2", POINTSMAN_CACHE_DIR=str(blocked))
+    assert again.returncode == 0, again.stderr
+    assert "cannot write the embedding cache" in again.stderr
+    ids = [sorted(p.name for p in (tmp_path / out / "versions").iterdir()) for out in ("routers", "routers2")]
+    assert ids[0] == ids[1]  # the same weights: the cache changes no number
