@@ -28,6 +28,7 @@ from store._codec import (
     subcall_from_row,
 )
 from store.base import check_forget_args
+from store.deadline import within
 from store.records import (
     ArmOutcomes,
     ArmStop,
@@ -68,6 +69,9 @@ _MIGRATION_LOCK_KEY = 0x706F696E74736D61  # "pointsma"
 # POST /v1/feedback) finds nothing, as on SQLite, instead of raising: the feedback endpoint read that as
 # the store being unavailable and answered 503 (retry) to a request that can only ever be a 404.
 _NUL = "\x00"
+#: Seconds :meth:`PostgresDecisionStore.close` waits for the pool to close gracefully before closing its
+#: connections outright.
+CLOSE_TIMEOUT = 5.0
 
 
 class PostgresDecisionStore:
@@ -149,10 +153,17 @@ class PostgresDecisionStore:
         return max(done | {version for version, _statements in migrations("postgres")})
 
     async def close(self) -> None:
-        """Close the pool (waits for in-flight queries)."""
+        """Close the pool: waits for in-flight queries, for at most :data:`CLOSE_TIMEOUT` seconds, then
+        closes their connections. A query given up on (a write past the recorder's drain deadline) holds
+        its connection until its cancellation reaches a server that may have stopped answering, and a
+        graceful close waited for that: the command timeout, or for ever without one."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
+        if pool is None:
+            return
+        try:
+            await within(pool.close(), CLOSE_TIMEOUT)
+        except TimeoutError:
+            pool.terminate()
 
     # --- writes --------------------------------------------------------------------------------
 

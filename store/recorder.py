@@ -27,6 +27,7 @@ import time
 from collections import deque
 
 from store.base import DecisionStore
+from store.deadline import within
 from store.records import DecisionRecord, FeedbackRecord
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,12 @@ logger = logging.getLogger(__name__)
 _DROP_LOG_INTERVAL = 10.0
 #: What a record costs in memory besides its conversation (its fields, signals, decision), roughly.
 _RECORD_OVERHEAD_BYTES = 2048
+#: Seconds :meth:`DecisionRecorder.stop` waits for a write (or purge) it cancelled at its deadline to wind
+#: down. A cancelled asyncpg query talks to the server first and waits the driver's command timeout (30 s)
+#: for it when the database stopped answering: past this, the write is left to finish in the background.
+_CANCEL_GRACE = 1.0
+#: Writes and purges given up on at stop, still winding down (referenced so they are not collected mid-way).
+_ABANDONED: set[asyncio.Task[None]] = set()
 
 
 def record_size(rec: DecisionRecord | FeedbackRecord) -> int:
@@ -264,8 +271,7 @@ class DecisionRecorder:
         if self._purge_task is not None:
             purge, self._purge_task = self._purge_task, None
             purge.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await purge
+            await _wind_down(purge)
         if not self._opened and self._queue:
             # Never started, but records were queued: they still deserve a write.
             try:
@@ -276,12 +282,12 @@ class DecisionRecorder:
         if self._task is not None:
             task, self._task = self._task, None
             # The writer exits after its current write; a write hung past the deadline is
-            # cancelled and its batch goes back to the queue.
+            # cancelled and its batch goes back to the queue (or, when the cancellation itself hangs,
+            # is counted as lost below).
             _done, still_running = await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
             if still_running:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await _wind_down(task)
             elif not task.cancelled() and (died := task.exception()) is not None:
                 logger.error("the decision recorder task had died: %s", describe_error(died))
         try:
@@ -289,9 +295,11 @@ class DecisionRecorder:
                 await self._drain(deadline)
         finally:
             self._closed = True
-            left = len(self._queue)
+            # A write given up on still holds its batch (it may yet commit: writes are idempotent).
+            left = len(self._queue) + self._inflight
             if left:
                 self._clear()
+                self._inflight, self._inflight_bytes = 0, 0
                 self._dropped += left
                 logger.error("decision store unavailable at shutdown: %d decision records lost", left)
             try:
@@ -335,6 +343,8 @@ class DecisionRecorder:
                 self._write_errors += 1
                 await self._write_one_by_one(batch)
         except BaseException as exc:
+            if self._closed:
+                raise  # given up on at stop, which counted the batch as lost
             self._inflight, self._inflight_bytes = 0, 0
             unwritten = exc.left if isinstance(exc, _Unwritten) else batch
             self._queue.extendleft(reversed(unwritten))
@@ -439,16 +449,37 @@ class DecisionRecorder:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            deadline_cm = asyncio.timeout(remaining)
             try:
-                async with deadline_cm, self._write_lock:
-                    if self._queue:
-                        await self._write_batch()
+                # within, not asyncio.timeout: that waits for the cancelled write to wind down, which
+                # for a database that stopped answering is the driver's command timeout.
+                await within(self._write_next(), remaining)
                 failures = 0
             except Exception as exc:
-                if isinstance(exc, TimeoutError) and deadline_cm.expired():
-                    return
+                if isinstance(exc, TimeoutError) and time.monotonic() >= deadline:
+                    return  # the write given up on is counted as lost by stop
                 failures += 1
                 delay = min(self._backoff(failures), max(0.0, deadline - time.monotonic()))
                 self._log_failure(exc, delay)
                 await asyncio.sleep(delay)
+
+    async def _write_next(self) -> None:
+        async with self._write_lock:
+            if self._queue:
+                await self._write_batch()
+
+
+async def _wind_down(task: asyncio.Task[None]) -> None:
+    """Wait for a cancelled task to end, for at most :data:`_CANCEL_GRACE` seconds; past that it is left
+    to end in the background."""
+    await asyncio.wait({task}, timeout=_CANCEL_GRACE)
+    if not task.done():
+        _ABANDONED.add(task)
+        task.add_done_callback(_ended)
+    elif not task.cancelled():
+        task.exception()  # retrieved: a failure at stop is not worth a second log line
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    _ABANDONED.discard(task)
+    if not task.cancelled():
+        task.exception()

@@ -8,6 +8,7 @@ feedback that needs the store is a prompt 503, not a request held for the driver
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import threading
@@ -22,9 +23,10 @@ import pytest
 from openai import OpenAI
 
 from gateway.auth import hash_key
+from store import DecisionRecord, DecisionRecorder, PostgresDecisionStore
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
-from tests.polling import eventually
+from tests.polling import eventually, eventually_async
 from tests.store.conftest import sync_pg_schema
 
 pytestmark = pytest.mark.postgres
@@ -152,3 +154,40 @@ def test_a_partitioned_postgres_costs_no_answers_and_feedback_is_a_prompt_503(
     finally:
         proxy.thaw()
         gateway.terminate()
+
+
+@pytest.mark.parametrize("hung", ["writing", "draining"])
+def test_a_recorder_stops_at_its_deadline_when_postgres_stops_answering(
+    proxied_dsn: tuple[str, FreezableProxy], hung: str
+) -> None:
+    """A write hung on a partitioned database is given up at ``drain_timeout``, and the store closes at
+    once. A cancelled asyncpg query first talks to the server and waits the driver's command timeout (30 s
+    in a gateway) for it, and closing the pool waits for that connection: a SIGTERM took the drain timeout
+    plus twice the command timeout (50 s against a 20 s drain), past a container's grace period. The store's
+    command timeout is an hour here: a stop that waits for it fails the bound below by far.
+
+    ``writing``: the writer was in the middle of a write when stop came; ``draining``: the writer was idle,
+    and the write stop makes itself hangs."""
+    dsn, proxy = proxied_dsn
+
+    async def run() -> None:
+        store = PostgresDecisionStore(dsn, command_timeout=3600)
+        recorder = DecisionRecorder(store, flush_interval=0.02 if hung == "writing" else 3600, drain_timeout=1.0)
+        await recorder.start()
+        recorder.record(DecisionRecord("before", 1.0, "chat.completions", "auto", "auto"))
+        await recorder.flush()
+        proxy.freeze()
+        recorder.record(DecisionRecord("during", 2.0, "chat.completions", "auto", "auto"))
+        if hung == "writing":
+            await eventually_async(lambda: recorder.pending == 1 and not recorder._queue, "the write began")
+        stopping = asyncio.ensure_future(recorder.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=60)
+        if not done:
+            proxy.thaw()  # lets the stop end, so the test can fail rather than hang
+            await stopping
+            pytest.fail("the recorder's stop waited for the hung write well past its 1 s drain_timeout")
+        assert (recorder.written, recorder.pending, recorder.dropped) == (1, 0, 1)
+
+    asyncio.run(run())
+    proxy.thaw()
+    assert stored_ids(dsn) in ({"before"}, {"before", "during"})  # a write given up on may still commit
