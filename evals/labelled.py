@@ -558,7 +558,9 @@ def _row(obj: Mapping[str, Any], where: str, default_source: str, names: ModelNa
     names so far (see :class:`ModelNames`)."""
     names = ModelNames() if names is None else names
     own_messages = False  # built here, so not copied below
-    if "messages" in obj:
+    # A missing messages cell (null, NaN: a frame mixing conversations and single prompts) falls back to the
+    # prompt, as an empty CSV cell does.
+    if not _missing(obj.get("messages")):
         messages = obj["messages"]
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise DataError(f"{where}: messages must be a non-empty list of message objects")

@@ -4,6 +4,7 @@ line naming the file, line and field (exit code 2, no traceback), through the re
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -231,3 +232,23 @@ def test_a_jsonl_row_with_missing_cells_reads_like_the_same_csv_row(tmp_path: Pa
         ({STRONG: 1.0, WEAK: 0.0}, 1.0, None, "file:FILE"),
         ({STRONG: None, WEAK: 0.0}, 1.5, "chat", "file:FILE"),
     ]
+
+
+def test_a_frame_mixing_prompt_and_messages_rows_loads_from_jsonl_as_from_csv(tmp_path: Path) -> None:
+    """pd.concat of single-prompt rows and conversations: each row has both columns, one of them missing. The
+    CSV's empty messages cell falls back to the prompt; the JSONL's null (to_json) or NaN (json.dumps of a row)
+    messages was refused as 'messages must be a non-empty list of message objects'."""
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime."}]
+    frame = [("Say hi to Anna.", None), ("Solve 3x + 5 = 20.", float("nan")), (None, conversation)]
+    jsonl = tmp_path / "labels.jsonl"
+    jsonl.write_text("".join(json.dumps({"prompt": p, "messages": m, "scores": {STRONG: 1, WEAK: 0}}) + "\n"
+                             for p, m in frame))
+    csv_path = tmp_path / "labels.csv"
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["prompt", "messages", f"score:{STRONG}", f"score:{WEAK}"])
+        writer.writerows([p or "", json.dumps(m) if isinstance(m, list) else "", 1, 0] for p, m in frame)
+    loaded = [r.messages for r in load_source(f"file:{jsonl}").rows]
+    assert loaded == [r.messages for r in load_source(f"file:{csv_path}").rows]
+    assert loaded == [[{"role": "user", "content": "Say hi to Anna."}],
+                      [{"role": "user", "content": "Solve 3x + 5 = 20."}], conversation]
