@@ -81,6 +81,9 @@ logger = logging.getLogger(__name__)
 
 #: How long a writer waits for another process's lock before failing (ms).
 BUSY_TIMEOUT_MS = 5000
+#: How long the text purge's checkpoint waits for other connections (ms): the gateway runs it every 10
+#: minutes on the connection its writes wait for (a forget, an operator's command, waits BUSY_TIMEOUT_MS).
+PURGE_ERASE_WAIT_MS = 250
 
 #: Decisions (with their feedback, conversations and sub-calls) one transaction of a tenant's forget
 #: deletes: a few tens of milliseconds of write lock. Also SQLite's oldest limit on bound parameters
@@ -324,7 +327,7 @@ class SQLiteDecisionStore:
                         break
                     await asyncio.sleep(time.monotonic() - started)
         if any(counts.values()):
-            await self._run(self._erase_wal_sync)
+            await self._run(self._erase_wal_sync, BUSY_TIMEOUT_MS)
         return counts
 
     def _forget_sync(self, request_id: str) -> dict[str, int]:
@@ -374,23 +377,29 @@ class SQLiteDecisionStore:
         with _transaction(conn):
             purged = conn.execute(purge_text_sql("sqlite"), (now,)).rowcount
         if purged:
-            self._erase_wal_sync()
+            # Briefly: the gateway purges on the connection its decision and feedback writes wait for.
+            self._erase_wal_sync(PURGE_ERASE_WAIT_MS)
         return int(purged)
 
-    def _erase_wal_sync(self) -> None:
+    def _erase_wal_sync(self, wait_ms: int) -> None:
         """Empty the write-ahead log after a deletion (forget, the text purge).
 
         The WAL keeps the page images of every transaction since it was last reset, the inserts of what
         was just deleted among them, and while a gateway has the store open it is never deleted: a copy of
         the files (``strings decisions.db-wal``) gave forgotten text back long after the rows were gone.
         A TRUNCATE checkpoint copies the latest pages (the deleted content zeroed, see ``secure_delete``)
-        into the database and cuts the log to zero bytes. It waits (``busy_timeout``) for readers and
-        writers of other connections; when they keep it from finishing, the log is emptied at a later one.
+        into the database and cuts the log to zero bytes. It waits up to ``wait_ms`` for readers and writers
+        of other connections (and holds off this connection's writes meanwhile); when they keep it from
+        finishing, the log is emptied by a later forget or purge, or when the last connection closes.
         """
+        conn = self._require_conn()
         try:
-            row = self._require_conn().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            conn.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")
+            row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.Error as exc:  # the deletion itself committed: say so, do not fail it
             row = (exc,)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if row is not None and row[0]:
             logger.warning(
                 "the SQLite decision store %s is busy: its write-ahead log still holds what was just deleted "
