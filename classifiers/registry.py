@@ -77,8 +77,10 @@ def slug(name: str) -> str:
     ``gpt-4-1106-preview`` stays itself; ``mistralai/Mixtral-8x7B-Instruct-v0.1`` becomes
     ``mistralai-mixtral-8x7b-instruct-v0-1``. Accents are dropped (``Modèle`` -> ``modele``); a name with
     other non-ASCII letters or digits (``模型-ü``), or with none at all, gets the first 8 hex digits of
-    the sha256 of the exact name appended, so what the ASCII form loses still tells names apart. Never
-    contains ``--``, so ``<strong>--<weak>`` splits. Raises ``ValueError`` for an empty name.
+    the sha256 of the exact name appended, so what the ASCII form loses still tells names apart. A form
+    longer than :data:`MAX_SLUG` characters is cut and gets that hash too: two such names in one head's
+    directory name would pass the file system's 255 bytes. Never contains ``--``, so ``<strong>--<weak>``
+    splits. Raises ``ValueError`` for an empty name.
     """
     if not name:
         raise ValueError("a model name cannot be empty")
@@ -87,9 +89,16 @@ def slug(name: str) -> str:
     decomposed = "".join(c for c in unicodedata.normalize("NFKD", name) if not unicodedata.combining(c))
     out = re.sub(r"[^a-z0-9]+", "-", decomposed.encode("ascii", "ignore").decode().lower()).strip("-")
     lost = any(not c.isascii() and c.isalnum() for c in decomposed)
+    if len(out) > MAX_SLUG:
+        out, lost = out[: MAX_SLUG - 9].rstrip("-"), True
     if lost or not out:
         out = "-".join(part for part in (out, name_hash(name)) if part)
     return out
+
+
+#: The longest slug: a pair head's directory holds two (each maybe with a collision hash, 9 more) and stays
+#: well under the 255 bytes file systems allow in a name.
+MAX_SLUG = 80
 
 
 def name_hash(name: str) -> str:

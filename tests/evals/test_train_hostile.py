@@ -519,3 +519,18 @@ def test_an_installed_pointsman_trains_without_writing_into_its_package_director
     assert "cannot write the embedding cache" in again.stderr
     ids = [sorted(p.name for p in (tmp_path / out / "versions").iterdir()) for out in ("routers", "routers2")]
     assert ids[0] == ids[1]  # the same weights: the cache changes no number
+
+
+def test_models_with_long_names_train_and_serve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two model names of 137 characters made a head directory name of 289 bytes: the training ran to its end,
+    then saving the head failed with 'File name too long' and the version was lost."""
+    long = "org/" + "very-long-descriptive-model-name-" * 4
+    strong, weak = long + "A", long + "B"
+    path = write_jsonl(tmp_path / "long.jsonl", _renamed(rows(seed=6, n=60), {STRONG: strong, WEAK: weak}))
+    out = tmp_path / "routers"
+    code, _, stderr = _train(capsys, "--data", f"file:{path}", "--out", str(out))
+    assert code == 0, stderr
+    (info,) = RouterRegistry(out).versions()
+    assert len(info.pairs[0]["artifact"]) < 200
+    assert set(load_router_heads("static", out).pairs) == {(strong, weak)}
+    assert slug(strong) != slug(weak) and "--" not in slug(strong) and slug(STRONG) == STRONG
