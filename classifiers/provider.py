@@ -136,19 +136,18 @@ def _check_listed_pairs(root: Path, encoder: str, sources: dict[str, str], *, ot
 
     try:
         record = read_json_file(root / VERSION_FILE)  # a RegistryError naming the file when it is not JSON
-    except FileNotFoundError:
-        return  # a plain directory of heads, not a registry version
+    except FileNotFoundError:  # a plain directory of heads: a pair head's name ends in its encoder
+        found = {d.name.rsplit("-", 1)[-1] for d in root.glob("difficulty-*--*") if (d / "manifest.json").is_file()}
+        if not other_encoders_ok:
+            _check_trained_for(root, encoder, sorted(found), "its pair heads are")
+        return
     listed = (record.get("pairs") or []) if isinstance(record, dict) else None
     if not isinstance(listed, list) or not all(isinstance(pair, dict) for pair in listed):
         raise RegistryError(f"{root / VERSION_FILE}: not a version record (an object whose pairs are a list of "
                             "objects); the file is corrupt")
-    trained = sorted({str(pair.get("encoder", "static")) for pair in listed})
-    if trained and encoder not in trained and not other_encoders_ok:
-        raise ValueError(
-            f"{root}: this version was trained for encoder {', '.join(trained)}, not {encoder!r} "
-            f"(classifiers.encoder): it has no head for {encoder!r}, so its routes would read the shipped GPT-4 vs "
-            f"Mixtral head. Set classifiers.encoder: {trained[0]}, or train with --encoders {encoder}"
-        )
+    if not other_encoders_ok:
+        trained = sorted({str(pair.get("encoder", "static")) for pair in listed})
+        _check_trained_for(root, encoder, trained, "this version was trained")
     loaded = set(sources.values())
     for pair in listed:
         if pair.get("encoder", "static") != encoder:
@@ -159,6 +158,16 @@ def _check_listed_pairs(root: Path, encoder: str, sources: dict[str, str], *, ot
                 f"{directory}: {VERSION_FILE} lists this pair head ({pair.get('strong')} vs {pair.get('weak')}) but "
                 "it is missing or has no manifest.json; the version is incomplete"
             )
+
+
+def _check_trained_for(root: Path, encoder: str, trained: list[str], what: str) -> None:
+    """``ValueError`` when ``root`` has pair heads (for the encoders ``trained``) but none for ``encoder``."""
+    if trained and encoder not in trained:
+        raise ValueError(
+            f"{root}: {what} for encoder {', '.join(trained)}, not {encoder!r} (classifiers.encoder): it has no "
+            f"pair head for {encoder!r}, so its routes would read the shipped GPT-4 vs Mixtral head. Set "
+            f"classifiers.encoder: {trained[0]}, or train with --encoders {encoder}"
+        )
 
 
 def _load_pair_heads(root: Path, encoder: str, sources: dict[str, str]) -> dict[tuple[str, str], Head]:

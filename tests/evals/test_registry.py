@@ -286,3 +286,10 @@ def test_a_registry_trained_for_another_encoder_is_refused_not_served_by_the_shi
     message = str(caught.value)
     assert message.startswith("classifiers.routers_dir: ") and "trained for encoder static" in message
     assert "'minilm' (classifiers.encoder)" in message and "--encoders minilm" in message
+    # The version's heads copied into a plain directory (no version.json): the same.
+    plain = tmp_path / "plain"
+    shutil.copytree(RouterRegistry(out).version_dir(RouterRegistry(out).active_version() or ""), plain,
+                    ignore=shutil.ignore_patterns("version.json"))
+    assert set(load_router_heads("static", plain).pairs) == {(STRONG, WEAK)}
+    with pytest.raises(ValueError, match="its pair heads are for encoder static, not 'minilm'"):
+        load_router_heads("minilm", plain)
