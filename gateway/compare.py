@@ -448,12 +448,12 @@ class CompareRunner:
                     "cost_usd": call.cost,
                 }))
             if served_scores:
-                for model, score, metadata in rows:
-                    self._feedback(record, model, score, metadata)
-                self._feedback(record, served, sum(served_scores) / len(served_scores), {
+                rows.append((served, sum(served_scores) / len(served_scores), {
                     "judge": state.settings.judge, "served": True,
                     "opponents": [p["models"][1] for p in pairs], "pairs": pairs,
-                })
+                }))
+                # Together or not at all: one model's score without the other's is a wrong label.
+                self._recorder.record_feedback(tuple(self._feedback(record, *row) for row in rows))
                 state.counts["judged"] += 1
         except asyncio.CancelledError:
             state.counts["cancelled"] += 1
@@ -524,11 +524,12 @@ class CompareRunner:
         assert isinstance(result, Completed)  # stream=False
         return result
 
-    def _feedback(self, record: DecisionRecord, model: str, score: float, metadata: dict[str, Any]) -> None:
-        self._recorder.record_feedback(FeedbackRecord(
+    @staticmethod
+    def _feedback(record: DecisionRecord, model: str, score: float, metadata: dict[str, Any]) -> FeedbackRecord:
+        return FeedbackRecord(
             request_id=record.request_id, score=score, metric=QUALITY_METRIC, source=JUDGE_SOURCE, model=model,
             tenant=record.tenant, created_at=time.time(), metadata=metadata,
-        ))
+        )
 
     # --- cost estimate ------------------------------------------------------------------------------
 

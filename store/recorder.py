@@ -30,6 +30,10 @@ from store.base import DecisionStore
 from store.deadline import within
 from store.records import DecisionRecord, FeedbackRecord
 
+#: What the queue holds: a decision, a piece of feedback, or pieces of feedback that are written in one
+#: transaction or not at all (a comparison's judge rows: one model's score alone would be a wrong label).
+Queued = DecisionRecord | FeedbackRecord | tuple[FeedbackRecord, ...]
+
 logger = logging.getLogger(__name__)
 
 #: Minimum seconds between two "queue full, dropping" warnings.
@@ -44,9 +48,11 @@ _CANCEL_GRACE = 1.0
 _ABANDONED: set[asyncio.Task[None]] = set()
 
 
-def record_size(rec: DecisionRecord | FeedbackRecord) -> int:
+def record_size(rec: Queued) -> int:
     """Roughly what a queued record holds in memory: a fixed overhead plus its conversation (the text a
     route keeps can be as large as the request body, megabytes)."""
+    if isinstance(rec, tuple):
+        return sum(record_size(item) for item in rec)
     if isinstance(rec, FeedbackRecord):
         return _RECORD_OVERHEAD_BYTES + len(rec.comment or "")
     size = _RECORD_OVERHEAD_BYTES + len(rec.error_message or "")
@@ -54,6 +60,10 @@ def record_size(rec: DecisionRecord | FeedbackRecord) -> int:
     if conversation is not None:
         size += len(conversation.text or "") + len(conversation.embedding or b"")
     return size
+
+
+def _rows(rec: Queued) -> int:
+    return len(rec) if isinstance(rec, tuple) else 1
 
 
 def describe_error(exc: BaseException) -> str:
@@ -79,7 +89,7 @@ def is_row_error(exc: BaseException) -> bool:
 class _Unwritten(Exception):
     """The records of a batch not yet written when the store failed part-way through one by one."""
 
-    def __init__(self, left: list[DecisionRecord | FeedbackRecord], cause: Exception) -> None:
+    def __init__(self, left: list[Queued], cause: Exception) -> None:
         super().__init__(describe_error(cause))
         self.left, self.cause = left, cause
 
@@ -131,7 +141,7 @@ class DecisionRecorder:
         self.drain_timeout = drain_timeout
         self.purge_interval = purge_interval
 
-        self._queue: deque[DecisionRecord | FeedbackRecord] = deque()
+        self._queue: deque[Queued] = deque()
         self._sizes: deque[int] = deque()  # record_size() of each queued record, in step with _queue
         self._queued_bytes = 0  # sum of _sizes
         self._inflight = 0  # records taken off the queue by a write still in progress
@@ -193,13 +203,14 @@ class DecisionRecorder:
         """Queue ``rec`` for writing. Never blocks, never raises."""
         self._enqueue(rec)
 
-    def record_feedback(self, item: FeedbackRecord) -> None:
-        """Queue a piece of feedback for writing, batched with decisions. Never blocks, never
-        raises; nothing tells the caller when (or whether) it was written: use
+    def record_feedback(self, item: FeedbackRecord | tuple[FeedbackRecord, ...]) -> None:
+        """Queue a piece of feedback for writing, batched with decisions, or a tuple of pieces that are
+        written in one transaction or not at all (never split between batches, dropped whole). Never
+        blocks, never raises; nothing tells the caller when (or whether) it was written: use
         :class:`~store.feedback_writer.FeedbackWriter` when a client waits for the acknowledgement."""
-        self._enqueue(item)
+        self._enqueue(item[0] if isinstance(item, tuple) and len(item) == 1 else item)
 
-    def _enqueue(self, rec: DecisionRecord | FeedbackRecord) -> None:
+    def _enqueue(self, rec: Queued) -> None:
         try:
             if self._closed:
                 self._drop(1, "recorder is stopped")
@@ -216,16 +227,16 @@ class DecisionRecorder:
 
     def _trim(self) -> None:
         over = len(self._queue) + self._inflight - self.queue_limit
-        n = 0
+        n = rows = 0
         while self._queue and (
             n < over or (self._queued_bytes + self._inflight_bytes > self.queue_bytes_limit and len(self._queue) > 1)
         ):
-            self._popleft()
+            rows += _rows(self._popleft())
             n += 1
-        if n:
-            self._drop(n, "queue limit reached")
+        if rows:
+            self._drop(rows, "queue limit reached")
 
-    def _popleft(self) -> DecisionRecord | FeedbackRecord:
+    def _popleft(self) -> Queued:
         self._queued_bytes -= self._sizes.popleft()
         return self._queue.popleft()
 
@@ -360,16 +371,17 @@ class DecisionRecorder:
             raise
         self._inflight, self._inflight_bytes = 0, 0
 
-    async def _write(self, batch: list[DecisionRecord | FeedbackRecord]) -> None:
+    async def _write(self, batch: list[Queued]) -> None:
         decisions = [r for r in batch if isinstance(r, DecisionRecord)]
-        feedback = [r for r in batch if isinstance(r, FeedbackRecord)] if len(decisions) < len(batch) else []
+        feedback = [f for r in batch if not isinstance(r, DecisionRecord)
+                    for f in (r if isinstance(r, tuple) else (r,))] if len(decisions) < len(batch) else []
         # Both writes are idempotent, so a batch retried after the second failed is harmless.
         if decisions:
             await self.store.write_batch(decisions)
         if feedback:
             await self.store.write_feedback(feedback)
 
-    async def _write_one_by_one(self, batch: list[DecisionRecord | FeedbackRecord]) -> None:
+    async def _write_one_by_one(self, batch: list[Queued]) -> None:
         for i, record in enumerate(batch):
             try:
                 await self._write([record])
@@ -381,17 +393,17 @@ class DecisionRecorder:
             else:
                 self._count_written([record])
 
-    def _count_written(self, batch: list[DecisionRecord | FeedbackRecord]) -> None:
+    def _count_written(self, batch: list[Queued]) -> None:
         self._written += sum(isinstance(r, DecisionRecord) for r in batch)
-        self._feedback_written += sum(isinstance(r, FeedbackRecord) for r in batch)
+        self._feedback_written += sum(_rows(r) for r in batch if not isinstance(r, DecisionRecord))
 
-    def _reject(self, record: DecisionRecord | FeedbackRecord, exc: Exception) -> None:
-        self._dropped += 1
+    def _reject(self, record: Queued, exc: Exception) -> None:
+        self._dropped += _rows(record)
         self._rejected += 1
         logger.error(
             "the decision store refused %s %s (%s); dropped it, %d refused so far",
             "decision record" if isinstance(record, DecisionRecord) else "feedback for",
-            record.request_id,
+            (record[0] if isinstance(record, tuple) else record).request_id,
             describe_error(exc),
             self._rejected,
         )

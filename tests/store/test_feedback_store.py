@@ -239,6 +239,35 @@ async def test_recorder_batches_feedback_with_decisions(sqlite_path: str, make_r
         await again.close()
 
 
+async def test_feedback_recorded_together_is_written_in_one_transaction_or_dropped_whole(
+    sqlite_path: str, make_record: MakeRecord
+) -> None:
+    """A comparison's judge rows (one per model) go in as one unit: a batch boundary never falls
+    between them, and a queue over its limit drops them together. One model's score alone would be a
+    label the judge never gave (it was the other's score that made it a comparison)."""
+    store = FailingSQLiteStore(sqlite_path)
+    recorder = DecisionRecorder(store, batch_size=2, flush_interval=60, queue_limit=3)
+
+    def judged(i: int) -> tuple[FeedbackRecord, ...]:
+        return tuple(FeedbackRecord(f"req-{i:06d}", 0.5, source="judge", model=m) for m in ("a", "b", "c"))
+
+    recorder.record(make_record(1))
+    recorder.record_feedback(judged(1))  # with the decision: batch_size 2 would have cut it after "a"
+    recorder.record(make_record(2))
+    recorder.record_feedback(judged(2))  # over the queue limit: the oldest item, decision 1, is dropped
+    recorder.record_feedback(judged(3))  # and then request 1's three judge rows together
+    assert recorder.dropped == 1 + 3
+    await recorder.start()
+    await recorder.stop()
+    assert sorted(store.writes) == [3, 3]  # each request's rows in one write, never 1 + 2
+    again = SQLiteDecisionStore(sqlite_path)
+    await again.open()
+    try:
+        assert [len(await again.fetch_feedback(f"req-{i:06d}")) for i in (1, 2, 3)] == [0, 3, 3]
+    finally:
+        await again.close()
+
+
 # --- durable feedback through FeedbackWriter -----------------------------------------------------
 
 
