@@ -239,7 +239,8 @@ def load_routellm_rows(data_dir: Path) -> list[LabelledRequest]:
 def load_file(path: Path) -> list[LabelledRequest]:
     """A labelled JSONL or CSV file (by extension: ``.jsonl``/``.json`` or ``.csv``).
 
-    JSONL, one object per line::
+    JSONL, one object per line (or one JSON array of them, as pandas' ``to_json(orient="records")``
+    writes)::
 
         {"messages": [{"role": "user", "content": "..."}],     # or "prompt": "..."
          "scores": {"model-a": 0.9, "model-b": false},         # quality in [0, 1] or true/false; null/NaN = unknown
@@ -278,6 +279,17 @@ def _default_source(path: Path) -> str:
 def _load_jsonl(path: Path) -> list[LabelledRequest]:
     out = []
     source, names = _default_source(path), ModelNames()
+    if _holds_an_array(path):
+        # One JSON array of row objects (pandas' to_json(orient="records"), a hand-written .json file).
+        rows = _parse_json(path.read_text(encoding="utf-8-sig"), str(path))
+        if not isinstance(rows, list):
+            raise DataError(f"{path}: expected a JSON array of objects or one JSON object per line")
+        for index, obj in enumerate(rows):
+            where = f"{path}: item {index}"
+            if not isinstance(obj, dict):
+                raise DataError(f"{where}: expected a JSON object")
+            out.append(_row(obj, where, source, names))
+        return out
     with path.open(encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -288,6 +300,16 @@ def _load_jsonl(path: Path) -> list[LabelledRequest]:
                 raise DataError(f"{where}: expected a JSON object per line")
             out.append(_row(obj, where, source, names))
     return out
+
+
+def _holds_an_array(path: Path) -> bool:
+    """Whether the file's first character past a byte-order mark and white space is ``[``."""
+    with path.open(encoding="utf-8-sig") as fh:
+        while chunk := fh.read(4096):
+            text = chunk.lstrip()
+            if text:
+                return text[0] == "["
+    return False
 
 
 def _load_csv(path: Path) -> list[LabelledRequest]:

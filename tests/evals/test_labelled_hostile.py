@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from evals.labelled import FAILED_ANSWER, load_source
+from evals.labelled import FAILED_ANSWER, DataError, load_source
 from tests.evals.labelled_files import STRONG, WEAK, rows, write_jsonl
 from tests.evals.test_report import eval_config
 from tests.fakes.upstream import FakeUpstream
@@ -252,3 +252,22 @@ def test_a_frame_mixing_prompt_and_messages_rows_loads_from_jsonl_as_from_csv(tm
     assert loaded == [r.messages for r in load_source(f"file:{csv_path}").rows]
     assert loaded == [[{"role": "user", "content": "Say hi to Anna."}],
                       [{"role": "user", "content": "Solve 3x + 5 = 20."}], conversation]
+
+
+def test_a_json_array_of_rows_loads_as_the_same_rows_in_jsonl(tmp_path: Path) -> None:
+    """pandas' to_json(orient="records") writes one JSON array; it was refused line by line ('expected a JSON
+    object per line'). It reads as the JSONL of the same rows; an array of other things names the item."""
+    rows = [{"prompt": "Solve 3x + 5 = 20.", "scores": {STRONG: 1, WEAK: 0}},
+            {"messages": [{"role": "user", "content": "Hi ☃"}], "scores": {STRONG: 1, WEAK: 1}, "weight": 0.5}]
+    jsonl = tmp_path / "labels.jsonl"
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    array = tmp_path / "labels.json"
+    array.write_text("\ufeff  " + json.dumps(rows, ensure_ascii=False), encoding="utf-8")
+
+    def read(path: Path) -> list[tuple[Any, ...]]:
+        return [(r.text(), r.qualities, r.weight) for r in load_source(f"file:{path}").rows]
+
+    assert read(array) == read(jsonl) and len(read(array)) == 2
+    array.write_text(json.dumps([rows[0], "not a row"]), encoding="utf-8")
+    with pytest.raises(DataError, match=r"labels.json: item 1: expected a JSON object"):
+        load_source(f"file:{array}")
