@@ -388,6 +388,9 @@ def _decimal_comma(cell: str) -> str:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
+_PYTHON_REPR = re.compile(r"\s*\[\s*\{\s*'")
+
+
 def _parse_json(text: str, where: str, column: str | None = None) -> Any:
     """``text`` (a JSONL line, or the cell of CSV column ``column``) as JSON; :class:`DataError` at ``where``
     for what is not JSON, and for a string holding half a surrogate pair: JSON's escapes can spell one (a
@@ -397,7 +400,11 @@ def _parse_json(text: str, where: str, column: str | None = None) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: {what}not JSON ({exc.msg})") from None
+        hint = ""
+        if column and _PYTHON_REPR.match(text):
+            # pandas' to_csv writes a column of lists with str(): Python's quotes, not JSON's
+            hint = "; it looks like Python's str() of a list: write json.dumps(messages) into the column"
+        raise DataError(f"{where}: {what}not JSON ({exc.msg}){hint}") from None
     except ValueError:  # an integer of more digits than Python converts
         raise DataError(f"{where}: {what}not JSON (a number of more than {sys.get_int_max_str_digits()} "
                         "digits)") from None

@@ -271,3 +271,13 @@ def test_a_json_array_of_rows_loads_as_the_same_rows_in_jsonl(tmp_path: Path) ->
     array.write_text(json.dumps([rows[0], "not a row"]), encoding="utf-8")
     with pytest.raises(DataError, match=r"labels.json: item 1: expected a JSON object"):
         load_source(f"file:{array}")
+
+
+def test_a_messages_cell_written_with_pythons_quotes_is_refused_saying_how_to_write_it(tmp_path: Path) -> None:
+    """pandas' to_csv writes a column of message lists with str(): single quotes, which JSON is not."""
+    path = tmp_path / "labels.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([["messages", f"score:{STRONG}", f"score:{WEAK}"],
+                                  [str([{"role": "user", "content": "Hi"}]), "1", "0"]])
+    with pytest.raises(DataError, match=r"labels.csv:2: column messages is not JSON .*write json.dumps\(messages\)"):
+        load_source(f"file:{path}")
