@@ -162,9 +162,12 @@ def build_table(
 
         tokens = np.array([rough_token_count({"messages": r.messages}) for r in kept], dtype=float)
         sc, wc = tokens * prices[0] / 1e6, tokens * prices[1] / 1e6
+        missing = sum(not (strong in r.costs and weak in r.costs) for r in kept)
+        why = ("the data has no per-request costs" if missing == len(kept) else
+               f"{missing} of {len(kept)} requests have no cost for both models, so no request's own cost is used")
         basis = {"kind": "prices", "unit": "USD per request (estimated)",
                  "text": "the configured prices (input + output per million tokens) times the request's "
-                         "estimated tokens (the data has no per-request costs)"}
+                         f"estimated tokens ({why})"}
     else:
         sc, wc = np.ones(len(kept)), np.zeros(len(kept))
         basis = {"kind": "share", "unit": "strong-call share",

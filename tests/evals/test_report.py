@@ -368,6 +368,24 @@ def eval_config(path: Path, **cost_quality: Any) -> Path:
     return path
 
 
+def test_costs_missing_on_some_rows_are_said_to_be_missing_on_some(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One row without its costs sends the report to the configured prices for every row: it says so,
+    instead of 'the data has no per-request costs' about data that has them on 59 rows of 60."""
+    items = labelled_rows(seed=3, n=60)
+    del items[5]["costs"]
+    data = write_jsonl(tmp_path / "labels.jsonl", items)
+    out = tmp_path / "report"
+    code = pointsman(["eval", "--config", str(eval_config(tmp_path / "config.yaml")), "--route", "auto",
+                      "--data", f"file:{data}", "--out", str(out), "--bootstrap", "20", "--no-progress"])
+    assert code == 0, capsys.readouterr().out
+    basis = json.loads((out / "report.json").read_text())["cost_basis"]
+    assert basis["kind"] == "prices"
+    assert "1 of 60 requests have no cost for both models" in basis["text"]
+    assert "the data has no per-request costs" not in basis["text"]
+
+
 def test_pointsman_eval_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     items = labelled_rows(seed=7, n=240)
     for i, item in enumerate(items):
