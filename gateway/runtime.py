@@ -13,6 +13,7 @@ import gc
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from classifiers.registry import SHIPPED_ROUTERS_DIR, resolve_routers_dir
@@ -134,9 +135,10 @@ async def _start(rt: GatewayRuntime) -> None:
     version = resolved.version  # the one about to serve
     if routers_dir and resolved.registry is None and resolved.directory == SHIPPED_ROUTERS_DIR:
         log.warning(
-            "classifiers.routers_dir %s is missing or holds no trained heads: serving the shipped routers "
-            "(%s) until heads or a registry appear there",
+            "classifiers.routers_dir %s (%s: a relative path is read from the working directory) is missing or "
+            "holds no trained heads: serving the shipped routers (%s) until heads or a registry appear there",
             routers_dir,
+            _absolute(routers_dir),
             version,
         )
     rt.brain = brain = RoutingBrain(config, historic_knob_scores(reversed(history), windows, version), watch=True)
@@ -185,3 +187,8 @@ async def _start(rt: GatewayRuntime) -> None:
     rt.feedback_writer = feedback_writer
     rt.feedback = FeedbackService(config, service, recorder.store, feedback_writer, metrics)
     rt.started_at = time.time()
+
+
+def _absolute(path: str) -> str:
+    """``path`` made absolute against the working directory (no file system access: for a log line)."""
+    return str(Path(path).absolute())
