@@ -5,7 +5,8 @@ agreement, and the hints buffered meanwhile arrive once it is back."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import orjson
@@ -42,14 +43,26 @@ def redis_server(tmp_path: Path) -> Iterator[PrivateRedis]:
     server.stop()
 
 
-async def test_a_peer_learns_where_a_conversation_went(redis_server: PrivateRedis) -> None:
-    # The peer lists the replicas in the other order: hints name replicas by URL, not position.
-    here, peer = _pool("cache_aware"), _pool("cache_aware", URLS[::-1])
-    clients = [redis_client(redis_server.url, 1.0, decode=True) for _ in range(2)]
+@contextlib.asynccontextmanager
+async def _gateways(
+    redis_server: PrivateRedis, here: BackendPool, peer: BackendPool, redis_timeout: float = 1.0
+) -> AsyncIterator[tuple[ReplicaHints, ReplicaHints]]:
+    """Two gateways' hints (this one's and a peer's) over one Redis, their clients closed afterwards."""
+    clients = [redis_client(redis_server.url, redis_timeout, decode=True) for _ in range(2)]
     try:
         hints_here = share_hints(here.backends, clients[0], "t:")
         hints_peer = share_hints(peer.backends, clients[1], "t:")
         assert isinstance(hints_here, ReplicaHints) and isinstance(hints_peer, ReplicaHints)
+        yield hints_here, hints_peer
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def test_a_peer_learns_where_a_conversation_went(redis_server: PrivateRedis) -> None:
+    # The peer lists the replicas in the other order: hints name replicas by URL, not position.
+    here, peer = _pool("cache_aware"), _pool("cache_aware", URLS[::-1])
+    async with _gateways(redis_server, here, peer) as (hints_here, hints_peer):
         backend = here.backends[0]
         target = backend.replicas[1]
         target.outstanding = 0
@@ -65,18 +78,11 @@ async def test_a_peer_learns_where_a_conversation_went(redis_server: PrivateRedi
         theirs = peer.backends[0].choose(affinity=later)
         assert theirs is not None and theirs.reason == "prefix"
         assert theirs.replica.base_url == target.base_url  # type: ignore[attr-defined]
-    finally:
-        for client in clients:
-            await client.aclose()
 
 
 async def test_sessions_are_shared_and_a_lost_redis_only_delays_them(redis_server: PrivateRedis) -> None:
     here, peer = _pool("session_affinity"), _pool("session_affinity")
-    clients = [redis_client(redis_server.url, 0.3, decode=True) for _ in range(2)]
-    try:
-        hints_here = share_hints(here.backends, clients[0], "t:")
-        hints_peer = share_hints(peer.backends, clients[1], "t:")
-        assert hints_here is not None and hints_peer is not None
+    async with _gateways(redis_server, here, peer, redis_timeout=0.3) as (hints_here, hints_peer):
         assert await hints_peer.sync()  # the peer has read the (empty) stream up to now
         redis_server.stop()
         backend = here.backends[0]
@@ -94,9 +100,6 @@ async def test_sessions_are_shared_and_a_lost_redis_only_delays_them(redis_serve
         peer_choice = peer.backends[0].choose(affinity=Affinity(session=12345))
         assert peer_choice is not None and peer_choice.reason == "session"
         assert peer_choice.replica.base_url == choice.replica.base_url  # type: ignore[attr-defined]
-    finally:
-        for client in clients:
-            await client.aclose()
 
 
 def test_least_outstanding_backends_share_nothing() -> None:
@@ -129,33 +132,28 @@ async def test_placements_made_while_a_hanging_redis_fails_a_sync_are_the_ones_k
     """While Redis is away the buffer keeps the newest placements (the oldest go first), also those made
     during the sync that fails: the newest placement of a session is the one peers must learn."""
     here, peer = _pool("session_affinity"), _pool("session_affinity")
-    clients = [redis_client(redis_server.url, 0.5, decode=True) for _ in range(2)]
-    try:
-        hints_here = share_hints(here.backends, clients[0], "t:")
-        hints_peer = share_hints(peer.backends, clients[1], "t:")
-        assert hints_here is not None and hints_peer is not None
-        assert await hints_here.sync() and await hints_peer.sync()  # connected; the stream read up to now
-        backend = here.backends[0]
-        for key in range(1, MAX_PENDING + 1):  # a full buffer of older placements, all on URLS[0]
-            hints_here.publish(backend, key, URLS[0])
-        redis_server.pause()  # Redis hangs: the next sync's calls time out
-        syncing = asyncio.create_task(hints_here.sync())
-        await asyncio.sleep(0)  # the sync takes the buffer and waits for Redis
-        hints_here.publish(backend, 424242, URLS[1])  # a session placed meanwhile
-        assert not await syncing
-        redis_server.resume()
-        assert await hints_here.sync()
-        applied = -1
-        while hints_peer.applied != applied:  # read the stream to its end (READ_COUNT entries a sync)
-            applied = hints_peer.applied
-            assert await hints_peer.sync()
-        choice = peer.backends[0].choose(affinity=Affinity(session=424242))
-        assert choice is not None and choice.reason == "session"
-        assert choice.replica.base_url == URLS[1]  # type: ignore[attr-defined]
-    finally:
-        redis_server.resume()
-        for client in clients:
-            await client.aclose()
+    async with _gateways(redis_server, here, peer, redis_timeout=0.5) as (hints_here, hints_peer):
+        try:
+            assert await hints_here.sync() and await hints_peer.sync()  # connected; the stream read up to now
+            backend = here.backends[0]
+            for key in range(1, MAX_PENDING + 1):  # a full buffer of older placements, all on URLS[0]
+                hints_here.publish(backend, key, URLS[0])
+            redis_server.pause()  # Redis hangs: the next sync's calls time out
+            syncing = asyncio.create_task(hints_here.sync())
+            await asyncio.sleep(0)  # the sync takes the buffer and waits for Redis
+            hints_here.publish(backend, 424242, URLS[1])  # a session placed meanwhile
+            assert not await syncing
+            redis_server.resume()
+            assert await hints_here.sync()
+            applied = -1
+            while hints_peer.applied != applied:  # read the stream to its end (READ_COUNT entries a sync)
+                applied = hints_peer.applied
+                assert await hints_peer.sync()
+            choice = peer.backends[0].choose(affinity=Affinity(session=424242))
+            assert choice is not None and choice.reason == "session"
+            assert choice.replica.base_url == URLS[1]  # type: ignore[attr-defined]
+        finally:
+            redis_server.resume()
 
 
 async def test_a_peers_late_placement_on_a_lost_replica_does_not_pull_the_conversation_back(
@@ -164,11 +162,7 @@ async def test_a_peers_late_placement_on_a_lost_replica_does_not_pull_the_conver
     """A replica that went down here loses its prefixes and, when it returns (its cache gone), does not
     pull them back: not even through a peer that had not noticed yet and placed the conversation there."""
     here, peer = _pool("cache_aware"), _pool("cache_aware")
-    clients = [redis_client(redis_server.url, 1.0, decode=True) for _ in range(2)]
-    try:
-        hints_here = share_hints(here.backends, clients[0], "t:")
-        hints_peer = share_hints(peer.backends, clients[1], "t:")
-        assert hints_here is not None and hints_peer is not None
+    async with _gateways(redis_server, here, peer) as (hints_here, hints_peer):
         assert await hints_here.sync() and await hints_peer.sync()
         backend = here.backends[0]
         lost = backend.replicas[0]
@@ -186,6 +180,3 @@ async def test_a_peers_late_placement_on_a_lost_replica_does_not_pull_the_conver
         later = backend.choose(affinity=Affinity(blocks=prefix_blocks(_turn(2))))
         assert later is not None
         assert later.reason == "load", f"{later.reason} on {later.replica.base_url}"  # type: ignore[attr-defined]
-    finally:
-        for client in clients:
-            await client.aclose()
