@@ -16,6 +16,11 @@ requests). Here:
   the first byte of its next request on a keep-alive connection, is answered 408 and closed (or
   closed, when it sent nothing). A request whose head is complete is the app's: its body has
   ``server.body_timeout`` (:func:`gateway.protocol.read_body`), its answer no limit;
+- a request answered before its body was read (401, 404, 413, the body timeout's 408) has the rest of
+  its body read and dropped for at most ``head_timeout`` seconds after the answer, then the connection
+  is closed; once that body has ended the connection is idle, and closed after the keep-alive timeout.
+  (The body's bytes stopped uvicorn's keep-alive timer and no other timer ran: a client trickling a
+  byte now and then, or going quiet after the body, held the connection for ever);
 - requests pipelined ahead of the answers are read on only once the queued ones are answered, and
   more than :data:`MAX_PIPELINED` queued at once (a single socket read can hold thousands) end the
   connection: the queued ones are answered, the last with ``Connection: close``, the rest are not read.
@@ -75,6 +80,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # the ones read (a refusal, or nothing but the close).
         self._last_word: Callable[[], None] | None = None
         self._running: RequestResponseCycle | None = None  # the request being answered
+        # Armed while the rest of an answered request's body is read and dropped (see the module).
+        self._discard_timer: asyncio.TimerHandle | None = None
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         self._running = cycle
@@ -87,6 +94,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_discard_timer()
         # uvicorn tells only ``self.cycle``, the last request parsed, that the client is gone: with
         # requests queued behind it, the one being answered never learnt it (its upstream call ran on,
         # and writing its answer raised on the closed transport: an "unhandled error" logged).
@@ -150,6 +158,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
+        # A head read in the same socket read as the end of a dropped body (which armed the keep-alive
+        # timer): the connection is not idle any more.
+        self._unset_keepalive_if_required()
         if len(self.pipeline) >= MAX_PIPELINED:
             # The queued ones are answered, the last with Connection: close; the raise stops the parser
             # (no more queued requests from this read), and later reads are dropped.
@@ -168,6 +179,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._last_word()
             self.transport.close()
             return
+        if not self._in_head and self._idle() and not self.pipeline:
+            # Answered before its body was read whole: the rest is dropped as it comes, within a limit.
+            self._cancel_discard_timer()
+            self._discard_timer = self.loop.call_later(self.head_timeout, self._discard_timed_out)
         if self.pipeline:
             # uvicorn resumes reading after every answer: a client pipelining requests without reading
             # the answers then queued one more socket read of requests (thousands) per answer, without
@@ -180,6 +195,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._completed += 1
         super().on_message_complete()
+        if self._discard_timer is not None:
+            # The answered request's body has ended: the connection is idle, as after any answer.
+            self._cancel_discard_timer()
+            if not self.transport.is_closing() and self._idle():
+                self._unset_keepalive_if_required()
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
 
     def send_400_response(self, msg: str) -> None:
         # OpenAI-shaped with the gateway's headers (uvicorn's is a text/plain line), after the answers
@@ -198,6 +221,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def _cancel_discard_timer(self) -> None:
+        if self._discard_timer is not None:
+            self._discard_timer.cancel()
+            self._discard_timer = None
+
+    def _discard_timed_out(self) -> None:
+        self._discard_timer = None
+        if not self.transport.is_closing() and not self._in_head and self._idle():
+            self.transport.close()  # its request was answered: nothing more to say
 
     def _head_timed_out(self) -> None:
         self._head_timer = None

@@ -307,3 +307,51 @@ def test_a_malformed_request_is_an_openai_shaped_400(gateway: GatewayProcess, re
         assert error["type"] == "invalid_request_error" and error["code"] == "invalid_http_request"
         assert _closed(sock)
     _health(gateway)
+
+
+def _answered_before_its_body(sock: socket.socket, length: int) -> None:
+    """Send the head of a request the gateway answers without reading its body (an unknown path: 404)
+    and the body's first bytes, and read the answer: ``length - 10`` bytes of body are still to come."""
+    sock.sendall(b"POST /v1/no-such-endpoint HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                 % (length, b"x" * 10))
+    status, _ = _answer(sock)
+    assert status == 404
+
+
+def test_a_body_trickled_after_its_answer_does_not_hold_the_connection(gateway: GatewayProcess) -> None:
+    # After an early answer (401, 404, 413, the body timeout's 408) the rest of the body is read and
+    # dropped, and no timer ran meanwhile: a byte every quarter second held the connection for ever,
+    # past every configured timeout.
+    with _connect(gateway) as sock:
+        _answered_before_its_body(sock, 1 << 20)
+        sock.settimeout(0.25)
+        closed = False
+        for _ in range(int(WAIT / 0.25)):  # the client's pace, bounded by WAIT
+            try:
+                sock.sendall(b"x")
+                closed = sock.recv(1) == b""
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+            if closed:
+                break
+    assert closed, "the gateway still reads the rest of an answered request's body"
+
+
+def test_a_connection_idle_after_an_answered_requests_body_is_closed(gateway: GatewayProcess) -> None:
+    # The rest of the body arrived after the answer; then nothing: the keep-alive timeout (cancelled by
+    # the body's bytes, never armed again) no longer ran, and the idle connection was held for ever.
+    with _connect(gateway) as sock:
+        _answered_before_its_body(sock, 100)
+        sock.sendall(b"x" * 90)
+        assert _closed(sock)
+
+
+def test_the_next_request_after_an_answered_requests_body_is_served(gateway: GatewayProcess) -> None:
+    # The rest of the body is dropped, and the keep-alive connection serves the next request.
+    with _connect(gateway) as sock:
+        _answered_before_its_body(sock, 100)
+        sock.sendall(b"x" * 90 + _chat())
+        status, body = _answer(sock)
+    assert status == 200, body
