@@ -221,6 +221,19 @@ def _probe(path: str, config_path: str | None) -> int:
     return 1 if failed else 0
 
 
+def _port(text: str) -> int:
+    """``--port`` (argparse ``type``): 0 to 65535, as ``server.port`` is checked in a config file. The
+    override is applied to the parsed config, around that check: 70000 served on port 4464 (the OS
+    takes the port modulo 65536) while the log said 70000."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is outside 0 to 65535")
+    return port
+
+
 def _split_header(text: str) -> tuple[str, str]:
     """``--header NAME:VALUE`` (argparse ``type``): a usage error without the colon or a name."""
     name, colon, value = text.partition(":")
@@ -283,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_serve = sub.add_parser("serve", help="run the gateway (no --config: embedded local model)")
     p_serve.add_argument("--config", help="YAML config file")
     p_serve.add_argument("--host", help="bind address (overrides server.host)")
-    p_serve.add_argument("--port", type=int, help="port (overrides server.port)")
+    p_serve.add_argument("--port", type=_port, help="port (overrides server.port), 0 to 65535")
     p_check = sub.add_parser("check-config", help="validate a config file and exit")
     p_check.add_argument("config", nargs="?", help="YAML config file")
     p_check.add_argument("--config", dest="config_flag", metavar="CONFIG", help="the same, as other commands take it")
