@@ -383,7 +383,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "hash-key":
-        key = sys.stdin.readline().strip() if args.key == "-" else args.key
+        # Stripped as the gateway strips the bearer token it hashes: a pasted key's stray space or
+        # newline made a digest no request matched, and an empty key one no request can present.
+        key = (sys.stdin.readline() if args.key == "-" else args.key).strip()
+        if not key:
+            p_hash.error("the key is empty (an unset variable piped into 'hash-key -'?): no request could present it")
         print(hash_key(key))
         return 0
     if args.command == "probe":

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from gateway.auth import KeyChecker
+from gateway.cli import main
+from gateway.config import ApiKey
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -34,3 +39,29 @@ def test_a_port_outside_0_to_65535_is_a_usage_error_not_another_port(tmp_path: P
     assert result.returncode == 2, result.stderr
     assert "--port" in result.stderr and "0 to 65535" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and "running on" not in result.stderr
+
+
+def test_hash_key_of_nothing_is_a_usage_error_not_a_digest_no_request_can_match(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `echo "$UNSET" | pointsman hash-key -` printed sha256("") and exited 0: a key in auth.api_keys that
+    # no client can ever present ("Authorization: Bearer " is a missing key), so every client got a 401.
+    for args, stdin in ((["hash-key", ""], ""), (["hash-key", "-"], "\n"), (["hash-key", "-"], "")):
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        with pytest.raises(SystemExit) as exited:
+            main(args)
+        captured = capsys.readouterr()
+        assert exited.value.code == 2 and captured.out == "", (args, captured)
+        assert "the key is empty" in captured.err
+
+
+def test_hash_key_digests_the_key_as_the_gateway_reads_it_from_the_header(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The gateway strips the bearer token before hashing it (HTTP drops a header value's outer white
+    # space anyway), so a key pasted with a space or a newline around it had a digest that never matched.
+    for pasted in ("sk-team-123", " sk-team-123", "sk-team-123\n", "\tsk-team-123  "):
+        assert main(["hash-key", pasted]) == 0
+        digest = capsys.readouterr().out.strip()
+        checker = KeyChecker([ApiKey(name="team", sha256=digest)])
+        assert checker.tenant_for("Bearer sk-team-123") == "team", repr(pasted)
