@@ -100,6 +100,7 @@ def stop_when_client_leaves(stats: Stats) -> None:
     ends the completion normally (``finish_reason: length``), so nothing downstream sees an error.
     The prompt's own evaluation is not interrupted (it is bounded by the small ``n_ctx``).
     """
+    import llama_cpp
     import llama_cpp.llama as llama
 
     original = llama.Llama.generate
@@ -123,7 +124,9 @@ def stop_when_client_leaves(stats: Stats) -> None:
                     completed = True
                     return
                 stats.add("tokens_generated")
-                if counts is not None:
+                # The end-of-generation token ends the answer without being part of it: the completion
+                # leaves it out of its text and its usage, and so does the stream's usage chunk.
+                if counts is not None and not llama_cpp.llama_vocab_is_eog(self._model.vocab, token):
                     counts.completion += 1
                 reply = yield token
         finally:

@@ -370,3 +370,24 @@ async def test_a_stream_asking_for_usage_ends_with_the_usage_chunk(http: httpx.A
     async with http.stream("POST", path, json=body) as response:
         lines = [line async for line in response.aiter_lines() if line.startswith("data: {")]
     assert all(json.loads(line.removeprefix("data: "))["choices"] for line in lines)
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+async def test_a_streams_usage_counts_the_tokens_of_an_answer_ended_by_the_model(
+    http: httpx.AsyncClient, path: str
+) -> None:
+    # The end-of-generation token (<|im_end|>) was counted as a completion token of the stream's usage
+    # chunk, though it is not part of the answer and the unstreamed answer's usage leaves it out: every
+    # streamed answer that ended by itself was billed (and quota-charged) one token more.
+    body = chat(max_tokens=64) if path == "/chat/completions" else {
+        "model": MODEL, "prompt": "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n",
+        "max_tokens": 64, "temperature": 0}
+    plain = (await http.post(path, json=body)).json()
+    assert plain["choices"][0]["finish_reason"] == "stop", plain  # ended by the model, not by max_tokens
+    events = []
+    async with http.stream("POST", path, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line.removeprefix("data: ")))
+    assert events[-1]["usage"] == plain["usage"]
