@@ -431,7 +431,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _run(serve(config))
     except ConfigError as exc:
-        print(f"pointsman: {exc}", file=sys.stderr)
+        if config.logging.format == "json":  # stderr is JSON lines from here on: this one too
+            log.error("%s", exc)
+        else:
+            print(f"pointsman: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,21 @@ def test_hash_key_digests_the_key_as_the_gateway_reads_it_from_the_header(
         digest = capsys.readouterr().out.strip()
         checker = KeyChecker([ApiKey(name="team", sha256=digest)])
         assert checker.tenant_for("Bearer sk-team-123") == "team", repr(pasted)
+
+
+def test_with_json_logs_a_start_up_failure_is_one_json_line_too(tmp_path: Path) -> None:
+    # logging.format: json promises one JSON object per line on stderr; the line saying why the gateway
+    # would not start (here: a store.path that is a directory) was printed as plain text, which a log
+    # pipeline parsing JSON drops or flags: the one line an operator of a crash-looping gateway needs.
+    taken = tmp_path / "a-directory"
+    taken.mkdir()
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({**CONFIG, "store": {"path": str(taken)}, "logging": {"format": "json"}}))
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", "0"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines, "nothing said why the gateway did not start"
+    entries = [json.loads(line) for line in lines]  # every line is one JSON object
+    [fatal] = [e for e in entries if e["level"] == "error"]
+    assert "cannot open the decision store" in fatal["message"] and str(taken) in fatal["message"], fatal
