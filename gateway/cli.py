@@ -122,6 +122,10 @@ async def serve(config: Config) -> None:
     if brain.shared_state is not None:  # Redis down or a wrong URL: say so now, not in a traceback
         await brain.shared_state.start()
         await brain.shared_state.close()
+    elif config.shared_state.kind == "redis":  # the response cache's Redis: its URL is read at least
+        from gateway.shared_state import redis_client
+
+        await redis_client(config.shared_state.url, config.shared_state.timeout, decode=False).aclose()
     local = None
     if config.local_model.enabled:
         from gateway.local_model import LocalModelServer

@@ -178,15 +178,19 @@ class RedisKnobWindow:
 def redis_client(url: str, timeout: float, *, decode: bool) -> Any:
     """A ``redis.asyncio`` client whose every call is bounded by ``timeout`` seconds and never retried:
     redis-py's default (10 retries with exponential back-off) turns a Redis that is down into seconds
-    per call, while each feature handles one failed call itself (``shared_state.fail``)."""
+    per call, while each feature handles one failed call itself (``shared_state.fail``). Connects lazily;
+    :class:`ConfigError` when ``url`` carries an option redis-py cannot read."""
     import redis.asyncio as redis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
-    return redis.Redis.from_url(
-        url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=decode,
-        retry=Retry(NoBackoff(), 0),
-    )
+    try:
+        return redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=decode,
+            retry=Retry(NoBackoff(), 0),
+        )
+    except ValueError as exc:  # an option in the URL's query it cannot read (?socket_timeout=5s); no password
+        raise ConfigError(f"shared_state.url: {exc}") from None
 
 
 class SharedState:

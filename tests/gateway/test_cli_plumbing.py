@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -84,3 +85,26 @@ def test_with_json_logs_a_start_up_failure_is_one_json_line_too(tmp_path: Path) 
     entries = [json.loads(line) for line in lines]  # every line is one JSON object
     [fatal] = [e for e in entries if e["level"] == "error"]
     assert "cannot open the decision store" in fatal["message"] and str(taken) in fatal["message"], fatal
+
+
+@pytest.mark.parametrize("user", [
+    {"limits": {"routes": {"auto": {"requests_per_minute": 10}}}},  # rate limits kept in the shared state
+    {"routes": [{"name": "auto", "model": "m", "cache": {"mode": "exact"}}]},  # the response cache's entries
+], ids=["limits", "cache"])
+def test_a_redis_url_option_redis_cannot_read_stops_start_up_with_a_message_not_a_traceback(
+    tmp_path: Path, user: dict[str, Any]
+) -> None:
+    # redis-py reads options from the URL's query (?socket_timeout=5): one it cannot parse raised its
+    # ValueError out of the start-up check (limits) or of the app's start-up (cache), so `pointsman serve`
+    # died with a traceback (exit 1 or 3) on a config `pointsman check-config` calls ok. The password
+    # must not be shown either.
+    url = "redis://:SECRET-PW-42@127.0.0.1:1/0?socket_timeout=5s"
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({
+        **CONFIG, "store": {"path": str(tmp_path / "d.db")}, **user, "shared_state": {"kind": "redis", "url": url},
+    }))
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", "0"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "SECRET-PW-42" not in result.stderr, result.stderr
+    assert "shared_state.url" in result.stderr and "socket_timeout" in result.stderr, result.stderr
