@@ -23,6 +23,7 @@ from gateway.defaults import embedded_default, with_local_backend
 from gateway.errors import ConfigError
 from gateway.http_protocol import protocol_for
 from gateway.logs import configure as configure_logging
+from gateway.tracing import preflight as tracing_preflight
 from gateway.workflows import preflight as workflow_preflight
 from policies.base import PolicyError
 
@@ -421,6 +422,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             RoutingBrain(config)
             workflow_preflight(config)
             local_model_conflicts(config)
+            tracing_preflight(config.tracing)  # the otel extra is installed
+            if config.shared_state.kind == "redis":  # redis-py reads the URL's options (connects nothing)
+                from gateway.shared_state import redis_client
+
+                redis_client(config.shared_state.url, config.shared_state.timeout, decode=False)
         except ConfigError as exc:
             print(f"pointsman: {exc}", file=sys.stderr)
             return 2

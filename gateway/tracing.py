@@ -132,21 +132,43 @@ def build_tracer(config: TracingConfig, exporter: Any = None) -> Tracer | None:
     Raises :class:`ConfigError` when tracing is on but the ``otel`` extra is not installed."""
     if not config.enabled:
         return None
-    try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-    except ImportError as exc:
-        raise ConfigError(
-            "tracing.enabled: OpenTelemetry is not installed; pip install 'pointsman[otel]' "
-            f"(or turn tracing off): {exc}"
-        ) from exc
+    preflight(config, exporter=exporter is None)
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
     provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif config.exporter != "none":
         provider.add_span_processor(BatchSpanProcessor(_exporter(config)))
     return Tracer(provider, config.service_name)
+
+
+def preflight(config: TracingConfig, *, exporter: bool = True) -> None:
+    """:class:`ConfigError` when tracing is on but what it needs is not installed (the ``otel`` extra,
+    and with ``exporter`` the OTLP exporter ``exporter: otlp`` needs); builds nothing (``pointsman
+    check-config`` runs it)."""
+    if not config.enabled:
+        return
+    try:
+        import opentelemetry.sdk.resources
+        import opentelemetry.sdk.trace
+        import opentelemetry.sdk.trace.export
+    except ImportError as exc:
+        raise ConfigError(
+            "tracing.enabled: OpenTelemetry is not installed; pip install 'pointsman[otel]' "
+            f"(or turn tracing off): {exc}"
+        ) from exc
+    if exporter and config.exporter == "otlp":
+        try:
+            import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(_NO_OTLP + f": {exc}") from exc
+
+
+_NO_OTLP = ("tracing.exporter: otlp needs opentelemetry-exporter-otlp-proto-http (pip install 'pointsman[otel]'), "
+            "or use exporter: console or none")
 
 
 def _exporter(config: TracingConfig) -> Any:
@@ -157,8 +179,5 @@ def _exporter(config: TracingConfig) -> Any:
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError as exc:
-        raise ConfigError(
-            "tracing.exporter: otlp needs opentelemetry-exporter-otlp-proto-http "
-            f"(pip install 'pointsman[otel]'), or use exporter: console or none: {exc}"
-        ) from exc
+        raise ConfigError(_NO_OTLP + f": {exc}") from exc
     return OTLPSpanExporter(endpoint=config.endpoint) if config.endpoint else OTLPSpanExporter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import io
 import json
 import subprocess
@@ -108,3 +109,29 @@ def test_a_redis_url_option_redis_cannot_read_stops_start_up_with_a_message_not_
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "SECRET-PW-42" not in result.stderr, result.stderr
     assert "shared_state.url" in result.stderr and "socket_timeout" in result.stderr, result.stderr
+
+
+def test_check_config_refuses_what_serve_would_refuse_before_connecting_to_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # check-config "runs the same pre-flight as serve", starting nothing: it said ok for a shared_state.url
+    # option redis-py cannot read and for tracing without the otel extra, both of which stop serve.
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({**CONFIG, "shared_state": {"kind": "redis",
+                                                              "url": "redis://127.0.0.1:1/0?socket_timeout=5s"}}))
+    assert main(["check-config", str(path)]) == 2
+    assert "shared_state.url: Invalid value for 'socket_timeout'" in capsys.readouterr().err
+
+    real_import = builtins.__import__
+
+    def no_sdk(name: str, *args: Any, **kwargs: Any) -> Any:  # the otel extra not installed
+        if name.startswith("opentelemetry.sdk"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    path.write_text(yaml.safe_dump({**CONFIG, "tracing": {"enabled": True}}))
+    assert main(["check-config", str(path)]) == 0  # installed here
+    capsys.readouterr()
+    monkeypatch.setattr(builtins, "__import__", no_sdk)
+    assert main(["check-config", str(path)]) == 2
+    assert "tracing.enabled: OpenTelemetry is not installed" in capsys.readouterr().err
