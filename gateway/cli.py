@@ -384,6 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "forget":
         if args.tenant is None and args.request_id is None and not args.purge_expired:
             p_forget.error("give --tenant, --request-id or --purge-expired")
+        if args.cache_redis and args.tenant is None:  # cache keys carry a tenant's digest, no request id
+            p_forget.error("--cache-redis deletes a tenant's response-cache entries: it needs --tenant (with "
+                           "--request-id or --purge-expired the cache is not touched: its entries end with their TTL)")
         return _forget(args)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

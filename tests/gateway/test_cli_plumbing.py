@@ -135,3 +135,18 @@ def test_check_config_refuses_what_serve_would_refuse_before_connecting_to_anyth
     monkeypatch.setattr(builtins, "__import__", no_sdk)
     assert main(["check-config", str(path)]) == 2
     assert "tracing.enabled: OpenTelemetry is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("who", [["--request-id", "psm-0123"], ["--purge-expired"]])
+def test_forget_cache_redis_without_a_tenant_is_a_usage_error_not_silently_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], who: list[str]
+) -> None:
+    # The response cache is forgotten per tenant only (its keys carry a digest of the tenant): with
+    # --request-id the Redis URL was accepted and ignored, and the command exited 0 having deleted the
+    # stored decision but not the cached answer, which the operator had asked to delete too.
+    store = tmp_path / "d.db"
+    with pytest.raises(SystemExit) as exited:
+        main(["forget", "--store", str(store), *who, "--cache-redis", "redis://127.0.0.1:1/0"])
+    captured = capsys.readouterr()
+    assert exited.value.code == 2 and captured.out == "", captured
+    assert "--cache-redis" in captured.err and "--tenant" in captured.err
