@@ -59,6 +59,9 @@ _HEAD_TOO_LARGE = f"the request head is over {MAX_HEAD_BYTES} bytes"
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 _CODES = {400: "invalid_http_request", 408: "request_timeout", 431: "request_header_fields_too_large"}
 _TCP_ESTABLISHED = 1  # Linux's tcp_states.h; after the client's FIN: CLOSE_WAIT, after a reset: CLOSE
+#: Scope key of a request's ``abort()``: drops its connection at once, bytes not yet written included
+#: (a stream to a client that stopped reading: ``gateway/streaming.py``).
+ABORT_KEY = "pointsman.abort"
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -86,6 +89,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         self._running = cycle
         cycle.scope[SCOPE_KEY] = ClientGone()  # type: ignore[literal-required]  # fired in connection_lost
+        cycle.scope[ABORT_KEY] = self.transport.abort  # type: ignore[literal-required]
         super()._start_asgi_task(cycle, app)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

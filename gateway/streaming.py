@@ -6,7 +6,10 @@ workflow's final stage passes its bytes through one that puts the workflow's tot
 stream's last chunk (``gateway/workflows/sse.py``). If the upstream breaks mid-stream, sends an
 event that is not JSON or one that never ends, the client gets one OpenAI-shaped error event (never
 glued to half an event) and the stream ends; if the client leaves, the upstream connection is
-dropped at once so the model stops generating.
+dropped at once so the model stops generating. A client that stops reading (its socket takes no more
+bytes) is cut off like one that left once none of the stream has gone out for the backend's ``idle``
+timeout: waiting for it ran no deadline, and held the upstream connection, the replica's slot and the
+request's record for ever.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from gateway.forward import OpenedStream
+from gateway.http_protocol import ABORT_KEY
 from gateway.sse_frames import EventTooLarge, SSEFramer, event_data
 from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamFailure
@@ -57,6 +61,10 @@ class ProxyStream:
         self._scanner = scanner or SSEUsageScanner()
         self._rewrite = rewrite  # None (every proxied stream): the upstream's bytes as they are
         self._client_done = False
+        # When the write to the client under way began (None between writes), for the stall watchdog.
+        self._sending_since: float | None = None
+        self._stalled = False
+        self._watchdog: asyncio.TimerHandle | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         trace = self._trace
@@ -70,18 +78,23 @@ class ProxyStream:
         )
         pump = asyncio.ensure_future(self._pump(send))
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        self._watch_sends(pump)
         try:
             await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
             if not pump.done() and self._client_done:
-                await pump  # the client has its whole answer; only the upstream's tail remains
-            elif not pump.done():
+                # The client has its whole answer; only the upstream's tail remains (or its last write).
+                await asyncio.wait((pump,))
+            if self._stalled:
+                await asyncio.wait((pump,))  # cancelled by the watchdog
+                await self._cut_off(scope)
+            elif pump.done():
+                pump.result()  # re-raise bugs rather than hiding them
+            else:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
                 trace.outcome = "client_disconnected"
                 self._opened.finish(ok=False)
-            else:
-                pump.result()  # re-raise bugs rather than hiding them
         except BaseException:
             pump.cancel()
             if trace.outcome == "ok":
@@ -90,7 +103,39 @@ class ProxyStream:
             raise
         finally:
             watcher.cancel()
+            if self._watchdog is not None:
+                self._watchdog.cancel()
             self._on_done(self._trace, self._scanner)
+
+    def _watch_sends(self, pump: asyncio.Future[None]) -> None:
+        """Cancel ``pump`` once one write to the client has waited the backend's idle timeout (the
+        client stopped reading); checked once per idle timeout at most, not per write."""
+        idle = self._opened.response.idle
+        since = self._sending_since
+        now = time.perf_counter()
+        if since is not None and now - since >= idle:
+            self._stalled = True
+            pump.cancel()
+            return
+        delay = idle if since is None else since + idle - now
+        self._watchdog = asyncio.get_running_loop().call_later(delay, self._watch_sends, pump)
+
+    async def _send(self, send: Send, body: bytes, more_body: bool) -> None:
+        self._sending_since = time.perf_counter()
+        await send({"type": "http.response.body", "body": body, "more_body": more_body})
+        self._sending_since = None
+
+    async def _cut_off(self, scope: Scope) -> None:
+        """End the stream of a client that stopped reading: the upstream is dropped, and so is the
+        client's connection (closing it would wait for it to take the bytes it does not read)."""
+        trace = self._trace
+        trace.outcome, trace.error_type = "client_disconnected", "client_stalled"
+        trace.error_message = f"the client read none of the stream for {self._opened.response.idle:g}s"
+        self._opened.finish(ok=False)
+        abort = scope.get(ABORT_KEY)
+        if callable(abort):
+            abort()
+            await asyncio.sleep(0)  # the server learns of the lost connection: the answer is not "incomplete"
 
     async def _settle_upstream(self) -> None:
         """After ``[DONE]``: give the upstream a moment to end its body so its connection can be
@@ -122,13 +167,13 @@ class ProxyStream:
                     ready = self._rewrite(ready)
                 if failure is not None:
                     if ready:
-                        await send({"type": "http.response.body", "body": ready, "more_body": True})
+                        await self._send(send, ready, True)
                     raise failure
                 if scanner.upstream_error is not None:
                     # The upstream streamed an error object (the client's SDK raises it): the answer
                     # has failed, whatever may follow it.
                     self._client_done = True
-                    await send({"type": "http.response.body", "body": ready, "more_body": False})
+                    await self._send(send, ready, False)
                     self._failed("upstream_error", f"the upstream streamed an error (code {scanner.upstream_error})")
                     opened.finish(ok=False, failure=UpstreamFailure("status", "error event", status=500))
                     return
@@ -136,11 +181,11 @@ class ProxyStream:
                     # [DONE] is terminal: finish the client's response now instead of waiting for the
                     # upstream to close (some servers keep the stream open after it).
                     self._client_done = True
-                    await send({"type": "http.response.body", "body": ready, "more_body": False})
+                    await self._send(send, ready, False)
                     await self._settle_upstream()
                     return
                 if ready:
-                    await send({"type": "http.response.body", "body": ready, "more_body": True})
+                    await self._send(send, ready, True)
                 chunk = await opened.response.next_chunk()
                 if not chunk:
                     break
@@ -150,7 +195,7 @@ class ProxyStream:
             self._failed(failure.kind, failure.message)
             opened.finish(ok=False, failure=failure)
             event = error_event(f"upstream stream failed: {failure.message}", "upstream_error", failure.kind)
-            await send({"type": "http.response.body", "body": event, "more_body": False})
+            await self._send(send, event, False)
             return
         except OSError:
             # The client's socket went away under us (uvicorn raises on send after a disconnect).
@@ -167,14 +212,14 @@ class ProxyStream:
                 # A rewriter may hold events until [DONE] (a workflow's finish chunk, which gets its
                 # extension then): it reads whole events only, so this one gets its blank line.
                 rest = self._rewrite(rest.rstrip(b"\r\n") + b"\n\n")
-            await send({"type": "http.response.body", "body": rest, "more_body": False})
+            await self._send(send, rest, False)
             return
         # The body ended without [DONE] (an event cut short is dropped, never half-sent): the answer was
         # cut short upstream, or never began (a stream of keep-alives only).
         self._failed("truncated", "upstream stream ended without [DONE]")
         opened.finish(ok=False, failure=UpstreamFailure("reset", "stream ended without [DONE]"))
         event = error_event("upstream stream ended without [DONE]", "upstream_error", "truncated")
-        await send({"type": "http.response.body", "body": event, "more_body": False})
+        await self._send(send, event, False)
 
     def _whole_events(self, framer: SSEFramer, chunk: bytes) -> tuple[bytes, UpstreamFailure | None]:
         """The bytes of the whole events ``chunk`` completes, up to ``[DONE]`` or an upstream error

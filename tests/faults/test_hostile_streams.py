@@ -9,10 +9,14 @@ JSON decoding error from half an event), and the decision record says what happe
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from openai import OpenAI
 
@@ -62,6 +66,15 @@ async def _endless_event(writer: asyncio.StreamWriter, body: dict[str, Any]) -> 
     writer.write(b'"}\n\n' + DONE)
 
 
+async def _flood(writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
+    writer.write(head())
+    event = chunk_event("x" * 1000)
+    for _ in range(64 << 10):  # 64 MB: far more than the sockets between here and the client hold
+        writer.write(event)
+        await writer.drain()
+    writer.write(DONE)
+
+
 SCRIPTS: dict[str, Script] = {
     "split-crlf": _writes(
         chunk_event("Hel").replace(b"\n", b"\r\n")[:17], chunk_event("Hel").replace(b"\n", b"\r\n")[17:-1],
@@ -77,8 +90,9 @@ SCRIPTS: dict[str, Script] = {
     "keepalives-after-done": _keepalives_after_done,
     "endless-event": _endless_event,
     "endless-keepalives": _endless_keepalives,
+    "flood": _flood,
 }
-SHORT = {"endless-keepalives"}  # served by a backend with a total timeout of 1.5 s
+SHORT = {"endless-keepalives", "flood"}  # served by a backend with a total timeout of 1.5 s (idle 1 s)
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +214,31 @@ def test_a_stream_cut_by_the_total_timeout_says_so_not_stalled(client: OpenAI, g
     request_id, texts, error = _read(client, "endless-keepalives")
     assert texts == ["a"] and isinstance(error, openai.APIError), repr(error)
     assert gateway.decision(request_id)["error_type"] == "total_timeout"
+
+
+def test_a_client_that_stops_reading_a_stream_does_not_hold_it(
+    gateway: GatewayProcess, hostile: HostileUpstream
+) -> None:
+    # A client that read the headers and then nothing: the gateway blocked on writing to it for ever (no
+    # deadline runs while it waits for the client), holding the upstream connection, the replica's slot
+    # (max_concurrency such clients shut a backend) and the request's record. It is cut off once it has
+    # taken none of the stream for the backend's idle timeout, like an upstream that stalls.
+    body = orjson.dumps({"model": "flood", "stream": True, "messages": MESSAGES})
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        sock.settimeout(60)
+        sock.connect(("127.0.0.1", gateway.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += sock.recv(1024)
+        request_id = re.search(rb"x-pointsman-request-id: (psm-[0-9a-f]+)", received)
+        assert request_id is not None, received
+        # ... and reads no more.
+        record = gateway.decision(request_id.group(1).decode(), timeout=60)
+        assert record["outcome"] == "client_disconnected" and record["error_type"] == "client_stalled", record
+        eventually(lambda: hostile.closed["flood"] == 1, "the upstream connection was dropped", timeout=30)
+        with contextlib.suppress(ConnectionResetError):  # the connection is closed (reset: its bytes unread)
+            while sock.recv(1 << 16):
+                pass
