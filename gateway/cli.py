@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import logging.handlers
 import sys
 import time
 from collections.abc import Sequence
@@ -390,6 +391,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _forget(args)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    early: logging.handlers.MemoryHandler | None = None
+    if args.command == "serve":
+        # What is logged while the config is read (its warnings) waits for the format the config asks
+        # for (JSON lines); if it cannot be read, the text handler above writes it.
+        early = logging.handlers.MemoryHandler(capacity=1 << 30, flushLevel=logging.CRITICAL + 1)
+        root = logging.getLogger()
+        early.setTarget(root.handlers[0] if root.handlers else logging.StreamHandler())
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        root.addHandler(early)
     if args.command == "hash-key":
         # Stripped as the gateway strips the bearer token it hashes: a pasted key's stray space or
         # newline made a digest no request matched, and an empty key one no request can present.
@@ -403,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config) if getattr(args, "config", None) else embedded_default()
     except ConfigError as exc:
+        if early is not None:
+            early.flush()  # the warnings read before the failure, as text
         print(f"pointsman: {exc}", file=sys.stderr)
         return 2
     if args.command == "route":
@@ -437,7 +450,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         experiments = f", {count} experiment{'s' if count > 1 else ''}" if count else ""
         print(f"{args.config}: ok ({len(config.backends)} backends, {len(config.routes)} routes{experiments})")
         return 0
-    configure_logging(config.logging)  # text or JSON lines, request ids, credentials masked
+    handler = configure_logging(config.logging)  # text or JSON lines, request ids, credentials masked
+    if early is not None:  # the config's own warnings, in that format
+        level = logging.getLogger().level
+        for record in early.buffer:
+            if record.levelno >= level:
+                handler.handle(record)
+        early.buffer.clear()
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         config = config.model_copy(update={"server": config.server.model_copy(update=overrides)})

@@ -150,3 +150,29 @@ def test_forget_cache_redis_without_a_tenant_is_a_usage_error_not_silently_skipp
     captured = capsys.readouterr()
     assert exited.value.code == 2 and captured.out == "", captured
     assert "--cache-redis" in captured.err and "--tenant" in captured.err
+
+
+def test_with_json_logs_warnings_about_the_config_itself_are_json_lines_too(tmp_path: Path) -> None:
+    # The config is read (and warns: a deprecated key, a shadowed guard) before its logging section is
+    # applied: those warnings went out through a plain-text handler, so the first lines of a JSON log
+    # were not JSON. They are held until the log is set up, then written in its format.
+    taken = tmp_path / "a-directory"  # a store that cannot be opened: the gateway stops right after
+    taken.mkdir()
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({**CONFIG, "store": {"path": str(taken)}, "logging": {"format": "json"},
+                                    "server": {"log_prompts": False}}))
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", "0"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    entries = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]  # every line is JSON
+    [warning] = [e for e in entries if "server.log_prompts is deprecated" in e["message"]]
+    assert warning["level"] == "warning" and warning["logger"] == "pointsman.config", warning
+
+
+def test_a_config_that_does_not_load_still_shows_the_warnings_read_before_it_failed(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({**CONFIG, "server": {"log_prompts": False}, "routes": "not a list"}))
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "server.log_prompts is deprecated" in result.stderr and "routes" in result.stderr, result.stderr
