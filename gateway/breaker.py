@@ -19,8 +19,9 @@ An ejected replica comes back in one of two ways:
 
 - a passing active health check (:meth:`CircuitBreaker.return_to_service`) closes the breaker at once;
 - otherwise after ``cooldown`` seconds it half-opens: one probe request is let through; a good answer
-  closes the breaker, a transport failure re-opens it for another cooldown, and a 5xx answer
-  re-opens it only if another replica is serving (it closes it otherwise, as above).
+  (for a stream: its first chunk) closes the breaker, a transport failure re-opens it for another
+  cooldown, and a 5xx answer re-opens it only if another replica is serving (it closes it otherwise,
+  as above).
 
 While open, the outcomes of requests sent before the ejection are ignored: a late success of one of
 them says nothing about the replica now. The window keeps ``_BUCKETS`` counters (fixed memory,
@@ -172,6 +173,13 @@ class CircuitBreaker:
                 and self.may_eject_for_errors()
             ):
                 self._trip("error_rate")
+
+    def stream_began(self) -> None:
+        """A streamed answer's first chunk is in: if the breaker is half-open, that is its probe's answer,
+        and it closes now rather than when the stream ends (minutes later for a long generation, every
+        other request refused meanwhile). How the stream ends is recorded as any outcome."""
+        if self._state is BreakerState.HALF_OPEN and self._probe_in_flight:
+            self._close()
 
     def record_success(self) -> None:
         """An HTTP answer below 500."""

@@ -231,6 +231,7 @@ class Forwarder:
                 if not first:
                     raise UpstreamFailure("malformed", "upstream closed the stream before sending any data")
                 handed_over = True
+                replica.breaker.stream_began()  # a half-open probe has its answer
                 return OpenedStream(
                     response=response, first_chunk=first, target=target, replica=replica, load_tokens=tokens,
                     content_type=_content_type(response.content_type, "text/event-stream"),

@@ -449,6 +449,43 @@ def test_without_health_checks_a_probe_after_the_cooldown_decides(
     assert all(_chat(gateway, "unchecked-ok", user).status_code == 200 for _ in range(3))
 
 
+def test_a_streamed_probe_that_has_begun_answering_returns_the_replica_at_once(
+    probe_flapping: _Restartable, tmp_path: Path
+) -> None:
+    # The half-open probe's outcome was recorded only when its stream ended: while a probe streamed
+    # (a long generation: minutes), every other request to the backend got a 503 "no healthy replica",
+    # though the replica had answered the probe with a 200 and its first tokens. (A backend whose only
+    # replica is ejected, like the embedded model's, which has no health checks, was down that long.)
+    config = {
+        "backends": [
+            {"name": "streamed", "base_url": probe_flapping.base_url, "health": {"enabled": False},
+             "timeouts": {"connect": 1.0, "first_byte": 5.0, "total": 60.0, "idle": 30.0},
+             "models": [{"name": "streamed-ok", "upstream_name": "ok"},
+                        {"name": "streamed-long", "upstream_name": "stall-midstream"}]},
+        ],
+        "retry": {"attempts": 1},
+        "breaker": {"failure_threshold": 1, "cooldown": 0.5},
+    }
+    gateway = GatewayProcess(config, tmp_path).start()
+    state = lambda: _breaker(gateway, "streamed", probe_flapping.base_url)  # noqa: E731
+    try:
+        probe_flapping.down()
+        try:
+            assert _chat(gateway, "streamed-ok", _key()).status_code == 502
+            assert state() == 2.0
+        finally:
+            probe_flapping.up()
+        eventually(lambda: state() == 1.0, "half-open after the cooldown", timeout=10)
+        body = {"model": "streamed-long", "messages": MESSAGES, "stream": True}
+        with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json=body, timeout=30) as probe:
+            assert probe.status_code == 200  # the probe's stream has begun: the replica answers
+            response = _chat(gateway, "streamed-ok", _key())
+            assert response.status_code == 200, response.text
+            assert state() == 0.0
+    finally:
+        gateway.terminate()
+
+
 # A health check's body is drained only so far: a replica answering it with a huge or endless body
 # costs neither memory nor the check.
 
