@@ -670,6 +670,8 @@ def _require_http_url(url: str) -> str:
         raise ValueError(f"{shown!r} names no host")
     if any(c.isspace() for c in url):
         raise ValueError(f"{shown!r} contains white space")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):  # NUL and the like: no request line can carry them
+        raise ValueError(f"{shown!r} contains a control character")
     if parts.query or parts.fragment:  # paths are appended to the base URL: a query would end up in the middle
         raise ValueError(f"{shown!r}: a base URL cannot carry a query or fragment (?... / #...)")
     return urlunsplit(parts._replace(scheme=parts.scheme.lower()))

@@ -91,7 +91,7 @@ def split_url(url: str) -> tuple[Origin, str, str | None]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
+        raise ValueError(f"not an http(s) URL: {_without_credentials(url)!r}")
     default = 443 if scheme == "https" else 80
     port = parts.port or default
     host = parts.hostname
@@ -99,12 +99,21 @@ def split_url(url: str) -> tuple[Origin, str, str | None]:
     host_header = shown if port == default else f"{shown}:{port}"
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if any(c in target for c in " \r\n\0"):
-        raise ValueError(f"URL path has a character a request line cannot carry: {url!r}")
+        raise ValueError(f"URL path has a character a request line cannot carry: {_without_credentials(url)!r}")
     authorization = None
     if parts.username is not None:
         userinfo = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         authorization = "Basic " + base64.b64encode(userinfo.encode()).decode("ascii")
     return Origin(scheme, host, port, host_header), target, authorization
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` for an error message: a ``user:password@`` part is never shown (it may go to a log)."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}{sep}{authority}{slash}{path}"
 
 
 class Response:

@@ -350,6 +350,7 @@ def test_knob_that_could_never_calibrate_is_named() -> None:
         ("http://", "names no host"),
         ("http://127.0.0.1:99999/v1", "is not a valid URL"),
         ("http://exa mple.com/v1", "contains white space"),
+        ("http://admin:pw@127.0.0.1:8000/v1\x00", "contains a control character"),
         ("http://[::1/v1", "is not a valid URL"),
         ("http://127.0.0.1:8000/v1?x=1", "cannot carry a query"),
     ],
@@ -357,6 +358,7 @@ def test_knob_that_could_never_calibrate_is_named() -> None:
 def test_a_base_url_no_request_could_reach_is_refused(url: str, problem: str) -> None:
     message = _error({"backends": [_backend(base_url=url)]})
     assert "backends.main.base_url" in message and problem in message
+    assert "pw" not in message
 
 
 def test_an_upper_case_scheme_is_a_url() -> None:

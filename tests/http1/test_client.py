@@ -583,3 +583,10 @@ async def test_a_close_before_any_answer_is_an_error_on_a_new_connection_or_afte
     with pytest.raises(http1.ConnectionClosed):
         await pool.request("POST", partial.url, {}, b"x")
     assert len(partial.requests) == 2  # the answer had begun: the upstream was working on it
+
+
+def test_a_url_that_cannot_be_sent_is_refused_without_showing_its_credentials() -> None:
+    for url in ("ftp://admin:Sup3rSecret@host/x", "http://admin:Sup3rSecret@host/v1\x00"):
+        with pytest.raises(ValueError) as refused:
+            http1.split_url(url)
+        assert "Sup3rSecret" not in str(refused.value) and "***@host" in str(refused.value)
