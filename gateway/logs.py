@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import datetime
+import json
 import logging
 import re
 import sys
@@ -149,7 +150,12 @@ class JsonFormatter(logging.Formatter):
             entry["exc_info"] = self.formatException(record.exc_info)
         elif record.exc_text:
             entry["exc_info"] = scrub(record.exc_text)
-        return orjson.dumps(entry, default=str).decode()
+        try:
+            return orjson.dumps(entry, default=str).decode()
+        except orjson.JSONEncodeError:
+            # A string holding half a surrogate pair (a file name or an environment value can): orjson
+            # refuses it, and logging would then print the record's raw arguments, unmasked, to stderr.
+            return json.dumps(entry, default=str, ensure_ascii=True)
 
 
 def configure(config: LoggingConfig, stream: TextIO | None = None) -> logging.Handler:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 from pathlib import Path
 
 import httpx
@@ -129,3 +130,24 @@ def test_logged_tracebacks_withhold_foreign_exception_messages_unless_prompts_ar
         assert "ValueError: [message withheld" in logged and "KeyError: [message withheld" in logged
         assert "the gateway's own words" in logged and "test_json_logs.py" in logged  # own text and frames stay
         assert MARKER in _logged_failure(include_prompts=True, text_format=text_format)
+
+
+def test_a_line_holding_half_a_surrogate_pair_is_still_one_json_line() -> None:
+    """orjson refuses a lone surrogate (a file name or an environment value can hold one); logging then
+    printed a 'Logging error' traceback with the record's raw arguments, unmasked, and lost the line."""
+    out, errors = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter(include_prompts=False))
+    logger = logging.getLogger("pointsman.test.json-surrogate")
+    logger.addHandler(handler)
+    logger.propagate = False
+    stderr, sys.stderr = sys.stderr, errors
+    try:
+        logger.warning("cannot read %s with key sk-abcdefghijkl", "routers-\udce9", extra={"path": "x\ud800"})
+    finally:
+        sys.stderr = stderr
+        logger.removeHandler(handler)
+    assert errors.getvalue() == ""
+    entry = json.loads(out.getvalue())
+    assert entry["message"].startswith("cannot read routers-\udce9") and "sk-abcdefghijkl" not in entry["message"]
+    assert entry["path"] == "x\ud800"
