@@ -70,14 +70,23 @@ def redact_body(body: Mapping[str, Any], kinds: Iterable[str] | None = None) -> 
 
 def _edit(text: str, edits: Iterable[tuple[int, int, str]]) -> str:
     """``text`` with each ``(start, end, replacement)`` made, an edit overlapping one before it left out."""
+    # Kept spans sorted by start (they never overlap): an edit overlaps a kept one only if it overlaps its
+    # neighbour on either side, found by bisection. Checking every kept span instead was quadratic: a 1 MB
+    # text of card numbers (50k findings) took 47 s.
+    starts: list[int] = []
     kept: list[tuple[int, int, str]] = []
     for start, end, replacement in edits:
-        if not any(start < k_end and k_start < end for k_start, k_end, _ in kept):
-            kept.append((start, end, replacement))
+        i = bisect_right(starts, start)
+        if i and kept[i - 1][1] > start:  # the one starting at or before it runs into it
+            continue
+        if i < len(kept) and kept[i][0] < end:  # the next one starts inside it
+            continue
+        starts.insert(i, start)
+        kept.insert(i, (start, end, replacement))
     if not kept:
         return text
     out, pos = [], 0
-    for start, end, replacement in sorted(kept):
+    for start, end, replacement in kept:
         out += [text[pos:start], replacement]
         pos = end
     return "".join(out) + text[pos:]
