@@ -31,7 +31,7 @@ class KeyChecker:
             return None
         if not authorization or not authorization[:7].lower() == "bearer ":
             raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
-        digest = hashlib.sha256(authorization[7:].strip().encode("utf-8")).digest()
+        digest = hashlib.sha256(_raw(authorization[7:].strip())).digest()
         tenant: str | None = None
         # Compare against every key (no early exit) so timing does not reveal which one matched.
         for expected, name in self._keys:
@@ -40,3 +40,13 @@ class KeyChecker:
         if tenant is None:
             raise AuthenticationError("invalid API key")
         return tenant
+
+
+def _raw(token: str) -> bytes:
+    """The bytes the client sent: HTTP header values reach the app decoded as latin-1, so encoding them
+    back gives the key's own bytes (its UTF-8, which :func:`hash_key` digests). A str that was never a
+    header (characters past U+00FF) is taken as text."""
+    try:
+        return token.encode("latin-1")
+    except UnicodeEncodeError:
+        return token.encode("utf-8")

@@ -15,6 +15,7 @@ from tests.fakes.upstream import WORDS, FakeUpstream
 from tests.gatewayproc import GatewayProcess
 
 KEYS = {"team-a": "sk-team-a-0123456789", "team-b": "sk-team-b-9876543210"}
+NON_ASCII_KEY = ("équipe-c", "sk-clé-secrète-42")  # a key the SDK cannot send (httpx sends str headers as ASCII)
 MAX_BODY = 2048
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
@@ -23,7 +24,8 @@ MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello
 def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     config = {
         "server": {"max_body_bytes": MAX_BODY},
-        "auth": {"api_keys": [{"name": name, "sha256": hash_key(key)} for name, key in KEYS.items()]},
+        "auth": {"api_keys": [{"name": name, "sha256": hash_key(key)}
+                              for name, key in [*KEYS.items(), NON_ASCII_KEY]]},
         "backends": [{
             "name": "fake",
             "base_url": upstream.base_url,
@@ -88,6 +90,20 @@ def test_right_key_is_served_and_recorded_as_its_tenant(gateway: GatewayProcess,
     assert raw.parse().choices[0].message.content == "".join(WORDS)
     record = gateway.decision(raw.headers["x-pointsman-request-id"])
     assert record["tenant"] == tenant and record["status"] == 200
+
+
+def test_a_key_with_non_ascii_characters_is_accepted_as_the_bytes_the_client_sent(gateway: GatewayProcess) -> None:
+    """hash-key digests the key's UTF-8; a client sends those bytes in its header. The gateway read the
+    header as latin-1 and hashed that text as UTF-8 again, so such a key could never authenticate."""
+    tenant, key = NON_ASCII_KEY
+    body = {"model": "auto", "messages": MESSAGES}
+    ok = httpx.post(f"{gateway.base_url}/chat/completions", json=body,
+                    headers={"Authorization": b"Bearer " + key.encode("utf-8")}, timeout=30)
+    assert ok.status_code == 200, ok.text
+    assert gateway.decision(ok.headers["x-pointsman-request-id"])["tenant"] == tenant
+    wrong = httpx.post(f"{gateway.base_url}/chat/completions", json=body,
+                       headers={"Authorization": b"Bearer " + key.encode("latin-1")}, timeout=30)
+    _assert_openai_error(wrong, 401, "authentication_error")
 
 
 def test_streamed_request_is_recorded_with_its_tenant(gateway: GatewayProcess) -> None:
