@@ -33,7 +33,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httptools
 
@@ -91,7 +91,7 @@ def split_url(url: str) -> tuple[Origin, str, str | None]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {_without_credentials(url)!r}")
+        raise ValueError(f"not an http(s) URL: {without_credentials(url, '***@')!r}")
     default = 443 if scheme == "https" else 80
     port = parts.port or default
     host = parts.hostname
@@ -99,7 +99,7 @@ def split_url(url: str) -> tuple[Origin, str, str | None]:
     host_header = shown if port == default else f"{shown}:{port}"
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if any(c in target for c in " \r\n\0"):
-        raise ValueError(f"URL path has a character a request line cannot carry: {_without_credentials(url)!r}")
+        raise ValueError(f"URL path has a character a request line cannot carry: {without_credentials(url, '***@')!r}")
     authorization = None
     if parts.username is not None:
         userinfo = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
@@ -107,13 +107,14 @@ def split_url(url: str) -> tuple[Origin, str, str | None]:
     return Origin(scheme, host, port, host_header), target, authorization
 
 
-def _without_credentials(url: str) -> str:
-    """``url`` for an error message: a ``user:password@`` part is never shown (it may go to a log)."""
-    scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return f"{scheme}{sep}{authority}{slash}{path}"
+def without_credentials(url: str, mark: str = "") -> str:
+    """``url`` without the ``user:password@`` it may carry (HTTP basic auth to the replica), ``mark``
+    (e.g. ``"***@"``) in its place: the URL is shown on ``/metrics``, in decision records, logs, traces,
+    peers' hints and error messages, its password nowhere."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=mark + parts.netloc.rsplit("@", 1)[1]))
 
 
 class Response:

@@ -16,12 +16,12 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
-from urllib.parse import urlsplit, urlunsplit
 
 from gateway.balancing import Affinity, Choice, ReplicaPolicy, make_policy
 from gateway.balancing.hints import ReplicaHints
 from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.config import BackendConfig, BalancingConfig, BreakerConfig, ModelConfig
+from gateway.http1 import without_credentials
 
 _NO_AFFINITY = Affinity()
 
@@ -163,11 +163,3 @@ def _replica(backend: Backend, slot: int, url: str, config: BreakerConfig) -> Re
     breaker.on_trip = functools.partial(backend.lost, replica)
     return replica
 
-
-def without_credentials(url: str) -> str:
-    """``url`` without the ``user:password@`` it may carry (HTTP basic auth to the replica): the URL
-    is shown on ``/metrics``, in decision records, logs, traces and peers' hints, its password nowhere."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
