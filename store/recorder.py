@@ -213,7 +213,7 @@ class DecisionRecorder:
     def _enqueue(self, rec: Queued) -> None:
         try:
             if self._closed:
-                self._drop(1, "recorder is stopped")
+                self._drop(_rows(rec), "recorder is stopped")
                 return
             size = record_size(rec)
             self._queue.append(rec)
