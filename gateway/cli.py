@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -27,6 +27,9 @@ from gateway.logs import configure as configure_logging
 from gateway.tracing import preflight as tracing_preflight
 from gateway.workflows import preflight as workflow_preflight
 from policies.base import PolicyError
+
+if TYPE_CHECKING:
+    from gateway.routing import RoutingBrain
 
 log = logging.getLogger("pointsman")
 
@@ -109,25 +112,37 @@ def raise_open_file_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def offline_preflight(config: Config) -> RoutingBrain:
+    """What ``serve`` and ``check-config`` refuse before connecting to anything (:class:`ConfigError`):
+    every route's signals computable from the trained heads it would load (missing head, wrong encoder,
+    a multi_model candidate the quality head cannot score), a cascade's answer-confidence artifact, the
+    embedded model's conflicts, tracing's imports (the otel extra), and a Redis URL redis-py can read.
+    Builds no encoder and starts nothing; returns the routing brain it built."""
+    from gateway.routing import RoutingBrain
+
+    brain = RoutingBrain(config)
+    workflow_preflight(config)
+    local_model_conflicts(config)
+    tracing_preflight(config.tracing)
+    if config.shared_state.kind == "redis":  # redis-py reads the URL's options (connects nothing)
+        from gateway.shared_state import redis_client
+
+        redis_client(config.shared_state.url, config.shared_state.timeout, decode=False)
+    return brain
+
+
 async def serve(config: Config) -> None:
     """Run the gateway (and the embedded local model, if enabled) until SIGINT/SIGTERM."""
-    from gateway.routing import RoutingBrain
 
     raise_open_file_limit()
 
-    # Pre-flight: route policies whose signals cannot be computed (no trained head for the chosen
-    # encoder) fail here with a clean message, before any child process or socket exists.
-    brain = RoutingBrain(config)
-    workflow_preflight(config)  # a cascade's answer-confidence artifact is there
-    local_model_conflicts(config)
+    # Pre-flight: what fails with a clean message before any child process or socket exists, then
+    # what needs a connection.
+    brain = offline_preflight(config)
     await store_preflight(config)  # an unreachable database or an unwritable file: one line, not a traceback
     if brain.shared_state is not None:  # Redis down or a wrong URL: say so now, not in a traceback
         await brain.shared_state.start()
         await brain.shared_state.close()
-    elif config.shared_state.kind == "redis":  # the response cache's Redis: its URL is read at least
-        from gateway.shared_state import redis_client
-
-        await redis_client(config.shared_state.url, config.shared_state.timeout, decode=False).aclose()
     local = None
     if config.local_model.enabled:
         from gateway.local_model import LocalModelServer
@@ -429,20 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(explanation, indent=2, default=str))
         return 0 if not explanation.get("blocked") else 3
     if args.command == "check-config":
-        from gateway.routing import RoutingBrain
-
         try:
-            # The same pre-flight as serve: every route's signals computable from the trained heads
-            # it would load (missing head, wrong encoder, a multi_model candidate the quality head
-            # cannot score). Builds no encoder and starts nothing.
-            RoutingBrain(config)
-            workflow_preflight(config)
-            local_model_conflicts(config)
-            tracing_preflight(config.tracing)  # the otel extra is installed
-            if config.shared_state.kind == "redis":  # redis-py reads the URL's options (connects nothing)
-                from gateway.shared_state import redis_client
-
-                redis_client(config.shared_state.url, config.shared_state.timeout, decode=False)
+            offline_preflight(config)  # serve's own pre-flight, up to what needs a connection
         except ConfigError as exc:
             print(f"pointsman: {exc}", file=sys.stderr)
             return 2
