@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from classifiers.messages import content_texts, iter_messages, message_list, tool_calls_of
 from classifiers.offload import with_model_first
+from gateway.completion_bounds import output_ceiling, requested_completion, with_max_tokens
 from gateway.config import Config
 from gateway.errors import PointsmanError
 from gateway.forward import Completed, Forwarder
@@ -62,6 +63,12 @@ MAX_DEFER = 10.0
 TRANSCRIPT_CHARS = 12_000
 MESSAGE_CHARS = 4_000
 ANSWER_CHARS = 6_000
+# Under a budget, the other candidate may write at most this many times the served answer's tokens,
+# at least COMPARE_MIN_COMPLETION (about what the judge reads of an answer: ANSWER_CHARS), at most
+# what the client asked: what the call can cost is then known before it is made, and the budget holds.
+# An answer cut there is not judged (it would lose for being cut, or be a reasoning model's thought).
+COMPARE_LENGTH_FACTOR = 4
+COMPARE_MIN_COMPLETION = 1536
 
 DEFAULT_JUDGE_PROMPT = """\
 Please act as an impartial judge and evaluate the quality of the answers two AI assistants gave \
@@ -84,7 +91,7 @@ Output only your verdict: "[[A]]" if assistant A is better, "[[B]]" if assistant
 
 OUTCOMES = (
     "started", "deferred", "judged", "skipped_concurrency", "skipped_budget", "skipped_no_answer",
-    "candidate_error",
+    "candidate_error", "candidate_truncated",
     "judge_error", "unparseable", "cancelled", "failed",
 )
 
@@ -170,8 +177,7 @@ def transcript(body: Mapping[str, Any], max_chars: int = TRANSCRIPT_CHARS) -> st
     return joined if len(joined) <= max_chars else "[…]\n" + joined[-max_chars:]
 
 
-def answer_text(body: bytes) -> str | None:
-    """The first choice's text (tool calls rendered) of a non-streamed chat answer; None if absent."""
+def _first_choice(body: bytes) -> Mapping[str, Any] | None:
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -179,7 +185,15 @@ def answer_text(body: bytes) -> str | None:
     choices = parsed.get("choices") if isinstance(parsed, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
         return None
-    message = choices[0].get("message")
+    return choices[0]
+
+
+def answer_text(body: bytes) -> str | None:
+    """The first choice's text (tool calls rendered) of a non-streamed chat answer; None if absent."""
+    choice = _first_choice(body)
+    if choice is None:
+        return None
+    message = choice.get("message")
     if not isinstance(message, Mapping):
         return None
     text = _message_text(message)
@@ -308,6 +322,7 @@ class _Call:
     cost: float
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    truncated: bool = False  # cut by the comparison's own completion bound (not by the client's)
 
 
 class CompareRunner:
@@ -370,8 +385,9 @@ class CompareRunner:
         if state.in_flight >= state.settings.max_concurrency:
             state.counts["skipped_concurrency"] += 1
             return
-        estimate = self._estimate(record, body, answer, others, state.settings.judge)
         budget = state.settings.budget_usd_per_hour
+        bounds = self._completion_bounds(record, body, answer, others, bounded=budget is not None)
+        estimate = self._estimate(record, body, answer, bounds, state.settings.judge)
         if budget is not None and state.spend.total() + estimate > budget:
             state.counts["skipped_budget"] += 1
             return
@@ -380,7 +396,7 @@ class CompareRunner:
         state.counts["started"] += 1
         request = _comparison_body(body)
         task = asyncio.get_running_loop().create_task(
-            self._run(state, record, request, served, answer, others, reservation),
+            self._run(state, record, request, served, answer, bounds, reservation),
             name=f"pointsman-compare-{record.request_id}",
         )
         self._tasks.add(task)
@@ -407,13 +423,13 @@ class CompareRunner:
         body: dict[str, Any],
         served: str,
         answer: str,
-        others: list[str],
+        bounds: Mapping[str, int | None],
         reservation: _Spend,
     ) -> None:
         spent = 0.0
         try:
             await self._wait_for_spare_time(state)
-            calls = await asyncio.gather(*(self._ask(record, body, model) for model in others))
+            calls = await asyncio.gather(*(self._ask(record, body, model, bound) for model, bound in bounds.items()))
             spent += sum(call.cost for call in calls)
             conversation = transcript(body)
             served_scores: list[float] = []
@@ -424,6 +440,9 @@ class CompareRunner:
             for call in calls:
                 if call.text is None:
                     state.counts["candidate_error"] += 1
+                    continue
+                if call.truncated:
+                    state.counts["candidate_truncated"] += 1
                     continue
                 first, second = await asyncio.gather(
                     self._judge(record, state.settings, conversation, answer, call.text),
@@ -478,14 +497,22 @@ class CompareRunner:
             async with asyncio.timeout(self.max_defer):
                 await self.load.quiet.wait()
 
-    async def _ask(self, record: DecisionRecord, body: Mapping[str, Any], model: str) -> _Call:
-        """The other candidate's answer to the same request (no fallbacks: it must be that model)."""
-        completed = await self._call(record, model, body)
+    async def _ask(self, record: DecisionRecord, body: Mapping[str, Any], model: str, bound: int | None) -> _Call:
+        """The other candidate's answer to the same request (no fallbacks: it must be that model),
+        written in at most ``bound`` tokens (None: as the client asked)."""
+        completed = await self._call(record, model, with_max_tokens(dict(body), bound))
         if completed is None:
             return _Call(model, None, 0.0)
+        ok = completed.status == 200
+        asked = requested_completion(body)
+        choice = _first_choice(completed.body) if ok else None
+        cut = (
+            bound is not None and choice is not None and choice.get("finish_reason") == "length"
+            and (asked is None or bound < asked)
+        )
         return _Call(
-            model, answer_text(completed.body) if completed.status == 200 else None, _cost(completed),
-            completed.prompt_tokens, completed.completion_tokens,
+            model, answer_text(completed.body) if ok else None, _cost(completed),
+            completed.prompt_tokens, completed.completion_tokens, truncated=cut,
         )
 
     async def _judge(
@@ -533,20 +560,53 @@ class CompareRunner:
 
     # --- cost estimate ------------------------------------------------------------------------------
 
-    def _estimate(
-        self, record: DecisionRecord, body: Mapping[str, Any], answer: str, others: Sequence[str], judge: str
-    ) -> float:
-        """What a comparison will cost, from the served call's usage and the configured prices.
+    def _completion_bounds(
+        self, record: DecisionRecord, body: Mapping[str, Any], answer: str, others: Sequence[str], *, bounded: bool
+    ) -> dict[str, int | None]:
+        """Each other candidate's completion bound when ``bounded`` (a budget is set; else None, as the
+        client asked): COMPARE_LENGTH_FACTOR times the served answer (at least COMPARE_MIN_COMPLETION),
+        within what the client asked and what the model can write."""
+        if not bounded:
+            return dict.fromkeys(others)
+        served = record.completion_tokens if record.completion_tokens else _tokens(answer)
+        bound = max(COMPARE_MIN_COMPLETION, COMPARE_LENGTH_FACTOR * served)
+        asked = requested_completion(body)
+        if asked is not None:
+            bound = min(bound, asked)
+        prompt = self._prompt_tokens(record, body)
+        bounds: dict[str, int | None] = {}
+        for model in others:
+            target = self._pool.get(model)
+            ceiling = output_ceiling(target.model, prompt) if target is not None else None
+            bounds[model] = bound if ceiling is None else min(bound, ceiling)
+        return bounds
 
-        Each other candidate: the served prompt and answer sizes. The judge, twice: the
-        transcript plus two answers of the served answer's size in, at most JUDGE_MAX_TOKENS out.
+    @staticmethod
+    def _prompt_tokens(record: DecisionRecord, body: Mapping[str, Any]) -> int:
+        return record.prompt_tokens if record.prompt_tokens else _tokens(transcript(body))
+
+    def _estimate(
+        self, record: DecisionRecord, body: Mapping[str, Any], answer: str, bounds: Mapping[str, int | None],
+        judge: str,
+    ) -> float:
+        """What a comparison can cost, from the served call's usage and the configured prices.
+
+        Each other candidate: the served prompt in, its completion bound out (the call is made with
+        that bound, so it cannot write more; with no bound, the served answer's size). The judge,
+        twice per pair: the transcript, the served answer and the other answer (cut at ANSWER_CHARS)
+        in, at most JUDGE_MAX_TOKENS out.
         """
         conversation = _tokens(transcript(body))
-        prompt = record.prompt_tokens if record.prompt_tokens is not None else conversation
-        completion = record.completion_tokens if record.completion_tokens is not None else _tokens(answer)
-        total = sum(self._price(model, prompt, completion) for model in others)
-        judge_prompt = _tokens(DEFAULT_JUDGE_PROMPT) + conversation + 2 * _tokens(answer)
-        total += 2 * len(others) * self._price(judge, judge_prompt, JUDGE_MAX_TOKENS)
+        prompt = self._prompt_tokens(record, body)
+        served_completion = record.completion_tokens if record.completion_tokens is not None else _tokens(answer)
+        served = _tokens(answer[:ANSWER_CHARS])
+        total = 0.0
+        for model, bound in bounds.items():
+            completion = served_completion if bound is None else bound
+            total += self._price(model, prompt, completion)
+            other = min(completion, ANSWER_CHARS // 4 + 1)
+            judge_prompt = _tokens(DEFAULT_JUDGE_PROMPT) + conversation + served + other
+            total += 2 * self._price(judge, judge_prompt, JUDGE_MAX_TOKENS)
         return total
 
     def _price(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:

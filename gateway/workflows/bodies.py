@@ -77,18 +77,6 @@ def with_logprobs(request: dict[str, Any], top: int) -> dict[str, Any]:
     return {**request, "logprobs": True, "top_logprobs": max(current, top)}
 
 
-def with_max_tokens(request: dict[str, Any], bound: int | None) -> dict[str, Any]:
-    """``request`` whose completion may not exceed ``bound`` tokens (the field the client used:
-    ``max_completion_tokens`` if present, else ``max_tokens``)."""
-    if bound is None:
-        return request
-    key = "max_completion_tokens" if "max_completion_tokens" in request else "max_tokens"
-    current = request.get(key)
-    if isinstance(current, int) and not isinstance(current, bool) and current <= bound:
-        return request
-    return {**request, key: bound}
-
-
 def templated(
     body: Mapping[str, Any], prompt: str, *, system: str | None = None, keep_format: bool = False, **extra: Any
 ) -> dict[str, Any]:

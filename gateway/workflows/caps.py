@@ -18,20 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gateway.completion_bounds import output_ceiling
 from gateway.config import ModelConfig
 from policies.workflows import Caps
 
 #: The completion a call is assumed to write when it has no ``max_tokens`` (for reservations only).
 EXPECTED_COMPLETION_TOKENS = 256
-
-
-def output_ceiling(model: ModelConfig, prompt_tokens: int) -> int | None:
-    """The most tokens ``model`` can write after a prompt of ~``prompt_tokens``: its configured
-    ``max_output_tokens``, and its ``context_window`` less the prompt (None when neither is configured)."""
-    limits = [model.max_output_tokens] if model.max_output_tokens is not None else []
-    if model.context_window is not None:
-        limits.append(max(model.context_window - prompt_tokens, 1))
-    return min(limits) if limits else None
 
 
 class CapReached(Exception):

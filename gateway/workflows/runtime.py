@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from classifiers.offload import with_model_first
+from gateway.completion_bounds import with_max_tokens
 from gateway.errors import PointsmanError, RateLimitError, ServiceUnavailableError, UpstreamError
 from gateway.forward import Completed, OpenedStream
 from gateway.pool import ModelTarget
 from gateway.protocol import CHAT
 from gateway.trace import RequestTrace
 from gateway.usage import SSEUsageScanner, cost_usd
-from gateway.workflows.bodies import ClientAsk, estimate_prompt_tokens, with_max_tokens
+from gateway.workflows.bodies import ClientAsk, estimate_prompt_tokens
 from gateway.workflows.caps import Budget, CapReached, Reservation
 from gateway.workflows.confidence import first_choice, message_text
 from policies.workflows import AnyWorkflow

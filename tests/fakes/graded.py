@@ -83,10 +83,17 @@ class GradedState:
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
         self.verdicts: list[str] = []
+        self.max_tokens: list[Any] = []  # each answered request's completion bound (None: none asked)
 
 
-def build_app(quality: QualityFn, state: GradedState, judge_model: str = "judge") -> Starlette:
-    """The ASGI app: ``/v1/chat/completions`` and ``/v1/models``."""
+def build_app(
+    quality: QualityFn, state: GradedState, judge_model: str = "judge", lengths: Mapping[str, int] | None = None
+) -> Starlette:
+    """The ASGI app: ``/v1/chat/completions`` and ``/v1/models``.
+
+    ``lengths`` gives a model's answers a length in completion tokens (default 10): such an answer is
+    the grade marker padded with words, cut at the request's ``max_tokens`` / ``max_completion_tokens``
+    (then ``finish_reason: length``, as a real server), and its usage says what was written."""
 
     async def chat(request: Request) -> Response:
         body = orjson.loads(await request.body())
@@ -99,13 +106,20 @@ def build_app(quality: QualityFn, state: GradedState, judge_model: str = "judge"
         else:
             grade = quality(model, last_user_text(body))
             content = f"Answer from {model}. [[grade:{grade:.2f}]]"
+        state.max_tokens.append(body.get("max_completion_tokens", body.get("max_tokens")))
+        completion, finish = 10, "stop"
+        if lengths and model in lengths:
+            bound = body.get("max_completion_tokens", body.get("max_tokens"))
+            completion = lengths[model] if not isinstance(bound, int) else min(lengths[model], bound)
+            finish = "length" if completion < lengths[model] else "stop"
+            content += " word" * max(completion - 10, 0)
         return JSONResponse({
             "id": f"chatcmpl-graded-{state.requests.total()}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": completion, "total_tokens": 20 + completion},
         })
 
     async def models(request: Request) -> Response:
@@ -120,9 +134,12 @@ def build_app(quality: QualityFn, state: GradedState, judge_model: str = "judge"
 class GradedUpstream(LoopbackServer):
     """The graded fake on a loopback port (a uvicorn thread); ``state`` records what it saw."""
 
-    def __init__(self, quality: QualityFn, judge_model: str = "judge", port: int | None = None) -> None:
+    def __init__(
+        self, quality: QualityFn, judge_model: str = "judge", port: int | None = None,
+        lengths: Mapping[str, int] | None = None,
+    ) -> None:
         self.state = GradedState()
-        super().__init__(build_app(quality, self.state, judge_model), port)
+        super().__init__(build_app(quality, self.state, judge_model, lengths), port)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,8 @@ BLOCK = {"name": "block-jailbreak", "priority": 100, "when": {"signal": "jailbre
          "action": {"block": "blocked by policy", "status": 403}}
 REDACT = {"name": "redact-pii", "priority": 90, "when": {"signal": "pii", "op": "truthy"},
           "action": {"redact": ["email"]}}
+WORDY_TOKENS = 5_000  # "wordy" writes this much unless bounded: $0.15 a call at its prices
+VERBOSE_BUDGET = 0.1
 STRONG = {"x-pointsman-threshold": "0"}  # every score reaches it: the knob picks the strong model
 WEAK = {"x-pointsman-threshold": "1"}
 
@@ -75,6 +77,7 @@ def gateway_config(graded: GradedUpstream, upstream: FakeUpstream) -> dict[str, 
                 {"name": "big", "input_cost_per_mtok": 10, "output_cost_per_mtok": 30},
                 {"name": "small", "input_cost_per_mtok": 0.5, "output_cost_per_mtok": 1.5},
                 {"name": "judge", "input_cost_per_mtok": 1, "output_cost_per_mtok": 1},
+                {"name": "wordy", "input_cost_per_mtok": 10, "output_cost_per_mtok": 30},
             ]},
             {"name": "fake", "base_url": upstream.base_url, "health": {"enabled": False},
              "timeouts": {"connect": 1, "first_byte": 30, "total": 60, "idle": 5},
@@ -90,7 +93,9 @@ def gateway_config(graded: GradedUpstream, upstream: FakeUpstream) -> dict[str, 
             {"name": "unparse", "policy": "rules", **_pair("big", "small", judge="chatty")},
             {"name": "broke", "policy": "rules", **_pair("broken", "small")},
             {"name": "poor", "policy": "rules", **_pair("big", "small", budget_usd_per_hour=1e-9)},
-            {"name": "capped", "policy": "rules", **_pair("big", "small", budget_usd_per_hour=1e-3)},
+            {"name": "capped", "policy": "rules", **_pair("big", "small", budget_usd_per_hour=6.5e-3)},
+            {"name": "verbose", "policy": "rules", **_pair("wordy", "small", budget_usd_per_hour=VERBOSE_BUDGET)},
+            {"name": "verbose-asked", "policy": "rules", **_pair("wordy", "small")},
             {"name": "explore", "policy": "rules", "explore": {"epsilon": 0.4},
              "cost_quality": {"signal": "difficulty", "strong": "big", "weak": "small", "threshold": 0.5}},
             {"name": "explore-fallback", "policy": "rules", "explore": {"epsilon": 0.4}, "fallbacks": ["f-big"],
@@ -101,7 +106,7 @@ def gateway_config(graded: GradedUpstream, upstream: FakeUpstream) -> dict[str, 
 
 @pytest.fixture(scope="module")
 def graded() -> Iterator[GradedUpstream]:
-    fake = GradedUpstream(quality).start()
+    fake = GradedUpstream(quality, lengths={"wordy": WORDY_TOKENS}).start()
     yield fake
     fake.stop()
 
@@ -235,8 +240,10 @@ def test_the_budget_cap_skips_and_counts(sdk: OpenAI, gw: GatewayProcess) -> Non
     assert compared(gw, "poor", "started") == 0
     assert all(feedback(gw.db_path, rid) == {} for rid in ids)
 
-    # A budget that holds a few comparisons: spending stops at the cap, the rest is skipped.
-    budget = 1e-3
+    # A budget that holds a few comparisons: spending stops at the cap, the rest is skipped. One
+    # comparison reserves what it can cost at most (~$5.8e-3 here: the other answer up to 1,536 tokens,
+    # judged twice) and spends ~$8.5e-5: about nine fit in $6.5e-3 before the reservation does not.
+    budget = 6.5e-3
     sent = 12
     for _ in range(sent):
         ask(sdk, "capped", f"A hard question {uuid.uuid4().hex}", STRONG)
@@ -246,6 +253,46 @@ def test_the_budget_cap_skips_and_counts(sdk: OpenAI, gw: GatewayProcess) -> Non
     assert judged >= 1 and skipped >= 1 and judged + skipped == sent
     assert metric(gw, "pointsman_comparisons_spend_usd_last_hour", route="capped") <= budget
     assert 0 < metric(gw, "pointsman_comparisons_cost_usd_total", route="capped") <= budget
+
+
+def test_a_longer_answer_from_the_other_candidate_cannot_overrun_the_budget(
+    sdk: OpenAI, gw: GatewayProcess, graded: GradedUpstream
+) -> None:
+    """The served (weak) answer is 10 tokens; the other candidate would write 5,000 ($0.15, more than
+    the route's hourly budget). Estimated from the served answer, one comparison spent $0.15 of a $0.10
+    budget. Under a budget the other candidate's completion is now bounded before the call (4x the
+    served answer, at least 1,536 tokens: about what the judge reads) and the reservation is that
+    bound's price: spend stays within the budget. An answer cut by that bound is not judged: it would
+    lose for being cut, not for what it says."""
+    sent = 6
+    before = len(graded.state.max_tokens)
+    ids = []
+    for _ in range(sent):
+        ids.append(ask(sdk, "verbose", f"An easy question {uuid.uuid4().hex}", WEAK)[1])
+        eventually(lambda: metric(gw, "pointsman_comparisons_in_flight", route="verbose") == 0, "comparison done",
+                   timeout=15)
+    assert 0 < metric(gw, "pointsman_comparisons_cost_usd_total", route="verbose") <= VERBOSE_BUDGET
+    assert metric(gw, "pointsman_comparisons_spend_usd_last_hour", route="verbose") <= VERBOSE_BUDGET
+    started, skipped = compared(gw, "verbose", "started"), compared(gw, "verbose", "skipped_budget")
+    assert started >= 1 and skipped >= 1 and started + skipped == sent
+    assert compared(gw, "verbose", "candidate_truncated") == started
+    assert compared(gw, "verbose", "judged") == 0
+    assert all(feedback(gw.db_path, rid) == {} for rid in ids)
+    # The served calls asked for no bound; each comparison call to the other candidate carried one.
+    assert sorted(set(graded.state.max_tokens[before:]), key=str) == [1536, None]
+
+
+def test_the_clients_own_max_tokens_bounds_the_other_answer_and_it_is_judged(
+    sdk: OpenAI, gw: GatewayProcess, graded: GradedUpstream
+) -> None:
+    """Without a budget the other candidate is asked as the client asked: a client's max_tokens of 64
+    bounds it as it bounded the served one, and an answer cut there is what the client would have got
+    from that model, so it is judged."""
+    before = len(graded.state.max_tokens)
+    _, rid = ask(sdk, "verbose-asked", f"An easy question {uuid.uuid4().hex}", WEAK, max_tokens=64)
+    eventually(lambda: set(feedback(gw.db_path, rid)) == {"small", "wordy"}, "judge rows for both models")
+    assert graded.state.max_tokens[before:].count(64) == 2  # the served call and the comparison call
+    assert compared(gw, "verbose-asked", "candidate_truncated") == 0
 
 
 def test_every_explored_decision_logs_its_propensity(sdk: OpenAI, gw: GatewayProcess) -> None:

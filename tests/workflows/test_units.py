@@ -9,8 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.completion_bounds import with_max_tokens
 from gateway.config import ModelConfig
-from gateway.workflows.bodies import ClientAsk, with_max_tokens
+from gateway.workflows.bodies import ClientAsk
 from gateway.workflows.caps import EXPECTED_COMPLETION_TOKENS, Budget, CapReached
 from gateway.workflows.confidence import agreement, logprob_confidence, normalise_final, verifier_confidence
 from gateway.workflows.judging import parse_rating
