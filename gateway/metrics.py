@@ -119,13 +119,25 @@ class Metrics:
         self.registry.register(_RouterCollector(router))
 
     def watch(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        """Export a value read at scrape time (e.g. the decision log's queue depth)."""
-        self.registry.register(_CallbackCollector(name, documentation, read))
+        """Export a level read at scrape time, as a gauge (e.g. the decision log's queue depth)."""
+        self.registry.register(_CallbackCollector(name, documentation, read, GaugeMetricFamily))
+
+    def watch_count(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """Export a count read at scrape time that only goes up since start, as a counter: its sample
+        is ``<name>_total``, so rate() and increase() apply and a restart reads as a counter reset."""
+        self.registry.register(_CallbackCollector(name, documentation, read, CounterMetricFamily))
 
     def watch_attributes(self, source: object, exported: Mapping[str, tuple[str, str]]) -> None:
-        """Export numeric attributes of ``source``, read at scrape time: ``{metric: (attribute, help)}``."""
+        """Export numeric attributes of ``source`` that go up and down, read at scrape time, as gauges:
+        ``{metric: (attribute, help)}``."""
         for name, (attribute, documentation) in exported.items():
             self.watch(name, documentation, functools.partial(_read_number, source, attribute))
+
+    def watch_counts(self, source: object, exported: Mapping[str, tuple[str, str]]) -> None:
+        """Export numeric attributes of ``source`` that only go up, read at scrape time, as counters
+        (:meth:`watch_count`): ``{metric: (attribute, help)}``."""
+        for name, (attribute, documentation) in exported.items():
+            self.watch_count(name, documentation, functools.partial(_read_number, source, attribute))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -213,11 +225,14 @@ class _RouterCollector(Collector):
 
 
 class _CallbackCollector(Collector):
-    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        self._name, self._documentation, self._read = name, documentation, read
+    def __init__(
+        self, name: str, documentation: str, read: Callable[[], float],
+        family: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    ) -> None:
+        self._name, self._documentation, self._read, self._family = name, documentation, read, family
 
     def collect(self) -> Iterable[Metric]:
-        family = GaugeMetricFamily(self._name, self._documentation)
+        family = self._family(self._name, self._documentation)
         family.add_metric((), self._read())
         yield family
 

@@ -213,8 +213,8 @@ def test_health_ready_and_metrics(gateway: GatewayProcess, client: OpenAI) -> No
     assert 'pointsman_tokens_total{backend="fake",kind="prompt",model="fake-ok",route="auto"}' in metrics
     assert "pointsman_cost_usd_total" in metrics
     assert 'pointsman_breaker_state{backend="fake"' in metrics
-    assert "pointsman_decision_log_written" in metrics
-    assert "pointsman_decision_log_write_errors 0.0" in metrics
+    assert "pointsman_decision_log_written_total" in metrics
+    assert "pointsman_decision_log_write_errors_total 0.0" in metrics
 
 
 def test_models_retrieve_gives_one_entry_or_a_404(client: OpenAI, gateway: GatewayProcess) -> None:
