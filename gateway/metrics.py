@@ -22,9 +22,13 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ("route", "model", "backend")
+        # status is the HTTP status the client got; a stream has sent its 200 before it can break, so
+        # outcome (the decision record's: ok, error, client_disconnected, stream_error) says how it
+        # ended. Both are closed sets: a bounded number of series per route, model and backend.
         self.requests = Counter(
-            "pointsman_requests", "Requests answered, by outcome status.", (*labels, "status"),
-            registry=self.registry,
+            "pointsman_requests", "Requests answered, by HTTP status sent and outcome: ok, error, "
+            "client_disconnected, or stream_error (a stream that broke after its 200).",
+            (*labels, "status", "outcome"), registry=self.registry,
         )
         self.latency = Histogram(
             "pointsman_request_duration_seconds", "Time from request to the last byte.", labels,

@@ -4,6 +4,7 @@ prometheus_client's own text parser (types and values, not substrings)."""
 from __future__ import annotations
 
 import httpx
+import openai
 from openai import OpenAI
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -49,3 +50,38 @@ def test_monotonic_values_are_counters_and_levels_are_gauges(gateway: GatewayPro
     written = "pointsman_decision_log_written_total"
     assert sample(families, written) >= sample(before, written) + 1
     assert sample(families, "pointsman_decision_log_dropped_total") == 0
+
+
+def _stream(client: OpenAI, model: str) -> str:
+    """Stream ``model``'s answer to its end (or its error event); the request's id."""
+    with client.chat.completions.with_streaming_response.create(
+        model=model, messages=MESSAGES, stream=True
+    ) as response:
+        request_id = response.headers["x-pointsman-request-id"]
+        try:
+            for _chunk in response.parse():
+                pass
+        except openai.APIError:
+            pass  # the error event a broken stream ends with
+    return request_id
+
+
+def test_a_stream_that_breaks_after_its_200_is_counted_as_a_stream_error(
+    gateway: GatewayProcess, client: OpenAI
+) -> None:
+    # The client got status 200 and then an error event: status stays what was sent, the outcome
+    # label says the answer broke, so an error rate over outcome sees it.
+    broken = ("fake-reset-midstream", "fake-stall-midstream")  # upstream dies; upstream idle timeout
+    requests = "pointsman_requests_total"
+    before = scrape(gateway)
+    for model in (*broken, "fake-ok"):
+        gateway.decision(_stream(client, model))  # recorded: its metrics were counted with it
+    after = scrape(gateway)
+    assert after[requests.removesuffix("_total")].type == "counter"
+
+    def delta(model: str, outcome: str) -> float:
+        labels = {"route": "direct", "model": model, "backend": "fake", "status": "200", "outcome": outcome}
+        return sample(after, requests, **labels) - sample(before, requests, **labels)
+
+    assert [(delta(m, "stream_error"), delta(m, "ok")) for m in broken] == [(1, 0), (1, 0)]
+    assert (delta("fake-ok", "ok"), delta("fake-ok", "stream_error")) == (1, 0)

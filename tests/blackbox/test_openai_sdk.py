@@ -207,7 +207,7 @@ def test_health_ready_and_metrics(gateway: GatewayProcess, client: OpenAI) -> No
     assert httpx.get(f"{gateway.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{gateway.url}/ready").status_code == 200
     metrics = httpx.get(f"{gateway.url}/metrics").text
-    assert 'pointsman_requests_total{backend="fake",model="fake-ok",route="auto",status="200"}' in metrics
+    assert 'pointsman_requests_total{backend="fake",model="fake-ok",outcome="ok",route="auto",status="200"}' in metrics
     assert "pointsman_request_duration_seconds_bucket" in metrics
     assert "pointsman_time_to_first_token_seconds" in metrics
     assert 'pointsman_tokens_total{backend="fake",kind="prompt",model="fake-ok",route="auto"}' in metrics
