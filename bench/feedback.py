@@ -160,7 +160,7 @@ def own_seconds() -> float:
 
 
 def gateway_metric(base: str, name: str) -> float:
-    """A plain (unlabelled) gauge from the gateway's /metrics."""
+    """A plain (unlabelled) sample from the gateway's /metrics."""
     import urllib.request
 
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
@@ -251,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         for c in args.concurrency:
             rounds = []
             for round_no in range(args.rounds):
-                cpu0, batches0 = _procs.cpu_seconds(gateway.pid), gateway_metric(base, "pointsman_feedback_batches")
-                written0 = gateway_metric(base, "pointsman_feedback_written")
+                cpu0 = _procs.cpu_seconds(gateway.pid)
+                batches0 = gateway_metric(base, "pointsman_feedback_batches_total")
+                written0 = gateway_metric(base, "pointsman_feedback_written_total")
                 ours0 = cpu0 + _procs.cpu_seconds(upstream.pid) + own_seconds()
                 busy0, wall0 = machine_busy_seconds(), time.monotonic()
                 result = asyncio.run(poster.run(c, args.duration, args.warmup))
@@ -261,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                 # Other processes' CPU meanwhile (this machine is shared): numbers with a lot of it
                 # understate what one core does; gateway CPU per request is the steadier figure.
                 result["foreign_cpu"] = max(0.0, machine_busy_seconds() - busy0 - ours) / (time.monotonic() - wall0)
-                batches = gateway_metric(base, "pointsman_feedback_batches") - batches0
-                written = gateway_metric(base, "pointsman_feedback_written") - written0
+                batches = gateway_metric(base, "pointsman_feedback_batches_total") - batches0
+                written = gateway_metric(base, "pointsman_feedback_written_total") - written0
                 # CPU and commits cover the warmup too: per request, over everything written.
                 result["gateway_cpu_us"] = cpu / max(written, 1) * 1e6
                 result["rows_per_commit"] = written / max(batches, 1)

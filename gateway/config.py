@@ -323,7 +323,7 @@ class StoreConfig(_Strict):
     flush_interval: float = Field(default=0.5, gt=0)
     queue_limit: int = Field(default=100_000, ge=1)
     # Records keeping conversation text are as large as their requests: during a store outage the queue
-    # is bounded in bytes too (oldest dropped first, counted in pointsman_decision_log_dropped).
+    # is bounded in bytes too (oldest dropped first, counted in pointsman_decision_log_dropped_total).
     queue_bytes_limit: int = Field(default=256 * 1024 * 1024, ge=1)
 
     @model_validator(mode="after")

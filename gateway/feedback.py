@@ -246,6 +246,8 @@ class FeedbackService:
         self._accepted = self.outcomes.labels("accepted")  # bound once: the hot path's counter
         metrics.watch_attributes(writer, {
             "pointsman_feedback_pending": ("pending", "Feedback writes waiting for their commit."),
+        })
+        metrics.watch_counts(writer, {
             "pointsman_feedback_written": ("written", "Feedback rows committed since start."),
             "pointsman_feedback_failed": ("failed", "Feedback writes answered 503 (store unavailable)."),
             "pointsman_feedback_batches": ("batches", "Feedback transactions committed since start."),

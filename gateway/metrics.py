@@ -22,9 +22,13 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ("route", "model", "backend")
+        # status is the HTTP status the client got; a stream has sent its 200 before it can break, so
+        # outcome (the decision record's: ok, error, client_disconnected, stream_error) says how it
+        # ended. Both are closed sets: a bounded number of series per route, model and backend.
         self.requests = Counter(
-            "pointsman_requests", "Requests answered, by outcome status.", (*labels, "status"),
-            registry=self.registry,
+            "pointsman_requests", "Requests answered, by HTTP status sent and outcome: ok, error, "
+            "client_disconnected, or stream_error (a stream that broke after its 200).",
+            (*labels, "status", "outcome"), registry=self.registry,
         )
         self.latency = Histogram(
             "pointsman_request_duration_seconds", "Time from request to the last byte.", labels,
@@ -119,13 +123,25 @@ class Metrics:
         self.registry.register(_RouterCollector(router))
 
     def watch(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        """Export a value read at scrape time (e.g. the decision log's queue depth)."""
-        self.registry.register(_CallbackCollector(name, documentation, read))
+        """Export a level read at scrape time, as a gauge (e.g. the decision log's queue depth)."""
+        self.registry.register(_CallbackCollector(name, documentation, read, GaugeMetricFamily))
+
+    def watch_count(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """Export a count read at scrape time that only goes up since start, as a counter: its sample
+        is ``<name>_total``, so rate() and increase() apply and a restart reads as a counter reset."""
+        self.registry.register(_CallbackCollector(name, documentation, read, CounterMetricFamily))
 
     def watch_attributes(self, source: object, exported: Mapping[str, tuple[str, str]]) -> None:
-        """Export numeric attributes of ``source``, read at scrape time: ``{metric: (attribute, help)}``."""
+        """Export numeric attributes of ``source`` that go up and down, read at scrape time, as gauges:
+        ``{metric: (attribute, help)}``."""
         for name, (attribute, documentation) in exported.items():
             self.watch(name, documentation, functools.partial(_read_number, source, attribute))
+
+    def watch_counts(self, source: object, exported: Mapping[str, tuple[str, str]]) -> None:
+        """Export numeric attributes of ``source`` that only go up, read at scrape time, as counters
+        (:meth:`watch_count`): ``{metric: (attribute, help)}``."""
+        for name, (attribute, documentation) in exported.items():
+            self.watch_count(name, documentation, functools.partial(_read_number, source, attribute))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -213,11 +229,14 @@ class _RouterCollector(Collector):
 
 
 class _CallbackCollector(Collector):
-    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        self._name, self._documentation, self._read = name, documentation, read
+    def __init__(
+        self, name: str, documentation: str, read: Callable[[], float],
+        family: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    ) -> None:
+        self._name, self._documentation, self._read, self._family = name, documentation, read, family
 
     def collect(self) -> Iterable[Metric]:
-        family = GaugeMetricFamily(self._name, self._documentation)
+        family = self._family(self._name, self._documentation)
         family.add_metric((), self._read())
         yield family
 

@@ -124,6 +124,8 @@ async def _start(rt: GatewayRuntime) -> None:
     rt.recorder = recorder
     metrics.watch_attributes(recorder, {
         "pointsman_decision_log_pending": ("pending", "Decision records waiting to be written."),
+    })
+    metrics.watch_counts(recorder, {
         "pointsman_decision_log_written": ("written", "Decision records written since start."),
         "pointsman_decision_log_dropped": ("dropped", "Decision records dropped (queue overflow)."),
         "pointsman_decision_log_write_errors": ("write_errors", "Failed decision-log batch writes (retried)."),
@@ -146,6 +148,8 @@ async def _start(rt: GatewayRuntime) -> None:
     if brain.scan_pool is not None:
         metrics.watch_attributes(brain.scan_pool, {
             "pointsman_scan_pending": ("pending", "Long-request text scans waiting or running in workers."),
+        })
+        metrics.watch_counts(brain.scan_pool, {
             "pointsman_scan_completed": ("completed", "Long-request text scans done in worker processes."),
             "pointsman_scan_refused": ("refused", "Long-request text scans refused (queue full: 503)."),
             "pointsman_scan_timeouts": ("timeouts", "Long-request text scans stopped at classifiers.scan_timeout."),
@@ -171,7 +175,7 @@ async def _start(rt: GatewayRuntime) -> None:
     service.cache.set_encoder(lambda: brain.encoder)  # for semantic cache lookups
     await service.cache.start()  # connects to Redis when the cache lives there (fails open)
     metrics.registry.register(followups.compare.collector())
-    metrics.watch_attributes(followups.implicit, {
+    metrics.watch_counts(followups.implicit, {
         f"pointsman_implicit_feedback_{name}": (f"count_{name}", f"Implicit '{name}' feedback rows recorded.")
         for name in ("reask", "regenerate", "finish_length", "upstream_error")
     })

@@ -558,7 +558,7 @@ class ProxyService:
         assert record.latency_ms is not None and record.overhead_ms is not None
         route, model, backend = record.route or DIRECT_ROUTE, record.model or "", record.backend or ""
         metrics = self.metrics
-        metrics.requests_child(route, model, backend, str(record.status)).inc()
+        metrics.requests_child(route, model, backend, str(record.status), record.outcome).inc()
         metrics.latency_child(route, model, backend).observe(record.latency_ms / 1000.0)
         metrics.overhead_child(route).observe(record.overhead_ms / 1000.0)
         if record.ttft_ms is not None:

@@ -217,7 +217,11 @@ class Quotas:
             feature, scope = "budgets", spends[0].scope
         elif buckets and self.fail.limits == "closed":
             feature, scope = "limits", buckets[0].scope
-        self._count_unavailable("budgets" if spends else "limits")
+        # One store call asks for both; each feature it held falls back or refuses, and each is counted.
+        if buckets:
+            self._count_unavailable("limits")
+        if spends:
+            self._count_unavailable("budgets")
         if feature is None:
             return  # fail open: served unmetered
         self._count(requested, "shared_state_unavailable")

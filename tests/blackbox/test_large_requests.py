@@ -132,7 +132,7 @@ def test_a_long_request_is_redacted_in_full_and_forwarded_as_the_upstream_model(
     record = large_gateway.decision(response.headers["x-pointsman-request-id"])
     assert "redact-pii" in record["decision"]
     metrics = httpx.get(f"{large_gateway.url}/metrics", timeout=10).text
-    completed = re.search(r"^pointsman_scan_completed (\S+)$", metrics, re.MULTILINE)
+    completed = re.search(r"^pointsman_scan_completed_total (\S+)$", metrics, re.MULTILINE)
     assert completed and float(completed.group(1)) >= 2, "the signals and the redaction ran in a worker"
     assert re.search(r"^pointsman_scan_pending 0\.0$", metrics, re.MULTILINE)
 

@@ -207,14 +207,14 @@ def test_health_ready_and_metrics(gateway: GatewayProcess, client: OpenAI) -> No
     assert httpx.get(f"{gateway.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{gateway.url}/ready").status_code == 200
     metrics = httpx.get(f"{gateway.url}/metrics").text
-    assert 'pointsman_requests_total{backend="fake",model="fake-ok",route="auto",status="200"}' in metrics
+    assert 'pointsman_requests_total{backend="fake",model="fake-ok",outcome="ok",route="auto",status="200"}' in metrics
     assert "pointsman_request_duration_seconds_bucket" in metrics
     assert "pointsman_time_to_first_token_seconds" in metrics
     assert 'pointsman_tokens_total{backend="fake",kind="prompt",model="fake-ok",route="auto"}' in metrics
     assert "pointsman_cost_usd_total" in metrics
     assert 'pointsman_breaker_state{backend="fake"' in metrics
-    assert "pointsman_decision_log_written" in metrics
-    assert "pointsman_decision_log_write_errors 0.0" in metrics
+    assert "pointsman_decision_log_written_total" in metrics
+    assert "pointsman_decision_log_write_errors_total 0.0" in metrics
 
 
 def test_models_retrieve_gives_one_entry_or_a_404(client: OpenAI, gateway: GatewayProcess) -> None:

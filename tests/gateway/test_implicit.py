@@ -170,7 +170,8 @@ def test_answers_cut_at_the_token_limit_are_recorded(sdk: OpenAI, gw: GatewayPro
         assert implicit(gw, rid)["finish_length"]["score"] == 0.0
     assert implicit(gw, complete) == {}
     metrics = httpx.get(f"{gw.url}/metrics").text
-    counted = [line for line in metrics.splitlines() if line.startswith("pointsman_implicit_feedback_finish_length ")]
+    name = "pointsman_implicit_feedback_finish_length_total "
+    counted = [line for line in metrics.splitlines() if line.startswith(name)]
     assert counted and float(counted[0].split()[1]) >= 3
 
 

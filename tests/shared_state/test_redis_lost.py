@@ -20,9 +20,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.auth import hash_key
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 from tests.redisproc import PrivateRedis
@@ -110,6 +113,33 @@ def test_the_fail_modes_can_be_turned_round(upstream: FakeUpstream, tmp_path: Pa
         budget, took = _timed(gateway, "budget")
         assert not isinstance(budget, openai.APIStatusError), budget
         assert took < BOUND_S
+    finally:
+        gateway.terminate()
+        server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_key_with_limits_and_a_budget_counts_both_features_unavailable(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    # One reservation asks Redis for the key's rate limit and its budget at once; with Redis gone both
+    # features fall back (limits: open) or refuse (budgets: closed), and each is counted.
+    server = PrivateRedis(tmp_path).start()
+    config = lost_config(upstream, server.url)
+    key = "sk-both-0123456789"
+    config["auth"]["api_keys"].append({"name": "both", "sha256": hash_key(key), "limits": {"requests_per_minute": 60},
+                                       "budgets": [{"period": "day", "usd": 10.0}]})
+    gateway = GatewayProcess(config, tmp_path).start(timeout=60)
+    try:
+        server.stop()
+        sdk = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0, timeout=30)
+        with pytest.raises(openai.APIStatusError) as info:
+            sdk.chat.completions.create(model="auto", messages=[{"role": "user", "content": "hi"}], max_tokens=16)
+        assert info.value.status_code == 503 and "API key 'both'" in info.value.message
+        text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+        counted = {s.labels["feature"]: s.value for family in text_string_to_metric_families(text)
+                   for s in family.samples if s.name == "pointsman_shared_state_unavailable_total"}
+        assert counted == {"limits": 1.0, "budgets": 1.0}
     finally:
         gateway.terminate()
         server.stop()
