@@ -6,11 +6,13 @@ in lower case. Each is found whole and redacted exactly; what only looks like on
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
 
 from classifiers.signals import PIISignal, find_pii, redact, redact_body
+from classifiers.signals._text import SCOPES
 
 
 def parts(*texts: str) -> dict[str, Any]:
@@ -252,3 +254,50 @@ def test_context_redaction_replaces_only_the_number() -> None:
     assert json.loads(call) == {"name": "Ann", "phone": "[PHONE]", "ssn": "[US_SSN]"}
     assert redact_body({"model": "auto", "prompt": ["Caller's phone:", "4155552671"]}, ["phone"])["prompt"] == [
         "Caller's phone:", "[PHONE]"]
+
+
+_FILLER = ("I will look into the account settings and the delivery schedule for you; this can take a moment "
+           "while I check the records on our side and make sure nothing else is pending. ") * 2
+
+
+def test_redaction_removes_what_a_user_scoped_signal_finds_across_the_assistants_turn() -> None:
+    """A ``pii`` signal with ``scope: user`` reads the user turns one after another: "my phone number
+    follows" is right before the next user turn's bare number, so a redact rule applied. The redaction
+    read the whole conversation, where the assistant's long turn sits between them, found nothing, and
+    sent the number upstream."""
+    body = {"model": "auto", "messages": [
+        {"role": "user", "content": "Please call me back, my phone number follows."},
+        {"role": "assistant", "content": _FILLER},
+        {"role": "user", "content": "4155552671"},
+    ]}
+    assert PIISignal(kinds=["phone"], scope="user").extract(body).value == ["phone"]
+    redacted = redact_body(body, ["phone"])
+    assert redacted["messages"][2] == {"role": "user", "content": "[PHONE]"}
+    assert redacted["messages"][:2] == body["messages"][:2]
+
+
+def test_whatever_the_signal_finds_in_any_scope_is_gone_after_redaction() -> None:
+    """Random conversations of labels, numbers and filler in every role: each finding of the signal,
+    in every scope, is no longer in its message after redaction (19 of 2,000 leaked before the
+    redaction read the scopes' texts as the signal does)."""
+    fragments = ["my phone number follows.", "SSN:", "call me at", "order number", "Thanks, noted.",
+                 "What is your phone number?", "Please confirm your SSN.", "4155552671", "536-22-1234",
+                 "536221234", "(415) 555-2671", "ok", _FILLER, "email me: ann@example.com", "+44 20 7946 0958",
+                 "my number is"]
+    rng = random.Random(7)
+    kinds = ["phone", "us_ssn", "email"]
+    leaks = []
+    for _ in range(2000):
+        messages = [{"role": rng.choice(["user", "user", "assistant", "system"]),
+                     "content": " ".join(rng.choice(fragments) for _ in range(rng.randint(1, 2)))}
+                    for _ in range(rng.randint(1, 6))]
+        body = {"model": "auto", "messages": messages}
+        redacted = redact_body(body, kinds)["messages"]
+        for scope in SCOPES:
+            found = PIISignal(kinds=kinds, scope=scope, max_findings=100).extract(body).detail["findings"]
+            for finding in found:
+                original = messages[finding["message"]]["content"]
+                text = original[finding["span"][0]:finding["span"][1]]
+                if redacted[finding["message"]]["content"].count(text) >= original.count(text):
+                    leaks.append((scope, text, messages))
+    assert leaks == []

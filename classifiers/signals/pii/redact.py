@@ -6,9 +6,11 @@ import json
 import re
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from classifiers.messages import TextPiece, iter_message_texts, rewrite_message_texts
+from classifiers.signals._text import SCOPES, iter_texts
 from classifiers.signals.pii.findings import Finding
 from classifiers.signals.pii.scan import find_across, find_in_texts, find_pii
 
@@ -48,24 +50,66 @@ def redact_body(body: Mapping[str, Any], kinds: Iterable[str] | None = None) -> 
 
     Every text is read with the words around it, as the ``pii`` signal reads the request
     (:func:`~classifiers.signals.pii.scan.find_in_texts`): a bare ``4155552671`` answering "What is your
-    phone number?", or the value of an argument named ``phone``, is a phone number here as there.
+    phone number?", or the value of an argument named ``phone``, is a phone number here as there. And
+    as each of the signal's scopes reads it (``user``: the user turns one after another, ``last_user``,
+    ``system``): a signal with ``scope: user`` reads "my phone number follows" right before a later
+    turn's bare number, with the assistant's turn between them left out, and what it finds there is
+    redacted too.
     """
     wanted = tuple(kinds) if kinds is not None else None
     pieces = list(iter_message_texts(body))
     across = _redact_across_parts(pieces, wanted)
     found: dict[tuple[int, str, int], list[Finding]] = {}
-    for i, finding in find_in_texts([p.text for p in pieces], wanted):
-        piece = pieces[i]
-        found.setdefault((piece.message, piece.source, piece.part), []).append(finding)
+    for run in _scope_readings(body, pieces):
+        for i, finding in find_in_texts([p.text for p in run], wanted):
+            piece = run[i]
+            found.setdefault((piece.message, piece.source, piece.part), []).append(finding)
 
     def redacted(piece: TextPiece) -> str:
-        findings = found.get((piece.message, piece.source, piece.part), [])
+        findings = _merged(found.get((piece.message, piece.source, piece.part), []))
         if piece.source == "tool_call":
             return _redact_arguments(piece.text, wanted, findings) if findings else piece.text
         edits = across.get((piece.message, piece.part), []) if piece.source == "content" else []
         return _edit(piece.text, [*edits, *((f.start, f.end, placeholder(f.kind)) for f in findings)])
 
     return rewrite_message_texts(body, redacted)
+
+
+def _scope_readings(body: Mapping[str, Any], pieces: list[TextPiece]) -> Iterator[list[TextPiece]]:
+    """The runs of texts the ``pii`` signal may read together: every text (``all``), then each narrower
+    scope's texts, each run read once (a request of one user message is one run, not three)."""
+    yield pieces
+    seen = {tuple(_key(p) for p in pieces)}
+    for scope in SCOPES:
+        if scope == "all":
+            continue
+        run = list(iter_texts(body, scope))
+        keys = tuple(_key(p) for p in run)
+        if run and keys not in seen:
+            seen.add(keys)
+            yield run
+
+
+def _key(piece: TextPiece) -> tuple[int, str, int]:
+    return piece.message, piece.source, piece.part
+
+
+def _merged(findings: list[Finding]) -> list[Finding]:
+    """``findings`` of one text from several readings, overlapping ones made one (the union of their
+    spans, the kind of the longest): a number one reading found whole and another in part is redacted
+    whole, never leaving a fragment between two placeholders' edits."""
+    if len(findings) < 2:
+        return findings
+    out: list[Finding] = []
+    for f in sorted(findings, key=lambda f: (f.start, -(f.end - f.start))):
+        if out and f.start < out[-1].end:
+            last = out[-1]
+            if f.end > last.end:
+                longest = f if f.end - f.start > last.end - last.start else last
+                out[-1] = replace(longest, start=last.start, end=f.end)
+            continue
+        out.append(f)
+    return out
 
 
 def _edit(text: str, edits: Iterable[tuple[int, int, str]]) -> str:
