@@ -76,6 +76,10 @@ _POLL_INTERVAL = 0.1
 _PROBE_TIMEOUT = 2.0
 _TAIL_LINES = 200
 _READ_CHUNK = 65536
+# A line of the child's output longer than this is cut (the rest, up to its newline, is dropped):
+# llama.cpp prints its loading progress as dots with no newline, and a child stuck writing without one
+# must not grow the gateway's memory (nor re-copy what is pending on every read).
+MAX_OUTPUT_LINE = 8192
 # Restart back-off doubles from ``restart_backoff`` up to this; a child that served this long before
 # dying starts again from ``restart_backoff``.
 _MAX_BACKOFF = 30.0
@@ -118,6 +122,46 @@ def require_llama_server() -> None:
             f"local_model: llama-cpp-python's server is not installed (missing: {', '.join(missing)}); "
             f"run: {INSTALL_HINT}"
         )
+
+
+class OutputLines:
+    """Splits a stream of output into lines of at most ``limit`` bytes: a longer line is kept cut,
+    marked with `` [...]``, and the rest of it, up to its newline, is dropped. Holds at most ``limit``
+    bytes between calls."""
+
+    def __init__(self, limit: int = MAX_OUTPUT_LINE) -> None:
+        self._limit = limit
+        self._pending = bytearray()
+        self._cut = False  # the current line was already given out cut: skip to its newline
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` completes (or cuts), without their newlines."""
+        out: list[bytes] = []
+        start = 0
+        while start < len(chunk):
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if not self._cut:
+                room = self._limit - len(self._pending)
+                self._pending += piece[:room]
+                if len(piece) > room:
+                    out.append(bytes(self._pending) + b" [...]")
+                    self._pending.clear()
+                    self._cut = True
+            if end < 0:
+                break
+            if not self._cut:
+                out.append(bytes(self._pending))
+            self._pending.clear()
+            self._cut = False
+            start = end + 1
+        return out
+
+    def close(self) -> list[bytes]:
+        """What is left at EOF: the last line, if it had no newline."""
+        rest = [] if self._cut or not self._pending else [bytes(self._pending)]
+        self._pending.clear()
+        return rest
 
 
 class LocalModelServer:
@@ -451,13 +495,12 @@ class LocalModelServer:
 
     async def _drain(self, stream: asyncio.StreamReader) -> None:
         """Read the child's output until EOF: keep a tail for errors, log it at DEBUG."""
-        pending = b""
+        lines = OutputLines()
         while chunk := await stream.read(_READ_CHUNK):
-            *lines, pending = (pending + chunk).split(b"\n")
-            for raw in lines:
+            for raw in lines.feed(chunk):
                 self._record(raw)
-        if pending:
-            self._record(pending)
+        for raw in lines.close():
+            self._record(raw)
 
     def _record(self, raw: bytes) -> None:
         line = raw.decode("utf-8", errors="replace").rstrip()
