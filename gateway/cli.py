@@ -160,7 +160,8 @@ async def serve(config: Config) -> None:
                 app,
                 host=config.server.host,
                 port=config.server.port,
-                http=protocol_for(config.server.header_timeout),  # httptools, with head size and time limits
+                # httptools, with head size and time limits, and a write timeout for clients that stop reading
+                http=protocol_for(config.server.header_timeout, config.server.write_timeout),
                 timeout_keep_alive=config.server.keep_alive_timeout,  # type: ignore[arg-type]
                 limit_concurrency=None,  # see README "Configuration": at the limit /health would answer 503 too
                 loop="none",

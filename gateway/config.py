@@ -442,6 +442,11 @@ class ServerConfig(_Strict):
         description="seconds a connection may take to send a request's headers, from its opening or from the "
         "first byte of its next request (then 408 and closed; nothing sent: closed)",
     )
+    write_timeout: float = Field(
+        default=60.0, gt=0, allow_inf_nan=False,
+        description="seconds a connection's write buffer may stay over its high-water mark with none of it taken by "
+        "the client (a client that stopped reading a whole answer); then the connection is dropped",
+    )
     drain_timeout: float = Field(default=30.0, ge=0)
     log_prompts: bool | None = Field(
         default=None,

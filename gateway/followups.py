@@ -91,9 +91,8 @@ class Followups:
     def completed(
         self, served: Served, record: DecisionRecord, answer: bytes
     ) -> Callable[[], Awaitable[None]] | None:
-        """A non-streamed request is done (``record`` is its decision record, its response not yet
-        sent): record implicit feedback now; return what starts the comparison once the response is
-        sent, if there is one."""
+        """A non-streamed request is done (``record`` is its decision record, its response has left
+        the gateway): record implicit feedback now; return what starts the comparison, if there is one."""
         ok = record.status == 200 and record.outcome == "ok"
         self.implicit.finished(record, served.fingerprint, finish_length=ok and finished_by_length(answer))
         # A workflow's answer is not compared: its decision was a workflow, not a candidate model.

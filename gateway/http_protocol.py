@@ -23,7 +23,12 @@ requests). Here:
   byte now and then, or going quiet after the body, held the connection for ever);
 - requests pipelined ahead of the answers are read on only once the queued ones are answered, and
   more than :data:`MAX_PIPELINED` queued at once (a single socket read can hold thousands) end the
-  connection: the queued ones are answered, the last with ``Connection: close``, the rest are not read.
+  connection: the queued ones are answered, the last with ``Connection: close``, the rest are not read;
+- a connection whose write buffer has stayed over its high-water mark with none of it taken by the
+  client for ``write_timeout`` seconds (``server.write_timeout``) is aborted, its unsent bytes dropped.
+  A whole answer is written at once: what the client's socket did not take waited in the buffer (up to
+  ``server.max_response_bytes``) for a client that stopped reading, for ever (closing waits for the
+  buffer to empty), and held shutdown's drain. The request learns it from :data:`WRITTEN_KEY`.
 
 A pipelined request refused (400, 431) behind requests read whole is answered after them, in order:
 HTTP/1.1 answers every pipelined request before the close, and closing at once dropped their answers
@@ -38,7 +43,9 @@ queue and it is unread behind them (each was an upstream call for nobody).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +54,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from gateway.client_gone import SCOPE_KEY, ClientGone
 from gateway.responses import gateway_headers
+
+try:  # POSIX; elsewhere a stall is measured on the transport's buffer alone
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover
+    fcntl = termios = None  # type: ignore[assignment]
 
 #: The largest request head (request line plus headers) read, in bytes; larger: 431.
 MAX_HEAD_BYTES = 64 * 1024
@@ -62,6 +75,12 @@ _TCP_ESTABLISHED = 1  # Linux's tcp_states.h; after the client's FIN: CLOSE_WAIT
 #: Scope key of a request's ``abort()``: drops its connection at once, bytes not yet written included
 #: (a stream to a client that stopped reading: ``gateway/streaming.py``).
 ABORT_KEY = "pointsman.abort"
+#: Scope key of a request's ``written()``: awaited after its last write, None once the write buffer is
+#: not over its high-water mark (the client is taking the answer), else why the answer never will leave
+#: (:data:`STALLED`, or :data:`DISCONNECTED` for a connection lost otherwise).
+WRITTEN_KEY = "pointsman.written"
+STALLED = "client_stalled"
+DISCONNECTED = "client_disconnected"
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -69,6 +88,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     #: Seconds a request head may take to arrive; set per server by :func:`protocol_for`.
     head_timeout: float = 10.0
+    #: Seconds the write buffer may stay over its high-water mark with nothing taken; by :func:`protocol_for`.
+    write_timeout: float = 60.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -85,11 +106,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._running: RequestResponseCycle | None = None  # the request being answered
         # Armed while the rest of an answered request's body is read and dropped (see the module).
         self._discard_timer: asyncio.TimerHandle | None = None
+        # Armed while writing is paused (the buffer over its high-water mark), with the buffer's size
+        # when it was armed: one timer per write_timeout, not one per write.
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._write_buffered = 0
+        self._lost: str | None = None  # once the connection is lost: why, for written()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         self._running = cycle
         cycle.scope[SCOPE_KEY] = ClientGone()  # type: ignore[literal-required]  # fired in connection_lost
         cycle.scope[ABORT_KEY] = self.transport.abort  # type: ignore[literal-required]
+        cycle.scope[WRITTEN_KEY] = self._written  # type: ignore[literal-required]
         super()._start_asgi_task(cycle, app)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -99,6 +126,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         self._cancel_discard_timer()
+        self._cancel_write_timer()
+        if self._lost is None:
+            self._lost = DISCONNECTED
         # uvicorn tells only ``self.cycle``, the last request parsed, that the client is gone: with
         # requests queued behind it, the one being answered never learnt it (its upstream call ran on,
         # and writing its answer raised on the closed transport: an "unhandled error" logged).
@@ -158,6 +188,43 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             # (an HttpParserError), which uvicorn answers 400; answer 431 first, so that one is dropped.
             self._refuse(431, f"the request has more than {MAX_HEADERS} header lines")
             raise _HeadRefused
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._arm_write_timer()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel_write_timer()
+
+    async def _written(self) -> str | None:
+        """None once what was written so far is under the write buffer's high-water mark (the client is
+        taking it), else why it never will be: the connection was lost, or cut for a stalled client."""
+        if self._lost is None and self.flow.write_paused:
+            await self.flow.drain()  # set again by resume_writing, and by connection_lost
+        return self._lost
+
+    def _arm_write_timer(self) -> None:
+        self._write_buffered = _unsent(self.transport)
+        self._write_timer = self.loop.call_later(self.write_timeout, self._write_timed_out)
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        if self._lost is not None:
+            return
+        if _unsent(self.transport) < self._write_buffered:
+            # The client took some since the last check (when, the transport does not say): it is
+            # reading. Checked again a whole timeout later, so a stall is cut between one timeout and two.
+            self._arm_write_timer()
+            return
+        self._lost = STALLED
+        self.transport.abort()  # closing would wait for the bytes nobody reads; connection_lost follows
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -289,10 +356,27 @@ def _client_closed(transport: asyncio.Transport) -> bool:
     return bool(state != _TCP_ESTABLISHED)
 
 
+def _unsent(transport: asyncio.Transport) -> int:
+    """Bytes written to the connection that the client has not taken: the transport's buffer and the
+    kernel's send queue. The queue counts: it holds megabytes, and while a slow reader empties it the
+    buffer does not move (it moves on when a third of the queue is free), so a client reading a few
+    KB/s would look stalled for minutes."""
+    unsent = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    # A socket or a platform that cannot tell: the buffer alone.
+    with contextlib.suppress(AttributeError, OSError, TypeError, ValueError):
+        # TIOCOUTQ is Linux's SIOCOUTQ on a socket: the bytes in its send queue, not yet acknowledged.
+        unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    return unsent
+
+
 class _HeadRefused(Exception):
     """Stops the parser after a 431 (see :meth:`GatewayHttpProtocol.on_header`)."""
 
 
-def protocol_for(head_timeout: float) -> type[GatewayHttpProtocol]:
-    """The protocol class for a server whose request heads must arrive within ``head_timeout`` seconds."""
-    return type("GatewayHttpProtocol", (GatewayHttpProtocol,), {"head_timeout": head_timeout})
+def protocol_for(head_timeout: float, write_timeout: float = 60.0) -> type[GatewayHttpProtocol]:
+    """The protocol class for a server whose request heads must arrive within ``head_timeout`` seconds
+    and whose clients must take some of a full write buffer every ``write_timeout`` seconds."""
+    return type(
+        "GatewayHttpProtocol", (GatewayHttpProtocol,), {"head_timeout": head_timeout, "write_timeout": write_timeout}
+    )

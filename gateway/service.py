@@ -17,9 +17,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from starlette.background import BackgroundTasks
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from classifiers.offload import ScanPool, ScanUnavailable, redact, with_model_first
 from gateway.auth import KeyChecker
@@ -32,6 +33,7 @@ from gateway.errors import ModelNotFoundError, PointsmanError, ServiceUnavailabl
 from gateway.feedback import IssuedIds
 from gateway.followups import Followups, Served
 from gateway.forward import Completed, Forwarder, OpenedStream
+from gateway.http_protocol import DISCONNECTED, STALLED, WRITTEN_KEY
 from gateway.logs import request_id as current_request_id
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool
@@ -242,23 +244,60 @@ class ProxyService:
             trace.status, trace.outcome, trace.error_type = 500, "error", "internal_error"
             raise
         finally:
-            if not streaming:  # a stream is finished (and leaves in_flight) when its last byte is sent
+            # A stream is finished (and leaves in_flight) when its last byte is sent; a whole answer
+            # once it has left the connection's write buffer, or never will (_after_sent).
+            if streaming:
+                pass
+            elif response is None:  # nothing to send: a client gone before its answer, a bug's 500
                 self.metrics.in_flight.dec()
-                record = self._finish(trace)
-                after: list[Callable[[], Any]] = []
-                if answer is None:
-                    self.followups.failed(served, record)
-                else:
-                    launch = self.followups.completed(served, record, answer)
-                    if launch is not None:
-                        after.append(launch)
-                if joined is not None and self.experiments is not None:
-                    after.append(functools.partial(self.experiments.after_response, joined, record, served.forwarded))
-                if after and response is not None:
-                    tasks = BackgroundTasks()
-                    for task in after:
-                        tasks.add_task(task)
-                    response.background = tasks  # runs once the response is sent
+                self.followups.failed(served, self._finish(trace))
+            else:
+                response.background = BackgroundTask(self._after_sent, request.scope, served, joined, answer)
+
+    async def _after_sent(
+        self, scope: Scope, served: Served, joined: RequestContext | None, answer: bytes | None
+    ) -> None:
+        """A whole answer was handed to the connection (it runs as the response's background task):
+        once it has left, finish the request, then start what follows an answer (comparison, shadow
+        arms). A client that never takes it is cut by the server's write timeout (``server.write_timeout``):
+        its request is then finished as one whose client went away."""
+        written = scope.get(WRITTEN_KEY)  # absent under another ASGI server: taken as written
+        undelivered: str | None = None
+        try:
+            if callable(written):
+                undelivered = await written()
+        finally:  # also when cancelled (a forced shutdown): the request keeps its record
+            after = self._answered(served, joined, answer, undelivered)
+        for task in after:
+            await task()
+
+    def _answered(
+        self, served: Served, joined: RequestContext | None, answer: bytes | None, undelivered: str | None
+    ) -> list[Callable[[], Awaitable[None]]]:
+        """Finish a request whose response was sent (``undelivered``: why its bytes never left, or
+        None); returns what follows it."""
+        trace = served.trace
+        if undelivered is not None and trace.outcome == "ok":
+            # Accounted as a stream its client left: no comparison (the record is not "ok"), implicit
+            # feedback without an answer, shadow arms still decide (the request was served upstream).
+            trace.outcome, answer = DISCONNECTED, None
+            if undelivered == STALLED:
+                trace.error_type = STALLED
+                trace.error_message = (
+                    f"the client took none of its answer for {self.config.server.write_timeout:g}s"
+                )
+        self.metrics.in_flight.dec()
+        record = self._finish(trace)
+        after: list[Callable[[], Awaitable[None]]] = []
+        if answer is None:
+            self.followups.failed(served, record)
+        else:
+            launch = self.followups.completed(served, record, answer)
+            if launch is not None:
+                after.append(launch)
+        if joined is not None and self.experiments is not None:
+            after.append(functools.partial(self.experiments.after_response, joined, record, served.forwarded))
+        return after
 
     async def _plan(
         self, request: Request, endpoint: Endpoint, body: Mapping[str, Any], trace: RequestTrace, raw: bytes

@@ -128,6 +128,15 @@ def test_wrong_type_is_named() -> None:
     assert "backends.main.timeouts.connect" in message
 
 
+def test_write_timeout_must_be_a_positive_number_of_seconds() -> None:
+    assert parse_config({"backends": [_backend()]}, env={}).server.write_timeout == 60.0
+    config = parse_config({"backends": [_backend()], "server": {"write_timeout": 0.5}}, env={})
+    assert config.server.write_timeout == 0.5
+    for bad in (0, -1, "soon", float("inf"), float("nan")):
+        message = _error({"backends": [_backend()], "server": {"write_timeout": bad}})
+        assert "server.write_timeout" in message, (bad, message)
+
+
 def test_minilm_bf16_on_the_onnx_runtime_is_named() -> None:
     message = _error(
         {
