@@ -101,6 +101,13 @@ class DecisionStore(Protocol):
         embedding stays); returns how many conversations lost their text."""
         ...
 
+    async def reclaim_deleted(self) -> tuple[str, ...]:
+        """After :meth:`forget` or :meth:`purge_expired_text` committed: remove what they deleted from the
+        tables' pages where the database keeps it until a maintenance step (PostgreSQL keeps deleted row
+        versions until VACUUM). Returns the tables this step ran on; () where :meth:`forget` already did
+        what is needed (SQLite) or nothing is kept."""
+        ...
+
     async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:
         """Served decisions created at or after ``since`` (shadow rows left out), aggregated per
         ``bucket_seconds``-wide slice: per (slice, route, model) counts, errors, cost, tokens,

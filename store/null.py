@@ -70,6 +70,9 @@ class NullDecisionStore:
     async def purge_expired_text(self, now: float) -> int:
         return 0
 
+    async def reclaim_deleted(self) -> tuple[str, ...]:
+        return ()
+
     async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:
         return TrafficWindow(since=since, bucket_seconds=bucket_seconds)
 

@@ -72,6 +72,9 @@ _NUL = "\x00"
 #: Seconds :meth:`PostgresDecisionStore.close` waits for the pool to close gracefully before closing its
 #: connections outright.
 CLOSE_TIMEOUT = 5.0
+#: Seconds :meth:`PostgresDecisionStore.reclaim_deleted`'s VACUUM may take (the pool's command timeout,
+#: 30 s, is for the gateway's statements; VACUUM reads every page a delete left dead rows in).
+VACUUM_TIMEOUT = 3600.0
 
 
 class PostgresDecisionStore:
@@ -208,6 +211,19 @@ class PostgresDecisionStore:
         """Delete the text of conversations whose retention ended at or before ``now``."""
         status = await self._require_pool().execute(purge_text_sql("postgres"), now)  # "UPDATE <n>"
         return int(status.rsplit(" ", 1)[-1])
+
+    async def reclaim_deleted(self) -> tuple[str, ...]:
+        """VACUUM the tables forget and the text purge delete from, once their transaction committed.
+
+        A DELETE (and the purge's UPDATE) only marks row versions dead: the forgotten text stays in the
+        tables' pages, readable from the data files, until a VACUUM removes the versions and their index
+        entries, which autovacuum does whenever it gets round to it. VACUUM cannot run in a transaction
+        block, so it is sent on its own (asyncpg's autocommit). It cannot remove a version a transaction
+        still open may read (its snapshot predates the delete); that one goes at a later (auto)vacuum.
+        """
+        async with self._require_pool().acquire() as conn:
+            await conn.execute(f"VACUUM {', '.join(FORGET_TABLES)}", timeout=VACUUM_TIMEOUT)
+        return FORGET_TABLES
 
     # --- reads ---------------------------------------------------------------------------------
 

@@ -372,6 +372,11 @@ class SQLiteDecisionStore:
         """Delete the text of conversations whose retention ended at or before ``now``."""
         return await self._run(self._purge_sync, now)
 
+    async def reclaim_deleted(self) -> tuple[str, ...]:
+        """Nothing to do: forget and the purge overwrite what they delete (``secure_delete``) and empty
+        the write-ahead log themselves (:meth:`_erase_wal_sync`)."""
+        return ()
+
     def _purge_sync(self, now: float) -> int:
         conn = self._require_conn()
         with _transaction(conn):
