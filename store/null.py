@@ -31,8 +31,8 @@ class NullDecisionStore:
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
         return None
 
-    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
-        return None
+    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> list[int]:
+        return []
 
     async def close(self) -> None:
         return None
