@@ -8,6 +8,7 @@ of the schema adds the tombstone tables; a step-6 database keeps its rows when i
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from collections.abc import Callable
@@ -26,9 +27,10 @@ from store import (
     SQLiteDecisionStore,
     SubCallRecord,
 )
+from store._codec import encode_row
 from store.admin import forget
 from store.base import DecisionStore
-from store.schema import migrations, version_table_ddl
+from store.schema import insert_decisions_sql, migrations, version_table_ddl
 from tests.store.conftest import pg_schema
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -210,3 +212,43 @@ async def test_a_step6_database_upgraded_to_step7_keeps_its_rows_and_honours_tom
             await store.close()
 
     await _on_each(kind, tmp_path, check)
+
+
+# --- PostgreSQL: a gateway's write in flight when the forget starts ---------------------------------
+
+
+@pytest.mark.postgres
+async def test_a_decision_write_in_flight_when_a_forget_starts_does_not_outlive_it(make_record: MakeRecord) -> None:
+    """A gateway's batch that inserted its rows but has not committed when the forget begins: its statement
+    ran before the tombstone existed, and the forget's deletes cannot see its uncommitted rows. The forget
+    waits for that transaction (and new writes wait for the forget), so the row does not survive it."""
+    async with pg_schema() as dsn:
+        store = PostgresDecisionStore(dsn)
+        await store.open()
+        await store.close()
+        schema = dsn.rsplit("search_path=", 1)[1]
+        gateway = await asyncpg.connect(dsn)
+        try:
+            in_flight = gateway.transaction()
+            await in_flight.start()
+            await gateway.executemany(insert_decisions_sql("postgres"),
+                                      [encode_row(make_record(1, tenant="acme", created_at=time.time() - 1))])
+            forgetting = asyncio.create_task(forget(dsn, tenant="acme"))
+            # Until the forget has done what it does while the write is open: finished, or waiting for a lock
+            # (PostgreSQL signals neither to another session: pg_locks is read until it shows).
+            deadline = time.monotonic() + 30
+            while not forgetting.done() and not await gateway.fetchval(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE NOT l.granted AND n.nspname = $1", schema,
+            ):
+                assert time.monotonic() < deadline, "the forget neither finished nor waited for the open write"
+                await asyncio.sleep(0.01)
+            await in_flight.commit()
+            assert (await forgetting)["decisions"] == 1
+        finally:
+            await gateway.close()
+        await store.open()
+        try:
+            assert await store.count() == 0
+        finally:
+            await store.close()
