@@ -20,6 +20,9 @@ The gateway's own judges (route comparisons, ratings workflows) write ``source: 
 request a client's ``judge`` row under ``quality`` is a 400 (it would replace the gateway's verdict);
 everywhere else clients post ``judge`` freely.
 
+An id ``pointsman forget`` deleted (the request, or its tenant's requests issued until then) is a 404 too,
+though this process may still remember it: the store's tombstone keeps the write from happening.
+
 The 200 is sent only after the row committed (:class:`store.FeedbackWriter`); when the store cannot
 write, the answer is 503 with ``Retry-After``, never a 200 for feedback that was not stored.
 """
@@ -45,7 +48,7 @@ from gateway.metrics import Metrics
 from gateway.protocol import ClientDisconnected, decode_body, read_body
 from gateway.responses import error_response, json_response
 from policies.echo import client_echo
-from store import DecisionRecord, DecisionStore, FeedbackRecord, FeedbackWriter, StoreUnavailable
+from store import DecisionRecord, DecisionStore, FeedbackRecord, FeedbackWriter, RequestForgotten, StoreUnavailable
 from store.deadline import within
 from store.outcomes import JUDGE_SOURCE, QUALITY_METRIC  # what the gateway's own judges write
 
@@ -72,11 +75,12 @@ class Issued:
     tenant: str | None
     model: str = ""  # the model that answered ("" when none did)
     judged: bool = False  # the gateway writes its own judge rows on it (a comparison, a ratings workflow)
+    issued_at: float | None = None  # the decision's created_at: a tenant forgotten since covers the request
 
     @classmethod
     def of(cls, record: DecisionRecord) -> Issued:
         """The entry for a decision record (from this process or from the store)."""
-        return cls(record.tenant, record.model or "", gateway_judges(record))
+        return cls(record.tenant, record.model or "", gateway_judges(record), record.created_at)
 
 
 def gateway_judges(record: DecisionRecord) -> bool:
@@ -267,12 +271,16 @@ class FeedbackService:
             item = FeedbackRecord(
                 request_id=given.request_id, score=given.score, metric=given.metric, source=given.source,
                 model=model, label=given.label, comment=given.comment, tenant=tenant,
-                created_at=time.time(), metadata={"input": given.kind},
+                created_at=time.time(), metadata={"input": given.kind}, issued_at=issued.issued_at,
             )
             try:
                 await self.writer.submit(item)
             except StoreUnavailable as exc:
                 raise _unavailable(str(exc)) from exc
+            except RequestForgotten as exc:
+                # pointsman forget (another process) deleted it since this process issued it: the id it
+                # still remembers is not known any more, and the write left nothing behind.
+                raise _not_found(given.request_id) from exc
         except PointsmanError as error:
             self.outcomes.labels(_outcome(error)).inc()
             return error_response(error)

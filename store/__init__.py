@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Literal
 
 from store.base import DecisionStore
-from store.errors import StoreError, StoreNotFound, StoreSchemaNewer, StoreUnavailable
+from store.errors import RequestForgotten, StoreError, StoreNotFound, StoreSchemaNewer, StoreUnavailable
 from store.feedback_writer import FeedbackWriter
 from store.null import NullDecisionStore
 from store.postgres import PostgresDecisionStore
@@ -61,6 +61,7 @@ __all__ = [
     "LoggedRequest",
     "NullDecisionStore",
     "PostgresDecisionStore",
+    "RequestForgotten",
     "SQLiteDecisionStore",
     "StoreError",
     "StoreNotFound",

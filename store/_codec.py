@@ -133,6 +133,22 @@ def encode_row(record: DecisionRecord, *, strip_nul: bool = False) -> tuple[Any,
     return tuple(out)
 
 
+_SHADOW_OF = next(i for i, spec in enumerate(_SPEC) if spec[0] == "shadow_of")
+_CREATED_AT = next(i for i, spec in enumerate(_SPEC) if spec[0] == "created_at")
+
+
+def of_decision(row: tuple[Any, ...]) -> tuple[Any, Any]:
+    """(shadow_of, created_at) of an encoded decision row: the parameters a conversation or sub-call row
+    carries after its columns, for the tombstone check (:func:`store.schema.insert_conversation_sql`)."""
+    return row[_SHADOW_OF], row[_CREATED_AT]
+
+
+def feedback_check(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The parameters of :func:`store.schema.feedback_covered_sql` from a feedback row as the stores write it
+    (FEEDBACK_COLUMNS, then when the request was issued): request_id, tenant, issued at, created_at."""
+    return row[0], row[9], row[10], row[1]
+
+
 def record_from_row(row: RowLike) -> DecisionRecord:
     """Build a record from a row keyed by column name."""
     values: dict[str, Any] = {}

@@ -3,11 +3,18 @@ delete conversation text past its retention."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from store.errors import StoreSchemaNewer
+from store.recorder import describe_error
 from store.schema import SCHEMA_VERSION
 from store.url import masked_store_url, opened_store
+
+logger = logging.getLogger(__name__)
+
+#: Key prefix in :func:`forget`'s counts of a table VACUUMed after the deletion (PostgreSQL): ``vacuumed:<table>``.
+VACUUMED = "vacuumed:"
 
 
 async def forget(
@@ -22,7 +29,8 @@ async def forget(
 
     Returns rows deleted per table (``decisions``, ``feedback``, ``conversations``, ``subcalls``)
     when a tenant or request id is given, plus ``purged_text`` (conversations whose text was deleted) when
-    ``purge_expired``.
+    ``purge_expired``, plus ``vacuumed:<table>`` (1) for each table VACUUMed once the deletion committed
+    (PostgreSQL: :meth:`DecisionStore.reclaim_deleted`).
 
     Raises :class:`StoreSchemaNewer` (deleting nothing) for a store a newer release migrated: its newer
     steps may keep a tenant's data in tables this code does not know, and a forget that reports success
@@ -42,6 +50,15 @@ async def forget(
             counts.update(await store.forget(tenant=tenant, request_id=request_id))
         if purge_expired:
             counts["purged_text"] = await store.purge_expired_text(time.time() if now is None else now)
+        if any(counts.values()):
+            # The deletion committed: a failed VACUUM is reported, it does not undo or hide the deletion.
+            try:
+                vacuumed = await store.reclaim_deleted()
+            except Exception as exc:
+                logger.warning("the deleted rows are deleted, but VACUUM failed (%s): they stay in the tables' "
+                               "pages until autovacuum runs", describe_error(exc))
+                vacuumed = ()
+            counts.update({f"{VACUUMED}{table}": 1 for table in vacuumed})
         return counts
 
 
@@ -56,4 +73,8 @@ def describe(counts: dict[str, int], *, tenant: str | None, request_id: str | No
         )
     if "purged_text" in counts:
         lines.append(f"purged the text of {counts['purged_text']} conversations past their retention")
+    vacuumed = [key.removeprefix(VACUUMED) for key in counts if key.startswith(VACUUMED)]
+    if vacuumed:
+        lines.append(f"vacuumed {', '.join(vacuumed)}: the deleted row versions are gone from the tables "
+                     "(not from the write-ahead log, backups or replicas: see README)")
     return lines

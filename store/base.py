@@ -40,12 +40,13 @@ class DecisionStore(Protocol):
 
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
         """Persist ``records`` (and the conversation and sub-calls each carries) in one
-        transaction: all of them, or none (and raise)."""
+        transaction: all of them, or none (and raise). A record a tombstone covers is left out."""
         ...
 
-    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
+    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> Sequence[int] | None:
         """Upsert ``items`` in one transaction, durably committed when this returns; raises (and
-        writes nothing) on failure."""
+        writes nothing) on failure. Returns the indexes of the items a tombstone covered (see
+        :meth:`forget`), which were not written; None or empty when every item was."""
         ...
 
     async def close(self) -> None:
@@ -91,6 +92,9 @@ class DecisionStore(Protocol):
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
         """Delete everything stored about a tenant or about one request (decisions, feedback,
         conversations, sub-calls); returns rows deleted per table (:data:`store.schema.FORGET_TABLES`).
+        Writes a tombstone in the (first) deleting transaction: from then on the writers skip rows of the
+        request (and its shadows), or of the tenant's requests issued up to the forget, so what a running
+        gateway still holds (queued records, remembered ids) is not written again; later traffic is kept.
         Exactly one of ``tenant`` and ``request_id`` is given. A request's rows go in one transaction; a
         tenant's may go in several (SQLite), each deleting whole requests, so an interrupted forget
         leaves no row without its decision and running it again finishes it."""
@@ -99,6 +103,13 @@ class DecisionStore(Protocol):
     async def purge_expired_text(self, now: float) -> int:
         """Delete the text of conversations whose retention ended at or before ``now`` (the
         embedding stays); returns how many conversations lost their text."""
+        ...
+
+    async def reclaim_deleted(self) -> tuple[str, ...]:
+        """After :meth:`forget` or :meth:`purge_expired_text` committed: remove what they deleted from the
+        tables' pages where the database keeps it until a maintenance step (PostgreSQL keeps deleted row
+        versions until VACUUM). Returns the tables this step ran on; () where :meth:`forget` already did
+        what is needed (SQLite) or nothing is kept."""
         ...
 
     async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:

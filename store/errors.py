@@ -25,3 +25,8 @@ class StoreSchemaNewer(StoreError):
 class StoreNotFound(StoreError):
     """A command was pointed at a store that does not exist (a SQLite file that is not there): reading
     or deleting from it would create an empty database and report success on the wrong file."""
+
+
+class RequestForgotten(StoreError):
+    """The request was forgotten (``pointsman forget``): a tombstone covers it, and nothing about it is
+    written any more. For the client it is a request id that is not known."""

@@ -22,7 +22,7 @@ import time
 
 from store.base import DecisionStore
 from store.deadline import within
-from store.errors import StoreUnavailable
+from store.errors import RequestForgotten, StoreUnavailable
 from store.recorder import describe_error
 from store.records import FeedbackRecord
 
@@ -118,7 +118,8 @@ class FeedbackWriter:
         """Write ``item``; returns once the transaction holding it committed.
 
         Raises :class:`StoreUnavailable` when the write failed or timed out, when ``max_pending``
-        submits are already waiting, or when the writer is stopped.
+        submits are already waiting, or when the writer is stopped; :class:`RequestForgotten` (nothing
+        written) when ``pointsman forget`` forgot the request.
         """
         if self._closed or self._task is None or self._task.done():
             self._failed += 1
@@ -149,7 +150,7 @@ class FeedbackWriter:
         try:
             # Feedback rows are upserts keyed by (request id, metric, source, model): a write given up
             # on here that commits later is the same row the client's retry writes.
-            await within(self.store.write_feedback([item for item, _future in batch]), self.write_timeout)
+            skipped = await within(self.store.write_feedback([item for item, _future in batch]), self.write_timeout)
         except Exception as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else describe_error(exc)
             self._log_failure(why, len(batch))
@@ -162,10 +163,15 @@ class FeedbackWriter:
         finally:
             self._inflight = 0
         self._batches += 1
-        for _item, future in batch:
-            if not future.done():  # a submitter that went away (client disconnect) is cancelled
+        covered = frozenset(skipped or ())
+        for i, (_item, future) in enumerate(batch):
+            if future.done():  # a submitter that went away (client disconnect) is cancelled
+                continue
+            if i in covered:
+                future.set_exception(RequestForgotten("the request was forgotten; nothing about it is written"))
+            else:
                 future.set_result(None)
-        self._written += len(batch)
+        self._written += len(batch) - len(covered)
 
     def _fail(self, futures: list[asyncio.Future[None]], message: str) -> None:
         for future in futures:

@@ -31,8 +31,8 @@ class NullDecisionStore:
     async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
         return None
 
-    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
-        return None
+    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> list[int]:
+        return []
 
     async def close(self) -> None:
         return None
@@ -69,6 +69,9 @@ class NullDecisionStore:
 
     async def purge_expired_text(self, now: float) -> int:
         return 0
+
+    async def reclaim_deleted(self) -> tuple[str, ...]:
+        return ()
 
     async def traffic(self, since: float, bucket_seconds: float) -> TrafficWindow:
         return TrafficWindow(since=since, bucket_seconds=bucket_seconds)

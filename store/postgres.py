@@ -22,8 +22,10 @@ from store._codec import (
     encode_json,
     encode_row,
     encode_subcall,
+    feedback_check,
     feedback_from_row,
     join_logged,
+    of_decision,
     record_from_row,
     subcall_from_row,
 )
@@ -41,9 +43,14 @@ from store.records import (
     TrafficWindow,
 )
 from store.schema import (
+    CONVERSATIONS_TABLE,
+    DECISIONS_TABLE,
     EXPERIMENT_UNREAD,
+    FEEDBACK_TABLE,
     FORGET_TABLES,
+    SUBCALLS_TABLE,
     VERSION_TABLE,
+    feedback_covered_sql,
     forget_sql,
     insert_conversation_sql,
     insert_decisions_sql,
@@ -56,6 +63,7 @@ from store.schema import (
     select_decisions_sql,
     select_feedback_sql,
     select_subcalls_sql,
+    tombstone_sql,
     upsert_feedback_sql,
     version_table_ddl,
     without_feedback_sql,
@@ -72,6 +80,12 @@ _NUL = "\x00"
 #: Seconds :meth:`PostgresDecisionStore.close` waits for the pool to close gracefully before closing its
 #: connections outright.
 CLOSE_TIMEOUT = 5.0
+#: The tables a gateway writes a request's rows to, in the order its transactions write them
+#: (decisions, then their conversations and sub-calls; feedback alone): forget locks them in this order.
+_WRITE_ORDER = (DECISIONS_TABLE, CONVERSATIONS_TABLE, SUBCALLS_TABLE, FEEDBACK_TABLE)
+#: Seconds :meth:`PostgresDecisionStore.reclaim_deleted`'s VACUUM may take (the pool's command timeout,
+#: 30 s, is for the gateway's statements; VACUUM reads every page a delete left dead rows in).
+VACUUM_TIMEOUT = 3600.0
 
 
 class PostgresDecisionStore:
@@ -97,7 +111,8 @@ class PostgresDecisionStore:
         self.schema_version = 0
         self._insert_sql = insert_decisions_sql("postgres")
         self._conversation_sql = insert_conversation_sql("postgres")
-        self._feedback_sql = upsert_feedback_sql("postgres")
+        self._feedback_sql = upsert_feedback_sql("postgres") + " RETURNING 1"
+        self._covered_sql = feedback_covered_sql("postgres")
         self._subcalls_sql = insert_subcalls_sql("postgres")
 
     def _require_pool(self) -> asyncpg.Pool:
@@ -174,10 +189,14 @@ class PostgresDecisionStore:
             return
         # PostgreSQL refuses U+0000 in text and jsonb; strip it rather than refuse the whole batch.
         rows = [encode_row(r, strip_nul=True) for r in records]
+        # A child row carries its decision's shadow_of and created_at: a tombstone covering the decision
+        # covers it too (schema.insert_conversation_sql).
         conversations = [
-            encode_conversation(r.conversation, strip_nul=True) for r in records if r.conversation is not None
+            (*encode_conversation(r.conversation, strip_nul=True), *of_decision(row))
+            for r, row in zip(records, rows, strict=True) if r.conversation is not None
         ]
-        subcalls = [encode_subcall(s, strip_nul=True) for r in records for s in r.subcalls]
+        subcalls = [(*encode_subcall(s, strip_nul=True), *of_decision(row))
+                    for r, row in zip(records, rows, strict=True) for s in r.subcalls]
         async with self._require_pool().acquire() as conn, conn.transaction():
             await conn.executemany(self._insert_sql, rows)
             if conversations:
@@ -185,20 +204,32 @@ class PostgresDecisionStore:
             if subcalls:
                 await conn.executemany(self._subcalls_sql, subcalls)
 
-    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
-        """Upsert ``items`` in one transaction (committed, hence durable, when this returns)."""
+    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> list[int]:
+        """Upsert ``items`` in one transaction (committed, hence durable, when this returns); returns the
+        indexes of the items a tombstone covered (not written)."""
         if not items:
-            return
-        rows = [encode_feedback(item, strip_nul=True) for item in items]
+            return []
+        rows = [(*encode_feedback(item, strip_nul=True), item.issued_at) for item in items]
         async with self._require_pool().acquire() as conn, conn.transaction():
-            await conn.executemany(self._feedback_sql, rows)
+            # One row back per row written, inserted or replaced: the same pipelined round trip as executemany.
+            written = await conn.fetchmany(self._feedback_sql, rows)
+            if len(written) >= len(rows):
+                return []
+            # Which were skipped is asked only then (rarely: feedback on a forgotten request).
+            return [i for i, row in enumerate(rows) if await conn.fetchval(self._covered_sql, *feedback_check(row))]
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
         """Delete a tenant's or a request's decisions, feedback, conversations and sub-calls in one
-        transaction."""
+        transaction, with the tombstone that keeps a running gateway from writing them again."""
         by_tenant, value = check_forget_args(tenant, request_id)
         counts: dict[str, int] = {}
         async with self._require_pool().acquire() as conn, conn.transaction():
+            # A gateway's write that began before the tombstone commits does not see it, and this
+            # transaction's deletes do not see that write's rows until it commits: such a row would outlive
+            # the forget. The lock waits for those writes and holds new ones until the tombstone is visible
+            # (a gateway's writes wait for the forget; its reads do not). In the order write_batch takes them.
+            await conn.execute(f"LOCK TABLE {', '.join(_WRITE_ORDER)} IN SHARE ROW EXCLUSIVE MODE")
+            await conn.execute(tombstone_sql("postgres", by_tenant=by_tenant), value, time.time())
             for table, sql in forget_sql("postgres", by_tenant=by_tenant):
                 status = await conn.execute(sql, value)  # "DELETE <n>"
                 counts[table] = int(status.rsplit(" ", 1)[-1])
@@ -208,6 +239,19 @@ class PostgresDecisionStore:
         """Delete the text of conversations whose retention ended at or before ``now``."""
         status = await self._require_pool().execute(purge_text_sql("postgres"), now)  # "UPDATE <n>"
         return int(status.rsplit(" ", 1)[-1])
+
+    async def reclaim_deleted(self) -> tuple[str, ...]:
+        """VACUUM the tables forget and the text purge delete from, once their transaction committed.
+
+        A DELETE (and the purge's UPDATE) only marks row versions dead: the forgotten text stays in the
+        tables' pages, readable from the data files, until a VACUUM removes the versions and their index
+        entries, which autovacuum does whenever it gets round to it. VACUUM cannot run in a transaction
+        block, so it is sent on its own (asyncpg's autocommit). It cannot remove a version a transaction
+        still open may read (its snapshot predates the delete); that one goes at a later (auto)vacuum.
+        """
+        async with self._require_pool().acquire() as conn:
+            await conn.execute(f"VACUUM {', '.join(FORGET_TABLES)}", timeout=VACUUM_TIMEOUT)
+        return FORGET_TABLES
 
     # --- reads ---------------------------------------------------------------------------------
 

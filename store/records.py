@@ -140,6 +140,9 @@ class FeedbackRecord:
     tenant: str | None = None
     created_at: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: When the request was issued (its decision's ``created_at``), for the tombstone of a tenant forgotten
+    #: since; not stored. None: unknown (the store reads its decision's, else ``created_at``).
+    issued_at: float | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)

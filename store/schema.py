@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from store.records import COLUMNS, JSON_COLUMNS, DecisionRecord
@@ -27,7 +27,7 @@ Dialect = Literal["sqlite", "postgres"]
 logger = logging.getLogger(__name__)
 
 #: The newest schema version this code writes.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 DECISIONS_TABLE = "decisions"
 FEEDBACK_TABLE = "feedback"
@@ -37,6 +37,8 @@ EXPERIMENTS_TABLE = "experiments"
 ARM_STOPS_TABLE = "experiment_stops"
 ASSIGNMENTS_TABLE = "experiment_assignments"
 VERSION_TABLE = "schema_version"
+FORGOTTEN_TENANTS_TABLE = "forgotten_tenants"
+FORGOTTEN_REQUESTS_TABLE = "forgotten_requests"
 
 #: Columns of ``decisions`` that get an index (what evals and dashboards filter on).
 INDEXED_COLUMNS: tuple[str, ...] = ("created_at", "route", "model", "tenant")
@@ -343,6 +345,26 @@ _STEP6: tuple[str, ...] = (
 )
 
 
+# --- step 7: tombstones, so what a running gateway still holds of a forgotten request is not written after it --
+
+
+def _step7(dialect: Dialect) -> list[str]:
+    """Add the tombstone tables ``pointsman forget`` writes in the transaction that deletes: a tenant's, with
+    the time of the forget (it covers the requests issued up to then), and a request id's (with its shadows'
+    ids). The writers' statements skip the rows a tombstone covers (:func:`covered_sql`)."""
+    text, real = ("TEXT", "REAL") if dialect == "sqlite" else ("text", "double precision")
+    return [
+        f"CREATE TABLE IF NOT EXISTS {FORGOTTEN_TENANTS_TABLE} (\n"
+        f"    tenant {text} NOT NULL PRIMARY KEY,\n"
+        f"    forgotten_at {real} NOT NULL\n"
+        ")",
+        f"CREATE TABLE IF NOT EXISTS {FORGOTTEN_REQUESTS_TABLE} (\n"
+        f"    request_id {text} NOT NULL PRIMARY KEY,\n"
+        f"    forgotten_at {real} NOT NULL\n"
+        ")",
+    ]
+
+
 def note_newer_schema(found: int, where: str) -> None:
     """Warn when the database was migrated by a newer release than this code (``found`` > SCHEMA_VERSION).
 
@@ -373,7 +395,7 @@ def migrations(dialect: Dialect) -> list[tuple[int, list[str]]]:
     """Numbered migration steps, oldest first. Append new steps; never edit a released one."""
     step1 = _STEP1_SQLITE if dialect == "sqlite" else _STEP1_POSTGRES
     return [(1, list(step1)), (2, _step2(dialect)), (3, _step3(dialect)), (4, _step4(dialect)),
-            (5, _step5(dialect)), (6, list(_STEP6))]
+            (5, _step5(dialect)), (6, list(_STEP6)), (7, _step7(dialect))]
 
 
 # --- statements the stores run -------------------------------------------------------------------
@@ -383,14 +405,52 @@ def _placeholders(dialect: Dialect, n: int) -> str:
     return ", ".join("?" for _ in range(n)) if dialect == "sqlite" else ", ".join(f"${i}" for i in range(1, n + 1))
 
 
-def insert_decisions_sql(dialect: Dialect) -> str:
-    """INSERT for one decision row; a request id already stored is ignored, so a retried batch
-    never duplicates or overwrites a row."""
-    names = ", ".join(COLUMNS)
+def _mark(dialect: Dialect, n: int) -> str:
+    """The ``n``-th (1-based) parameter, numbered: the guarded statements use some of them twice."""
+    return f"?{n}" if dialect == "sqlite" else f"${n}"
+
+
+def _typed_marks(dialect: Dialect, types: Sequence[str]) -> str:
+    """Numbered parameters for an INSERT ... SELECT, one per column type. PostgreSQL reads an untyped
+    parameter in a SELECT list as text, so each is cast to its column's type there."""
+    if dialect == "sqlite":
+        return ", ".join(f"?{n}" for n in range(1, len(types) + 1))
+    return ", ".join(f"${n}::{t}" for n, t in enumerate(types, start=1))
+
+
+def covered_sql(dialect: Dialect, request_ids: Sequence[int], tenant: int, issued_at: str) -> str:
+    """A condition, true when a tombstone covers a row: one of the parameters numbered ``request_ids`` (the
+    row's id, the decision it shadows) was forgotten, or its tenant (parameter ``tenant``) was forgotten at
+    or after ``issued_at`` (an SQL expression: when the request was issued). A NULL id or tenant matches
+    nothing. Both lookups are primary-key probes of small tables, inside the writer's own statement."""
+    ids = ", ".join(_mark(dialect, n) for n in request_ids)
     return (
-        f"INSERT INTO {DECISIONS_TABLE} ({names}) VALUES ({_placeholders(dialect, len(COLUMNS))}) "
-        "ON CONFLICT (request_id) DO NOTHING"
+        f"EXISTS (SELECT 1 FROM {FORGOTTEN_REQUESTS_TABLE} WHERE request_id IN ({ids})) OR "
+        f"EXISTS (SELECT 1 FROM {FORGOTTEN_TENANTS_TABLE} WHERE tenant = {_mark(dialect, tenant)} "
+        f"AND forgotten_at >= {issued_at})"
     )
+
+
+def _guarded_insert(dialect: Dialect, table: str, columns: Sequence[str], types: Sequence[str], covered: str) -> str:
+    """INSERT of one row of ``columns`` (parameters 1 to n; ``types`` are their PostgreSQL types) unless
+    ``covered``: one statement, so the tombstone check costs the batch no round trip."""
+    marks = _typed_marks(dialect, types[: len(columns)])
+    return f"INSERT INTO {table} ({', '.join(columns)}) SELECT {marks} WHERE NOT ({covered})"
+
+
+def _pg_type(kind_type: str) -> str:
+    return kind_type.removesuffix(" NOT NULL")
+
+
+def insert_decisions_sql(dialect: Dialect) -> str:
+    """INSERT for one decision row (parameters in COLUMNS order); a request id already stored is ignored, so
+    a retried batch never duplicates or overwrites a row, and a row a tombstone covers (its id or the id it
+    shadows forgotten, or its tenant forgotten since its ``created_at``) is not written."""
+    types = [_pg_type(t) for t in column_types("postgres").values()]
+    index = {name: n for n, name in enumerate(COLUMNS, start=1)}
+    covered = covered_sql(dialect, (index["request_id"], index["shadow_of"]), index["tenant"],
+                          _mark(dialect, index["created_at"]))
+    return _guarded_insert(dialect, DECISIONS_TABLE, COLUMNS, types, covered) + " ON CONFLICT (request_id) DO NOTHING"
 
 
 #: Columns an experiment read leaves unread (read back empty): no A/B report or arm allocation uses them,
@@ -406,14 +466,64 @@ def select_decisions_sql(unread: Mapping[str, str] | None = None) -> str:
     return f"SELECT {', '.join(columns)} FROM {DECISIONS_TABLE}"
 
 
+#: PostgreSQL types of FEEDBACK_COLUMNS, then of the one parameter that is no column: when the request was issued.
+_FEEDBACK_TYPES: tuple[str, ...] = (
+    "text", "double precision", "double precision", "text", "text", "jsonb", "text", "text", "text", "text",
+    "double precision",
+)
+
+
 def upsert_feedback_sql(dialect: Dialect) -> str:
-    """INSERT for one piece of feedback in FEEDBACK_COLUMNS order; an existing row with the same
-    (request_id, metric, source, model) is replaced in place, so a repeat never adds a row."""
-    names = ", ".join(FEEDBACK_COLUMNS)
+    """INSERT for one piece of feedback: FEEDBACK_COLUMNS, then when its request was issued (NULL: unknown).
+    An existing row with the same (request_id, metric, source, model) is replaced in place, so a repeat never
+    adds a row; a row a tombstone covers is not written. A request issued at an unknown time counts as issued
+    when its decision was (stored), else when the feedback was made."""
+    names = list(FEEDBACK_COLUMNS)
     updates = ", ".join(f"{c} = excluded.{c}" for c in FEEDBACK_COLUMNS if c not in FEEDBACK_KEY)
+    # Typed where PostgreSQL cannot infer a parameter's type from the expression around it.
+    cast = (lambda n, t: _mark(dialect, n)) if dialect == "sqlite" else (lambda n, t: f"{_mark(dialect, n)}::{t}")
+    issued_at = (
+        f"coalesce({cast(len(names) + 1, 'double precision')}, (SELECT d.created_at FROM {DECISIONS_TABLE} d "
+        f"WHERE d.request_id = {cast(1, 'text')}), {cast(2, 'double precision')})"
+    )
+    covered = covered_sql(dialect, (1,), names.index("tenant") + 1, issued_at)
     return (
-        f"INSERT INTO {FEEDBACK_TABLE} ({names}) VALUES ({_placeholders(dialect, len(FEEDBACK_COLUMNS))}) "
-        f"ON CONFLICT ({', '.join(FEEDBACK_KEY)}) DO UPDATE SET {updates}"
+        _guarded_insert(dialect, FEEDBACK_TABLE, FEEDBACK_COLUMNS, _FEEDBACK_TYPES, covered)
+        + f" ON CONFLICT ({', '.join(FEEDBACK_KEY)}) DO UPDATE SET {updates}"
+    )
+
+
+def feedback_covered_sql(dialect: Dialect) -> str:
+    """SELECT of whether a tombstone covers a piece of feedback: parameters request_id, tenant, when its
+    request was issued (NULL: unknown) and ``created_at``, read as :func:`upsert_feedback_sql` reads them.
+    Asked only when a feedback batch wrote fewer rows than it held, to tell which were skipped."""
+    cast = (lambda n, t: _mark(dialect, n)) if dialect == "sqlite" else (lambda n, t: f"{_mark(dialect, n)}::{t}")
+    issued_at = (
+        f"coalesce({cast(3, 'double precision')}, (SELECT d.created_at FROM {DECISIONS_TABLE} d "
+        f"WHERE d.request_id = {cast(1, 'text')}), {cast(4, 'double precision')})"
+    )
+    return f"SELECT {covered_sql(dialect, (1,), 2, issued_at)}"
+
+
+def tombstone_sql(dialect: Dialect, *, by_tenant: bool) -> str:
+    """INSERT of the tombstone a forget writes in the transaction that deletes, before its deletes;
+    parameters: the tenant or request id, and the time of the forget.
+
+    A tenant's is its latest forget's time. A request's covers its experiment shadows too (their decisions
+    are found by ``shadow_of``, so run it before the deletes; a shadow not yet written is covered through
+    its ``shadow_of``)."""
+    one, two = _mark(dialect, 1), _mark(dialect, 2)
+    if dialect == "postgres":
+        one, two = f"{one}::text", f"{two}::double precision"
+    if by_tenant:
+        return (
+            f"INSERT INTO {FORGOTTEN_TENANTS_TABLE} (tenant, forgotten_at) VALUES ({one}, {two}) "
+            "ON CONFLICT (tenant) DO UPDATE SET forgotten_at = excluded.forgotten_at"
+        )
+    return (
+        f"INSERT INTO {FORGOTTEN_REQUESTS_TABLE} (request_id, forgotten_at) SELECT {one}, {two} "
+        f"UNION SELECT request_id, {two} FROM {DECISIONS_TABLE} WHERE shadow_of = {one} "
+        "ON CONFLICT (request_id) DO NOTHING"
     )
 
 
@@ -422,23 +532,38 @@ def select_feedback_sql() -> str:
     return f"SELECT {', '.join(FEEDBACK_COLUMNS)} FROM {FEEDBACK_TABLE}"
 
 
+_CONVERSATION_TYPES: tuple[str, ...] = (
+    "text", "double precision", "text", "text", "bytea", "text", "double precision",
+)
+_SUBCALL_TYPES: tuple[str, ...] = (
+    "text", "bigint", "text", "text", "text", "text", "bigint", "bigint", "bigint", "double precision",
+    "double precision", "double precision", "text", "text", "double precision", "text",
+)
+
+
+def _child_covered(dialect: Dialect, columns: Sequence[str]) -> str:
+    """:func:`covered_sql` for a row hanging off a decision, given as its columns followed by two parameters
+    of its decision: the id it shadows and its ``created_at``."""
+    n = len(columns)
+    return covered_sql(dialect, (1, n + 1), columns.index("tenant") + 1, _mark(dialect, n + 2))
+
+
 def insert_conversation_sql(dialect: Dialect) -> str:
-    """INSERT for one conversation in CONVERSATION_COLUMNS order; an existing one is kept."""
-    names = ", ".join(CONVERSATION_COLUMNS)
-    return (
-        f"INSERT INTO {CONVERSATIONS_TABLE} ({names}) VALUES ({_placeholders(dialect, len(CONVERSATION_COLUMNS))}) "
-        "ON CONFLICT (request_id) DO NOTHING"
-    )
+    """INSERT for one conversation: CONVERSATION_COLUMNS, then its decision's ``shadow_of`` and ``created_at``;
+    an existing one is kept, one a tombstone covers is not written."""
+    types = (*_CONVERSATION_TYPES, "text", "double precision")
+    covered = _child_covered(dialect, CONVERSATION_COLUMNS)
+    return (_guarded_insert(dialect, CONVERSATIONS_TABLE, CONVERSATION_COLUMNS, types, covered)
+            + " ON CONFLICT (request_id) DO NOTHING")
 
 
 def insert_subcalls_sql(dialect: Dialect) -> str:
-    """INSERT for one sub-call in SUBCALL_COLUMNS order; one already stored is kept (a retried
-    batch never duplicates)."""
-    names = ", ".join(SUBCALL_COLUMNS)
-    return (
-        f"INSERT INTO {SUBCALLS_TABLE} ({names}) VALUES ({_placeholders(dialect, len(SUBCALL_COLUMNS))}) "
-        "ON CONFLICT (request_id, idx) DO NOTHING"
-    )
+    """INSERT for one sub-call: SUBCALL_COLUMNS, then its decision's ``shadow_of`` and ``created_at``; one
+    already stored is kept (a retried batch never duplicates), one a tombstone covers is not written."""
+    types = (*_SUBCALL_TYPES, "text", "double precision")
+    covered = _child_covered(dialect, SUBCALL_COLUMNS)
+    return (_guarded_insert(dialect, SUBCALLS_TABLE, SUBCALL_COLUMNS, types, covered)
+            + " ON CONFLICT (request_id, idx) DO NOTHING")
 
 
 def select_subcalls_sql() -> str:

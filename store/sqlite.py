@@ -33,8 +33,10 @@ from store._codec import (
     encode_json,
     encode_row,
     encode_subcall,
+    feedback_check,
     feedback_from_row,
     join_logged,
+    of_decision,
     record_from_row,
     subcall_from_row,
 )
@@ -58,6 +60,7 @@ from store.schema import (
     FORGET_TABLES,
     SUBCALLS_TABLE,
     VERSION_TABLE,
+    feedback_covered_sql,
     forget_sql,
     insert_conversation_sql,
     insert_decisions_sql,
@@ -70,6 +73,7 @@ from store.schema import (
     select_decisions_sql,
     select_feedback_sql,
     select_subcalls_sql,
+    tombstone_sql,
     upsert_feedback_sql,
     version_table_ddl,
     without_feedback_sql,
@@ -271,8 +275,14 @@ class SQLiteDecisionStore:
             return
         # Encode on the event loop side: cheap, and keeps the worker thread doing only I/O.
         rows = [encode_row(r) for r in records]
-        conversations = [encode_conversation(r.conversation) for r in records if r.conversation is not None]
-        subcalls = [encode_subcall(s) for r in records for s in r.subcalls]
+        # A child row carries its decision's shadow_of and created_at: a tombstone covering the decision
+        # covers it too (schema.insert_conversation_sql).
+        conversations = [
+            (*encode_conversation(r.conversation), *of_decision(row))
+            for r, row in zip(records, rows, strict=True) if r.conversation is not None
+        ]
+        subcalls = [(*encode_subcall(s), *of_decision(row)) for r, row in zip(records, rows, strict=True)
+                    for s in r.subcalls]
         await self._run(self._write_sync, rows, conversations, subcalls)
 
     def _write_sync(
@@ -286,19 +296,27 @@ class SQLiteDecisionStore:
             if subcalls:
                 conn.executemany(self._subcalls_sql, subcalls)
 
-    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> None:
-        """Upsert ``items`` in one transaction, fsynced before this returns."""
+    async def write_feedback(self, items: Sequence[FeedbackRecord]) -> list[int]:
+        """Upsert ``items`` in one transaction, fsynced before this returns; returns the indexes of the items
+        a tombstone covered (not written)."""
         if not items:
-            return
-        rows = [encode_feedback(item) for item in items]
-        await self._run(self._write_feedback_sync, rows)
+            return []
+        rows = [(*encode_feedback(item), item.issued_at) for item in items]
+        return await self._run(self._write_feedback_sync, rows)
 
-    def _write_feedback_sync(self, rows: list[tuple[Any, ...]]) -> None:
+    def _write_feedback_sync(self, rows: list[tuple[Any, ...]]) -> list[int]:
         conn = self._require_conn()
         conn.execute("PRAGMA synchronous = FULL")
         try:
             with _transaction(conn, immediate=False):
+                before = conn.total_changes
                 conn.executemany(self._feedback_sql, rows)
+                # An upsert changes one row, inserted or replaced; only a skipped one changes none. Which
+                # were skipped is asked only then (rarely: feedback on a forgotten request).
+                if conn.total_changes - before >= len(rows):
+                    return []
+                covered = feedback_covered_sql("sqlite")
+                return [i for i, row in enumerate(rows) if conn.execute(covered, feedback_check(row)).fetchone()[0]]
         finally:
             conn.execute("PRAGMA synchronous = NORMAL")
 
@@ -319,10 +337,14 @@ class SQLiteDecisionStore:
             counts = await self._run(self._forget_sync, value)
         else:
             counts = dict.fromkeys(FORGET_TABLES, 0)
+            # The tombstone goes in the first batch's transaction: from its commit on, the tenant's requests
+            # issued until now are neither written (a gateway's queued records, feedback) nor found again.
+            forgotten_at: float | None = time.time()
             for step in (self._forget_decisions_sync, self._forget_strays_sync):
                 while True:
                     started = time.monotonic()
-                    deleted = await self._run(step, value, counts)
+                    deleted = await self._run(step, value, counts, forgotten_at)
+                    forgotten_at = None
                     if not deleted:
                         break
                     await asyncio.sleep(time.monotonic() - started)
@@ -335,16 +357,20 @@ class SQLiteDecisionStore:
         conn = self._require_conn()
         counts: dict[str, int] = {}
         with _transaction(conn):
+            conn.execute(tombstone_sql("sqlite", by_tenant=False), (request_id, time.time()))
             for table, sql in forget_sql("sqlite", by_tenant=False):
                 counts[table] = conn.execute(sql, (request_id,)).rowcount
         return {name: counts[name] for name in FORGET_TABLES}
 
-    def _forget_decisions_sync(self, tenant: str, counts: dict[str, int]) -> int:
+    def _forget_decisions_sync(self, tenant: str, counts: dict[str, int], forgotten_at: float | None) -> int:
         """Delete up to FORGET_BATCH of the tenant's decisions with every row hanging off them, in one
-        transaction; adds to ``counts``, returns the decisions deleted (0: none left)."""
+        transaction (with the tenant's tombstone, at ``forgotten_at``, when given); adds to ``counts``, returns
+        the decisions deleted (0: none left)."""
         conn = self._require_conn()
         batch: dict[str, int] = {}
         with _transaction(conn):
+            if forgotten_at is not None:
+                conn.execute(tombstone_sql("sqlite", by_tenant=True), (tenant, forgotten_at))
             ids = [row[0] for row in conn.execute(_TENANT_DECISIONS_SQL, (tenant, FORGET_BATCH))]
             if ids:
                 marks = ", ".join("?" * len(ids))
@@ -353,7 +379,7 @@ class SQLiteDecisionStore:
         _add(counts, batch)
         return len(ids)
 
-    def _forget_strays_sync(self, tenant: str, counts: dict[str, int]) -> int:
+    def _forget_strays_sync(self, tenant: str, counts: dict[str, int], _forgotten_at: float | None) -> int:
         """Delete up to FORGET_BATCH rows per child table that carry the tenant but hang off none of its
         decisions (feedback on a request forgotten since, rows whose decision was never written), in
         one transaction; adds to ``counts``, returns the rows deleted (0: none left)."""
@@ -371,6 +397,11 @@ class SQLiteDecisionStore:
     async def purge_expired_text(self, now: float) -> int:
         """Delete the text of conversations whose retention ended at or before ``now``."""
         return await self._run(self._purge_sync, now)
+
+    async def reclaim_deleted(self) -> tuple[str, ...]:
+        """Nothing to do: forget and the purge overwrite what they delete (``secure_delete``) and empty
+        the write-ahead log themselves (:meth:`_erase_wal_sync`)."""
+        return ()
 
     def _purge_sync(self, now: float) -> int:
         conn = self._require_conn()

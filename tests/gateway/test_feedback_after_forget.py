@@ -1,0 +1,84 @@
+"""Feedback posted to a running gateway after ``pointsman forget`` (another process) deleted its request.
+
+The gateway remembers the request ids it issued recently, so feedback on an id it just answered is accepted
+before its decision is flushed. After a forget those ids are still remembered: feedback posted right
+afterwards re-created rows for the forgotten request. The forget leaves a tombstone in the store; the
+feedback write skips rows it covers, and the client gets the 404 an unknown id gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from store import DecisionStore, FeedbackRecord, PostgresDecisionStore, SQLiteDecisionStore
+from tests.fakes.upstream import FakeUpstream
+from tests.gateway.test_feedback import KEYS, assert_error, gateway_config, post, serve
+from tests.gatewayproc import REPO, GatewayProcess
+from tests.store.conftest import sync_pg_schema
+
+
+def _forget(url: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "forget", "--store", url, *args],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _stored_feedback(store: DecisionStore, request_id: str) -> list[FeedbackRecord]:
+    async def read() -> list[FeedbackRecord]:
+        await store.open()
+        try:
+            return await store.fetch_feedback(request_id)
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize("who", ["request", "tenant"])
+def test_feedback_on_a_request_forgotten_while_the_gateway_runs_is_a_404_and_stores_nothing(
+    upstream: FakeUpstream, tmp_path: Path, kind: str, who: str
+) -> None:
+    config = gateway_config(upstream, KEYS)
+    with contextlib.ExitStack() as stack:
+        if kind == "postgres":
+            dsn = stack.enter_context(sync_pg_schema())
+            config["store"] = {"kind": "postgres", "dsn": dsn, "flush_interval": 0.05}
+            url = dsn
+
+            def store() -> DecisionStore:
+                return PostgresDecisionStore(dsn)
+        else:
+            proc_db = tmp_path / "decisions.db"
+            url = f"sqlite://{proc_db}"
+
+            def store() -> DecisionStore:
+                return SQLiteDecisionStore(str(proc_db))
+
+        proc = GatewayProcess(config, tmp_path).start()
+        stack.callback(proc.terminate)
+        forgotten = serve(proc)
+        assert post(proc, {"request_id": forgotten, "score": 1.0}).status_code == 200
+        kept = serve(proc, "team-b")
+
+        out = _forget(url, *(("--request-id", forgotten) if who == "request" else ("--tenant", "team-a")))
+        assert out.startswith("forgot "), out
+
+        # The gateway still remembers the id as team-a's: before the tombstone this was a 200 and a new row.
+        assert_error(post(proc, {"request_id": forgotten, "score": 0.0, "comment": "again"}), 404,
+                     "request_not_found", "request_id")
+        assert _stored_feedback(store(), forgotten) == []
+        # Nothing else is refused: another tenant's request, and team-a's requests made after the forget.
+        assert post(proc, {"request_id": kept, "score": 1.0}, tenant="team-b").status_code == 200
+        later = serve(proc)
+        assert post(proc, {"request_id": later, "score": 0.5}).status_code == 200
+        assert [f.score for f in _stored_feedback(store(), later)] == [0.5]
