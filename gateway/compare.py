@@ -555,7 +555,7 @@ class CompareRunner:
     def _feedback(record: DecisionRecord, model: str, score: float, metadata: dict[str, Any]) -> FeedbackRecord:
         return FeedbackRecord(
             request_id=record.request_id, score=score, metric=QUALITY_METRIC, source=JUDGE_SOURCE, model=model,
-            tenant=record.tenant, created_at=time.time(), metadata=metadata,
+            tenant=record.tenant, created_at=time.time(), metadata=metadata, issued_at=record.created_at,
         )
 
     # --- cost estimate ------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class _Answer:
     turn: int
     words: frozenset[int]
     answered_at: float  # wall-clock seconds
+    issued_at: float  # the request's arrival (its decision's created_at): a tenant forgotten since covers it
 
 
 def fingerprint(body: Mapping[str, Any], tenant: str | None, session_id: str | None) -> Fingerprint | None:
@@ -167,11 +168,12 @@ class ImplicitSignals:
                 self._judge_earlier(record, print_, settings)
             if record.outcome == "ok" and record.status == 200:
                 if finish_length:
-                    self._record(record.request_id, record.tenant, "finish_length", {"model": record.model})
+                    self._record(record.request_id, record.tenant, record.created_at, "finish_length",
+                                 {"model": record.model})
                 if print_ is not None:
                     self._remember(record, print_)
             elif _upstream_failed(record):
-                self._record(record.request_id, record.tenant, "upstream_error",
+                self._record(record.request_id, record.tenant, record.created_at, "upstream_error",
                              {"model": record.model, "error_type": record.error_type, "status": record.status})
         except Exception:  # feedback is best effort; the request is already served
             log.exception("implicit feedback for request %s failed", record.request_id)
@@ -190,12 +192,12 @@ class ImplicitSignals:
                 keep.append(answer)  # answered after this request arrived, or outside this route's window
                 continue
             if answer.turn == print_.turn:
-                self._record(answer.request_id, answer.tenant, "regenerate",
+                self._record(answer.request_id, answer.tenant, answer.issued_at, "regenerate",
                              {"by": record.request_id, "seconds": round(waited, 3)})
                 continue  # judged: it cannot be judged again
             alike = similarity(answer.words, print_.words)
             if alike >= settings.similarity and min(len(answer.words), len(print_.words)) >= MIN_REASK_WORDS:
-                self._record(answer.request_id, answer.tenant, "reask",
+                self._record(answer.request_id, answer.tenant, answer.issued_at, "reask",
                              {"by": record.request_id, "seconds": round(waited, 3), "similarity": round(alike, 3)})
                 continue
             keep.append(answer)
@@ -208,7 +210,8 @@ class ImplicitSignals:
         answers = self._sessions.get(print_.session)
         if answers is None:
             answers = self._sessions[print_.session] = deque(maxlen=self._per_session)
-        answers.append(_Answer(record.request_id, record.tenant, print_.turn, print_.words, self._clock()))
+        answers.append(_Answer(record.request_id, record.tenant, print_.turn, print_.words, self._clock(),
+                               record.created_at))
         self._sessions.move_to_end(print_.session)
         self._evict()
 
@@ -223,11 +226,13 @@ class ImplicitSignals:
                 break
             self._sessions.popitem(last=False)
 
-    def _record(self, request_id: str, tenant: str | None, signal: str, metadata: dict[str, Any]) -> None:
+    def _record(
+        self, request_id: str, tenant: str | None, issued_at: float, signal: str, metadata: dict[str, Any]
+    ) -> None:
         self.recorded[signal] += 1
         self._recorder.record_feedback(FeedbackRecord(
             request_id=request_id, score=0.0, metric=signal, source="implicit", model="", tenant=tenant,
-            created_at=time.time(), metadata=metadata,
+            created_at=time.time(), metadata=metadata, issued_at=issued_at,
         ))
 
 

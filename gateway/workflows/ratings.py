@@ -62,6 +62,7 @@ def _store(run: Run, workflow: RatingsWorkflow, answers: list[Answer], judgement
         run.runner.recorder.record_feedback(FeedbackRecord(
             request_id=trace.request_id, score=score, metric=QUALITY_METRIC, source=JUDGE_SOURCE,
             model=answer.call.answered or answer.label, tenant=trace.tenant, created_at=now,
+            issued_at=trace.created_at,
             metadata={"workflow": workflow.name, "judge": judgement.judge, "mode": judgement.mode,
                       "candidates": [a.call.answered or a.label for a in answers], "subcall": answer.call.index},
         ))

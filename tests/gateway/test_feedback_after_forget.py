@@ -15,11 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from openai import OpenAI
 
 from store import DecisionStore, FeedbackRecord, PostgresDecisionStore, SQLiteDecisionStore
 from tests.fakes.upstream import FakeUpstream
 from tests.gateway.test_feedback import KEYS, assert_error, gateway_config, post, serve
 from tests.gatewayproc import REPO, GatewayProcess
+from tests.polling import eventually
 from tests.store.conftest import sync_pg_schema
 
 
@@ -82,3 +84,35 @@ def test_feedback_on_a_request_forgotten_while_the_gateway_runs_is_a_404_and_sto
         later = serve(proc)
         assert post(proc, {"request_id": later, "score": 0.5}).status_code == 200
         assert [f.score for f in _stored_feedback(store(), later)] == [0.5]
+
+
+def _ask(proc: GatewayProcess, tenant: str, session: str, text: str) -> str:
+    client = OpenAI(base_url=proc.base_url, api_key=KEYS[tenant], max_retries=0, timeout=30)
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": text}], extra_headers={"x-pointsman-session-id": session})
+    return str(raw.headers["x-pointsman-request-id"])
+
+
+def test_feedback_the_gateway_derives_after_a_tenant_forget_is_not_written_for_its_earlier_requests(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Implicit (and judge) feedback is made by the gateway after the request it is about: a re-ask
+    arriving after ``forget --tenant`` makes a row about a request issued before it. That row knew no issue
+    time, its decision was deleted, so the store took the row's own time (after the forget) and wrote it
+    back. It now carries its request's issue time, which the tenant's tombstone covers."""
+    question = "How do I sort a list of tuples in Python by the second item?"
+    proc_db = tmp_path / "decisions.db"
+    proc = GatewayProcess(gateway_config(upstream, KEYS), tmp_path).start()
+    try:
+        forgotten = _ask(proc, "team-a", "s-a", question)
+        control = _ask(proc, "team-b", "s-b", question)
+        out = _forget(f"sqlite://{proc_db}", "--tenant", "team-a")
+        assert out.startswith("forgot "), out
+        _ask(proc, "team-a", "s-a", question + "?")  # re-asks: implicit rows about the first requests
+        _ask(proc, "team-b", "s-b", question + "?")
+        store = SQLiteDecisionStore(str(proc_db))
+        # team-b's row was queued after team-a's: once it is written, team-a's was written or skipped.
+        eventually(lambda: [f.metric for f in _stored_feedback(store, control)] == ["reask"], "team-b's reask row")
+        assert _stored_feedback(store, forgotten) == []
+    finally:
+        proc.terminate()
