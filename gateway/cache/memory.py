@@ -2,7 +2,8 @@
 
 Entries are kept least-recently-used first and expire ``ttl`` seconds after they were stored;
 semantic buckets keep their newest ``bucket_size`` items and are bounded by ``max_entries`` too (least
-recently looked up or written evicted).
+recently looked up or written evicted). A bucket item whose entry is gone is dropped when a lookup finds
+it among its best matches (:meth:`MemoryStore.first_live`).
 """
 
 from __future__ import annotations
@@ -50,9 +51,24 @@ class MemoryStore:
         self._entries.move_to_end(key)
         return found[2]
 
-    async def get_for(self, keys: CacheKeys, exact: str) -> CachedAnswer | None:
-        """The entry stored under another exact key (a semantic match)."""
-        return await self.get(exact)
+    async def first_live(self, keys: CacheKeys, candidates: list[str]) -> tuple[int, CachedAnswer] | None:
+        """The first of ``candidates`` (exact keys of semantic matches, best first) whose entry is live: its
+        position and answer (None: none is). The candidates before it, whose entries are gone (evicted or
+        expired), are dropped from the request's bucket, where they would keep shadowing live matches."""
+        stale: set[str] = set()
+        found: tuple[int, CachedAnswer] | None = None
+        for position, key in enumerate(candidates):
+            answer = await self.get(key)
+            if answer is not None:
+                found = (position, answer)
+                break
+            stale.add(key)
+        bucket = self._buckets.get(keys.bucket) if keys.bucket is not None else None
+        if stale and bucket is not None:
+            kept = [item for item in bucket if item.key not in stale]
+            bucket.clear()
+            bucket.extend(kept)
+        return found
 
     def put_now(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
         """Store ``answer`` under ``keys.exact`` (and ``item`` in its bucket), evicting the least recent."""

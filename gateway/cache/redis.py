@@ -3,7 +3,8 @@
 Key names hold digests only: ``<key_prefix>cache:<tenant digest>:e:<exact key>`` (the entry, with a
 TTL) and ``<key_prefix>cache:<tenant digest>:b:<bucket key>`` (a semantic bucket: a list of its newest
 ``bucket_size`` items, each an exact key, a time, its guard digest and a float16 embedding).
-A lookup is one round trip (GET + LRANGE pipelined), a semantic hit a second (GET of the entry).
+A lookup is one round trip (GET + LRANGE pipelined), a semantic hit a second (a script that GETs the
+best matches' entries in order and drops the items of those that are gone).
 
 Redis errors and timeouts are translated here, at this one boundary, into :class:`CacheUnavailable`;
 after one, the store is skipped for ``retry_after`` seconds (every request a miss meanwhile), so a
@@ -22,6 +23,31 @@ from gateway.redis_failures import RedisFailures, redis_errors
 log = logging.getLogger("pointsman.cache")
 
 
+# KEYS[1]: a bucket; KEYS[2..]: the entries of its best matches, best first; ARGV[i]: the 16-byte exact key
+# of KEYS[i + 1] (a bucket item starts with it). Returns {position (1-based), entry} of the first entry that
+# exists, or nil; drops the items of the ones before it from the bucket (their entries are gone).
+_FIRST_LIVE = """
+local found = false
+local stale = {}
+for i = 2, #KEYS do
+  local entry = redis.call('GET', KEYS[i])
+  if entry then
+    found = {i - 1, entry}
+    break
+  end
+  stale[ARGV[i - 1]] = true
+end
+if next(stale) then
+  for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+    if stale[string.sub(item, 1, 16)] then
+      redis.call('LREM', KEYS[1], 0, item)
+    end
+  end
+end
+return found
+"""
+
+
 class CacheUnavailable(Exception):
     """The cache's Redis could not be used for this call (the request goes on as a miss)."""
 
@@ -35,6 +61,7 @@ class RedisStore:
         self.bucket_size = bucket_size
         self.retry_after = retry_after
         self._failures = RedisFailures(log, "response cache", "serving without the cache", retry_after)
+        self._first_live = client.register_script(_FIRST_LIVE)
 
     def entry_key(self, keys: CacheKeys) -> str:
         return f"{self._prefix}{keys.tenant}:e:{keys.exact}"
@@ -54,10 +81,21 @@ class RedisStore:
         items = [item for item in (BucketItem.from_bytes(r) for r in raw_items or ()) if item is not None]
         return _answer(data), items
 
-    async def get_for(self, keys: CacheKeys, exact: str) -> CachedAnswer | None:
-        """The entry stored under another exact key of the same tenant (a semantic match)."""
-        data = await self._call(lambda: self._client.get(f"{self._prefix}{keys.tenant}:e:{exact}"), "read")
-        return _answer(data)
+    async def first_live(self, keys: CacheKeys, candidates: list[str]) -> tuple[int, CachedAnswer] | None:
+        """The first of ``candidates`` (exact keys of semantic matches of the same tenant, best first) whose
+        entry is in Redis: its position and answer (None: none is), in one round trip. The items of the
+        candidates before it, whose entries are gone (evicted or expired), are dropped from the bucket in
+        the same script: atomic, so an entry stored again meanwhile keeps its new item."""
+        if not candidates:
+            return None
+        names = [self.bucket_key(keys), *(f"{self._prefix}{keys.tenant}:e:{key}" for key in candidates)]
+        found = await self._call(
+            lambda: self._first_live(keys=names, args=[bytes.fromhex(key) for key in candidates]), "read"
+        )
+        if not found:
+            return None
+        answer = _answer(found[1])
+        return None if answer is None else (int(found[0]) - 1, answer)
 
     async def put(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
         """SET the entry with its TTL (and push ``item`` onto its bucket, trimmed) in one round trip."""

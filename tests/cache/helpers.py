@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import numpy as np
 
+from gateway.cache.entry import BucketItem, CachedAnswer
+from gateway.cache.key import CacheKeys, cache_keys
+from gateway.cache.memory import MemoryStore
+from gateway.cache.redis import RedisStore
+from policies.config import CacheSettings
 from tests.fakes.upstream import FakeUpstream
 
 KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
@@ -62,3 +69,22 @@ def ask(base_url: str, route: str, messages: list[dict[str, Any]], *, key: str =
 
 def calls(upstream: FakeUpstream, fake_model: str, user: str) -> int:
     return upstream.state.requests[(fake_model, user)]
+
+
+async def stored_pair(store: MemoryStore | RedisStore) -> tuple[CacheKeys, CacheKeys]:
+    """Two answers (models ``a`` and ``b``) stored in ``store`` under two exact keys of one semantic bucket,
+    each with its bucket item."""
+    settings = CacheSettings(mode="semantic")
+    stored = []
+    for name, text in (("a", "reset my password"), ("b", "How can I change my password?")):
+        keys = cache_keys(tenant="t", route="r", model="m", endpoint="chat.completions", settings=settings,
+                          body={"messages": [{"role": "user", "content": text}]}, encoder="enc")
+        vector = np.ones(4, dtype=np.float32) / 2
+        item = BucketItem(key=keys.exact, created_at=time.time(), guard=keys.guard, vector=vector)
+        answer = CachedAnswer(completion={"object": "chat.completion"}, model=name, created_at=time.time())
+        if isinstance(store, MemoryStore):
+            store.put_now(keys, answer, item, ttl=60)
+        else:
+            await store.put(keys, answer, item, ttl=60)
+        stored.append(keys)
+    return stored[0], stored[1]

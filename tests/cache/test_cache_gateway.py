@@ -47,6 +47,8 @@ def gw(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iter
             {"name": "sem", "model": "echo-model", "cache": {"mode": "semantic"}},
             {"name": "sem-95", "model": "echo-model", "cache": {"mode": "semantic", "similarity": 0.95}},
             {"name": "sem-2", "model": "echo-model", "cache": {"mode": "semantic", "max_entries": 2}},
+            {"name": "sem-3", "model": "echo-model",
+             "cache": {"mode": "semantic", "similarity": 0.85, "max_entries": 3}},
             {"name": "strict", "model": "echo-model", "cache": {"sampled": False}},
             {"name": "peruser", "model": "echo-model", "cache": {"per_user": True}},
             {"name": "c-err", "model": "err-model", "cache": CACHE},
@@ -391,6 +393,28 @@ def test_a_scope_in_use_keeps_its_semantic_matches_while_other_scopes_come_and_g
     again = faq("Shop", "how do I reset my password")
     assert (again.cache, again.text) == ("hit", "ECHO: How do I reset my password?")
     assert calls(upstream, "echo", user) == 3
+
+
+def test_a_semantic_lookup_falls_through_an_evicted_best_match_to_the_next_one(
+    gw: GatewayProcess, upstream: FakeUpstream,
+) -> None:
+    # Static encoder: "how can i reset my password" scores 0.947 with A and 0.880 with B (route similarity
+    # 0.85), A and B 0.773 with each other, so both are stored. Once A's answer is evicted (max_entries 3),
+    # A is still the best match in the scope's index, but B's answer must be served, not a miss.
+    tag, user = time.time_ns(), user_id()
+
+    def faq(question: str) -> Any:
+        return ask(gw.base_url, "sem-3", [{"role": "system", "content": f"Help bot {tag}"},
+                                          {"role": "user", "content": question}], user=user)
+
+    assert faq("reset my password").cache == "miss"  # A
+    assert faq("How can I change my password?").cache == "miss"  # B
+    assert faq("Explain recursion to a child").cache == "miss"
+    assert faq("What is the weather like today?").cache == "miss"  # the fourth answer: A's is evicted
+    near = faq("how can i reset my password")
+    assert (near.cache, near.text) == ("hit", "ECHO: How can I change my password?")
+    assert decision(gw, near.headers["x-pointsman-request-id"])["cache"]["match"] == "semantic"
+    assert calls(upstream, "echo", user) == 4
 
 
 def test_metrics_count_cache_results(gw: GatewayProcess) -> None:

@@ -7,6 +7,7 @@ the shared one is never touched.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -18,7 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from tests.cache.helpers import AUTH, ask, backend, calls, unique, user_id
+from gateway.cache.redis import RedisStore, connect
+from tests.cache.helpers import AUTH, ask, backend, calls, stored_pair, unique, user_id
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 from tests.polling import eventually
@@ -37,6 +39,7 @@ def config(upstream: FakeUpstream, url: str, prefix: str) -> dict[str, Any]:
         "routes": [
             {"name": "exact", "model": "echo-model", "cache": {}},
             {"name": "sem", "model": "echo-model", "cache": {"mode": "semantic"}},
+            {"name": "sem-85", "model": "echo-model", "cache": {"mode": "semantic", "similarity": 0.85}},
         ],
     }
 
@@ -86,6 +89,49 @@ def test_an_entry_written_through_one_replica_is_hit_through_the_other(
     finally:
         a.terminate()
         b.terminate()
+
+
+def test_a_semantic_lookup_falls_through_an_evicted_best_match_to_the_next_one(
+    upstream: FakeUpstream, tmp_path: Path, prefix: str
+) -> None:
+    # As tests/cache/test_cache_gateway.py's test of the same name, with the best match's answer evicted
+    # from Redis (as maxmemory or its TTL would) while the scope's list still holds its item.
+    gw = GatewayProcess(config(upstream, SHARED_REDIS, prefix), tmp_path).start(timeout=60)
+    client = redis.Redis.from_url(SHARED_REDIS)
+    try:
+        system, user = {"role": "system", "content": unique("Help bot")}, user_id()
+
+        def faq(question: str) -> Any:
+            return ask(gw.base_url, "sem-85", [system, {"role": "user", "content": question}], user=user)
+
+        for question in ("reset my password", "How can I change my password?"):  # A, then B
+            assert faq(question).cache == "miss"
+            eventually(lambda q=question: faq(q).cache == "hit", f"{question!r} is stored")
+        evicted = [k for k in client.scan_iter(match=f"{prefix}cache:*:e:*")
+                   if b"ECHO: reset my password" in (client.get(k) or b"")]
+        assert len(evicted) == 1 and client.delete(*evicted) == 1
+        near = faq("how can i reset my password")
+        assert (near.cache, near.text) == ("hit", "ECHO: How can I change my password?")
+        assert calls(upstream, "echo", user) == 2
+    finally:
+        gw.terminate()
+
+
+def test_the_items_of_evicted_entries_are_dropped_from_the_bucket(prefix: str) -> None:
+    async def run() -> None:
+        client = connect(SHARED_REDIS, 2.0)
+        try:
+            store = RedisStore(client, prefix, bucket_size=8)
+            a, b = await stored_pair(store)
+            assert await client.delete(store.entry_key(a)) == 1  # evicted, as maxmemory or its TTL would
+            found = await store.first_live(a, [a.exact, b.exact])
+            assert found is not None and found[0] == 1 and found[1].model == "b"
+            _, items = await store.lookup(a)
+            assert [item.key for item in items] == [b.exact]
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
 
 
 def test_the_cache_fails_open_when_redis_stops_hangs_or_was_never_up(upstream: FakeUpstream, tmp_path: Path) -> None:

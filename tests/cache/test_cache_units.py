@@ -15,6 +15,7 @@ from gateway.cache.memory import MemoryStore
 from gateway.config import parse_config
 from gateway.errors import ConfigError
 from policies.config import CacheSettings
+from tests.cache.helpers import stored_pair
 
 EXACT, SEMANTIC = CacheSettings(), CacheSettings(mode="semantic")
 BASE: dict[str, Any] = {
@@ -145,6 +146,21 @@ def test_memory_store_ttl_lru_and_buckets() -> None:
         found, items = await store.lookup(k2)
         assert found is None and len(items) <= 2
         assert store.forget_tenant(k3.tenant) == 1 and len(store) == 0
+
+    asyncio.run(run())
+
+
+def test_the_items_of_evicted_entries_are_dropped_from_the_bucket() -> None:
+    async def run() -> None:
+        store = MemoryStore(max_entries=2, bucket_size=8)
+        a, b = await stored_pair(store)
+        other = keys({**BASE, "seed": 99})
+        store.put_now(other, CachedAnswer(completion={}, model="c", created_at=time.time()), None, ttl=60)
+        assert await store.get(a.exact) is None  # the least recent entry went
+        found = await store.first_live(a, [a.exact, b.exact])
+        assert found is not None and found[0] == 1 and found[1].model == "b"
+        _, items = await store.lookup(a)
+        assert [item.key for item in items] == [b.exact]
 
     asyncio.run(run())
 
