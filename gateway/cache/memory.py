@@ -71,7 +71,14 @@ class MemoryStore:
         return found
 
     def put_now(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
-        """Store ``answer`` under ``keys.exact`` (and ``item`` in its bucket), evicting the least recent."""
+        """Store ``answer`` under ``keys.exact`` (and ``item`` in its bucket), evicting the least recent.
+
+        Idempotent per exact key: a live entry under that key is kept as it is (identical requests in flight
+        together all missed; the first answer stored is the one replayed), and a bucket holds one item per
+        key, so duplicates never push a scope's other answers out of its newest ``bucket_size``."""
+        current = self._entries.get(keys.exact)
+        if current is not None and current[0] > time.monotonic():
+            return
         self._entries[keys.exact] = (time.monotonic() + ttl, keys.tenant, answer)
         self._entries.move_to_end(keys.exact)
         while len(self._entries) > self.max_entries:
@@ -80,6 +87,10 @@ class MemoryStore:
             bucket = self._buckets.get(keys.bucket)
             if bucket is None:
                 bucket = self._buckets[keys.bucket] = deque(maxlen=self.bucket_size)
+            if any(old.key == item.key for old in bucket):  # left by an entry of this key that is gone
+                kept = [old for old in bucket if old.key != item.key]
+                bucket.clear()
+                bucket.extend(kept)
             bucket.appendleft(item)
             self._buckets.move_to_end(keys.bucket)
             while len(self._buckets) > self.max_entries:

@@ -47,6 +47,27 @@ end
 return found
 """
 
+# KEYS[1]: an entry, KEYS[2] (optional): its bucket. ARGV: the entry, its TTL (ms), then with a bucket the
+# item (starting with the entry's 16-byte exact key) and bucket_size. Nothing is written when the entry is
+# there (an identical request stored first); otherwise the item replaces any item of the same key.
+_PUT = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') then
+  return 0
+end
+if #KEYS == 2 then
+  local key = string.sub(ARGV[3], 1, 16)
+  for _, item in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+    if string.sub(item, 1, 16) == key then
+      redis.call('LREM', KEYS[2], 0, item)
+    end
+  end
+  redis.call('LPUSH', KEYS[2], ARGV[3])
+  redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return 1
+"""
+
 
 class CacheUnavailable(Exception):
     """The cache's Redis could not be used for this call (the request goes on as a miss)."""
@@ -62,6 +83,7 @@ class RedisStore:
         self.retry_after = retry_after
         self._failures = RedisFailures(log, "response cache", "serving without the cache", retry_after)
         self._first_live = client.register_script(_FIRST_LIVE)
+        self._put = client.register_script(_PUT)
 
     def entry_key(self, keys: CacheKeys) -> str:
         return f"{self._prefix}{keys.tenant}:e:{keys.exact}"
@@ -73,13 +95,21 @@ class RedisStore:
         """The exact entry (or None) and the items of the request's bucket, in one round trip."""
         if keys.bucket is None:
             data = await self._call(lambda: self._client.get(self.entry_key(keys)), "read")
-            return _answer(data), []
+            return await self._readable(keys, data), []
         pipe = self._client.pipeline(transaction=False)
         pipe.get(self.entry_key(keys))
         pipe.lrange(self.bucket_key(keys), 0, self.bucket_size - 1)
         data, raw_items = await self._call(pipe.execute, "read")
         items = [item for item in (BucketItem.from_bytes(r) for r in raw_items or ()) if item is not None]
-        return _answer(data), items
+        return await self._readable(keys, data), items
+
+    async def _readable(self, keys: CacheKeys, data: bytes | None) -> CachedAnswer | None:
+        """The entry read for ``keys.exact``; one that cannot be read (another release's format) is deleted,
+        or the answer about to be fetched could not replace it (a put keeps the entry it finds)."""
+        answer = _answer(data)
+        if data is not None and answer is None:
+            await self._call(lambda: self._client.delete(self.entry_key(keys)), "write")
+        return answer
 
     async def first_live(self, keys: CacheKeys, candidates: list[str]) -> tuple[int, CachedAnswer] | None:
         """The first of ``candidates`` (exact keys of semantic matches of the same tenant, best first) whose
@@ -98,16 +128,18 @@ class RedisStore:
         return None if answer is None else (int(found[0]) - 1, answer)
 
     async def put(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
-        """SET the entry with its TTL (and push ``item`` onto its bucket, trimmed) in one round trip."""
+        """Store the entry with its TTL unless one is there (and then push ``item`` onto its bucket, trimmed,
+        in place of any item of the same key), atomically, in one round trip.
+
+        Idempotent per exact key, like :meth:`MemoryStore.put_now`: identical requests in flight together
+        (on any replicas) store the first answer and one bucket item, never one item each."""
         ttl_ms = max(1, int(ttl * 1000))
-        pipe = self._client.pipeline(transaction=False)
-        pipe.set(self.entry_key(keys), answer.to_bytes(), px=ttl_ms)
         if item is not None and keys.bucket is not None:
-            name = self.bucket_key(keys)
-            pipe.lpush(name, item.to_bytes())
-            pipe.ltrim(name, 0, self.bucket_size - 1)
-            pipe.pexpire(name, ttl_ms)
-        await self._call(pipe.execute, "write")
+            names = [self.entry_key(keys), self.bucket_key(keys)]
+            args = [answer.to_bytes(), ttl_ms, item.to_bytes(), self.bucket_size]
+        else:
+            names, args = [self.entry_key(keys)], [answer.to_bytes(), ttl_ms]
+        await self._call(lambda: self._put(keys=names, args=args), "write")
 
     async def _call(self, call: Any, what: str) -> Any:
         if self._failures.skipping():

@@ -15,7 +15,19 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.cache.helpers import AUTH, KEY_A, KEY_B, ask, backend, calls, unique, user_id
+from tests.cache.helpers import (
+    AUTH,
+    KEY_A,
+    KEY_B,
+    PairedUpstream,
+    ask,
+    ask_together,
+    backend,
+    calls,
+    paired_backend,
+    unique,
+    user_id,
+)
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 
@@ -29,9 +41,10 @@ RULES = [
 
 
 @pytest.fixture(scope="module")
-def gw(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(upstream: FakeUpstream, paired: PairedUpstream,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     config = {
-        "backends": [backend(upstream)],
+        "backends": [backend(upstream), paired_backend(paired)],
         "auth": AUTH,
         "retry": {"attempts": 1},
         "classifiers": {"encoder": "static"},
@@ -49,6 +62,7 @@ def gw(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iter
             {"name": "sem-2", "model": "echo-model", "cache": {"mode": "semantic", "max_entries": 2}},
             {"name": "sem-3", "model": "echo-model",
              "cache": {"mode": "semantic", "similarity": 0.85, "max_entries": 3}},
+            {"name": "sem-pair", "model": "paired-model", "cache": {"mode": "semantic", "bucket_size": 2}},
             {"name": "strict", "model": "echo-model", "cache": {"sampled": False}},
             {"name": "peruser", "model": "echo-model", "cache": {"per_user": True}},
             {"name": "c-err", "model": "err-model", "cache": CACHE},
@@ -415,6 +429,20 @@ def test_a_semantic_lookup_falls_through_an_evicted_best_match_to_the_next_one(
     assert (near.cache, near.text) == ("hit", "ECHO: How can I change my password?")
     assert decision(gw, near.headers["x-pointsman-request-id"])["cache"]["match"] == "semantic"
     assert calls(upstream, "echo", user) == 4
+
+
+def test_identical_requests_in_flight_together_index_one_entry(gw: GatewayProcess, paired: PairedUpstream) -> None:
+    # bucket_size 2: a scope's index holds its newest two answers. Two identical requests answered at once
+    # used to add two copies, pushing the scope's other answer out of the index.
+    system, pair = {"role": "system", "content": f"Bank bot {time.time_ns()}"}, f"pair-{user_id()}"
+    assert ask(gw.base_url, "sem-pair", [system, {"role": "user", "content": "How do I open an account?"}],
+               user=user_id()).cache == "miss"
+    both = ask_together(gw.base_url, "sem-pair", [system, {"role": "user", "content": "Explain recursion"}],
+                        user=pair)
+    assert [r.cache for r in both] == ["miss", "miss"] and paired.counts[pair] == 2  # in flight together
+    again = ask(gw.base_url, "sem-pair", [system, {"role": "user", "content": "how do i open an account"}],
+                user=user_id())
+    assert (again.cache, again.text) == ("hit", "ECHO: How do I open an account?")
 
 
 def test_metrics_count_cache_results(gw: GatewayProcess) -> None:

@@ -133,16 +133,18 @@ def test_memory_store_ttl_lru_and_buckets() -> None:
     async def run() -> None:
         store = MemoryStore(max_entries=2, bucket_size=2)
         answer = CachedAnswer(completion={"object": "chat.completion"}, model="m", created_at=time.time())
-        k1, k2, k3 = (keys({**BASE, "seed": i}, SEMANTIC) for i in range(3))
+        k1, k2, k3, k4 = (keys({**BASE, "seed": i}, SEMANTIC) for i in range(4))
         vector = np.ones(4, dtype=np.float32) / 2
         for k in (k1, k2):
             store.put_now(k, answer, BucketItem(k.exact, time.time(), k.guard, vector), ttl=60)
         assert await store.get(k1.exact) is not None  # k1 is now the most recent
         store.put_now(k3, answer, None, ttl=60)
         assert await store.get(k2.exact) is None and len(store) == 2  # least recent evicted
-        store.put_now(k1, answer, None, ttl=0.01)
+        store.put_now(k1, answer, None, ttl=0.01)  # a live entry is kept (the first answer stored wins)
+        assert await store.get(k1.exact) is not None
+        store.put_now(k4, answer, None, ttl=0.01)
         await asyncio.sleep(0.02)
-        assert await store.get(k1.exact) is None  # expired
+        assert await store.get(k4.exact) is None  # expired
         found, items = await store.lookup(k2)
         assert found is None and len(items) <= 2
         assert store.forget_tenant(k3.tenant) == 1 and len(store) == 0
