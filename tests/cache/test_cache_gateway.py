@@ -63,6 +63,8 @@ def gw(upstream: FakeUpstream, paired: PairedUpstream,
             {"name": "sem-3", "model": "echo-model",
              "cache": {"mode": "semantic", "similarity": 0.85, "max_entries": 3}},
             {"name": "sem-pair", "model": "paired-model", "cache": {"mode": "semantic", "bucket_size": 2}},
+            {"name": "sem-2x2", "model": "echo-model",
+             "cache": {"mode": "semantic", "max_entries": 2, "bucket_size": 2}},
             {"name": "strict", "model": "echo-model", "cache": {"sampled": False}},
             {"name": "peruser", "model": "echo-model", "cache": {"per_user": True}},
             {"name": "c-err", "model": "err-model", "cache": CACHE},
@@ -443,6 +445,26 @@ def test_identical_requests_in_flight_together_index_one_entry(gw: GatewayProces
     again = ask(gw.base_url, "sem-pair", [system, {"role": "user", "content": "how do i open an account"}],
                 user=user_id())
     assert (again.cache, again.text) == ("hit", "ECHO: How do I open an account?")
+
+
+def test_an_evicted_answer_leaves_the_scope_index_to_the_live_ones(gw: GatewayProcess, upstream: FakeUpstream) -> None:
+    # max_entries 2, bucket_size 2: a scope's index holds its newest two items. An answer evicted from the
+    # store must leave the index with it, or its dead item pushes the scope's live, hot answer out of reach.
+    tag, user = time.time_ns(), user_id()
+
+    def faq(bot: str, question: str) -> Any:
+        return ask(gw.base_url, "sem-2x2", [{"role": "system", "content": f"{bot} bot {tag}"},
+                                            {"role": "user", "content": question}], user=user)
+
+    assert faq("Bank", "How do I open an account?").cache == "miss"  # the hot answer
+    assert faq("Bank", "Explain recursion to a child").cache == "miss"
+    assert faq("Bank", "how do i open an account").cache == "hit"
+    assert faq("Shop", "How do I reset my password?").cache == "miss"  # evicts "Explain recursion ..."
+    assert faq("Bank", "how do I open an account").cache == "hit"
+    assert faq("Bank", "What is the weather like today?").cache == "miss"  # evicts the shop's answer
+    again = faq("Bank", "How do i open an account")
+    assert (again.cache, again.text) == ("hit", "ECHO: How do I open an account?")
+    assert calls(upstream, "echo", user) == 4
 
 
 def test_metrics_count_cache_results(gw: GatewayProcess) -> None:

@@ -167,6 +167,16 @@ def test_the_items_of_evicted_entries_are_dropped_from_the_bucket() -> None:
     asyncio.run(run())
 
 
+def test_a_forgotten_tenant_leaves_no_embeddings_in_the_memory_store() -> None:
+    async def run() -> None:
+        store = MemoryStore(max_entries=10, bucket_size=8)
+        a, _ = await stored_pair(store)
+        assert store.forget_tenant(a.tenant) == 2
+        assert await store.lookup(a) == (None, [])
+
+    asyncio.run(run())
+
+
 def test_bucket_items_round_trip() -> None:
     vector = np.linspace(-1, 1, 8).astype(np.float32)
     item = BucketItem(key="ab" * 16, created_at=123.5, guard="cd" * 8, vector=vector)
