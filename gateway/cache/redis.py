@@ -13,6 +13,7 @@ Redis that hangs costs at most one request a timeout per interval, never every r
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -113,19 +114,24 @@ class RedisStore:
 
     async def first_live(self, keys: CacheKeys, candidates: list[str]) -> tuple[int, CachedAnswer] | None:
         """The first of ``candidates`` (exact keys of semantic matches of the same tenant, best first) whose
-        entry is in Redis: its position and answer (None: none is), in one round trip. The items of the
-        candidates before it, whose entries are gone (evicted or expired), are dropped from the bucket in
-        the same script: atomic, so an entry stored again meanwhile keeps its new item."""
-        if not candidates:
-            return None
-        names = [self.bucket_key(keys), *(f"{self._prefix}{keys.tenant}:e:{key}" for key in candidates)]
-        found = await self._call(
-            lambda: self._first_live(keys=names, args=[bytes.fromhex(key) for key in candidates]), "read"
-        )
-        if not found:
-            return None
-        answer = _answer(found[1])
-        return None if answer is None else (int(found[0]) - 1, answer)
+        entry is in Redis and readable: its position and answer (None: none is), in one round trip (one more
+        per entry in another release's format). The items of the candidates before it whose entries are gone
+        (evicted or expired) are dropped from the bucket in the same script: atomic, so an entry stored again
+        meanwhile keeps its new item."""
+        start = 0
+        while start < len(candidates):
+            rest = candidates[start:]
+            names = [self.bucket_key(keys), *(f"{self._prefix}{keys.tenant}:e:{key}" for key in rest)]
+            args = [bytes.fromhex(key) for key in rest]
+            found = await self._call(functools.partial(self._first_live, keys=names, args=args), "read")
+            if not found:
+                return None
+            position, answer = start + int(found[0]) - 1, _answer(found[1])
+            if answer is not None:
+                return position, answer
+            # Another release's format (a rolling upgrade): that release serves it; this one tries the next.
+            start = position + 1
+        return None
 
     async def put(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
         """Store the entry with its TTL unless one is there (and then push ``item`` onto its bucket, trimmed,

@@ -219,6 +219,23 @@ def test_the_items_of_evicted_entries_are_dropped_from_the_bucket(prefix: str) -
     asyncio.run(run())
 
 
+def test_a_best_match_another_release_wrote_is_passed_over_for_the_next_one(prefix: str) -> None:
+    # During a rolling upgrade an entry may be in a format this release cannot read: the lookup goes on to
+    # the next match instead of making the request a miss.
+    async def run() -> None:
+        client = connect(SHARED_REDIS, 2.0)
+        try:
+            store = RedisStore(client, prefix, bucket_size=8)
+            a, b = await stored_pair(store)
+            await client.set(store.entry_key(a), b'{"v": 0, "answer": "another format"}', px=60_000)
+            found = await store.first_live(a, [a.exact, b.exact])
+            assert found is not None and found[0] == 1 and found[1].model == "b"
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
 def test_the_cache_fails_open_when_redis_stops_hangs_or_was_never_up(upstream: FakeUpstream, tmp_path: Path) -> None:
     own = PrivateRedis(tmp_path)
     gw = GatewayProcess(config(upstream, own.url, "pm:"), tmp_path).start(timeout=60)  # Redis not up yet
