@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from typing import Any
 
 from gateway.cache.entry import BucketItem, CachedAnswer
@@ -22,6 +23,7 @@ from gateway.cache.key import CacheKeys, tenant_digest
 from gateway.redis_failures import RedisFailures, redis_errors
 
 log = logging.getLogger("pointsman.cache")
+_GLOB = re.compile(r"[\\*?\[\]]")  # what a Redis MATCH pattern reads as more than itself
 
 
 # KEYS[1]: a bucket; KEYS[2..]: the entries of its best matches, best first; ARGV[i]: the 16-byte exact key
@@ -174,7 +176,10 @@ def connect(url: str, call_timeout: float) -> Any:
 
 async def forget_tenant(client: Any, prefix: str, tenant: str | None) -> int:
     """Delete every cache entry and bucket of ``tenant`` under ``prefix`` (``pointsman forget``); the count."""
-    pattern = f"{prefix}cache:{tenant_digest(tenant)}:*"
+    # The prefix is any string: its glob characters ("[eu]" is a class) must match only themselves, or the
+    # SCAN misses this prefix's keys and deletes another prefix's.
+    literal = _GLOB.sub(r"\\\g<0>", prefix)
+    pattern = f"{literal}cache:{tenant_digest(tenant)}:*"
     deleted = 0
     async for name in client.scan_iter(match=pattern, count=500):
         deleted += int(await client.delete(name))

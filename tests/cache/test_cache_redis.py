@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from gateway.cache.entry import CachedAnswer
-from gateway.cache.redis import RedisStore, connect
+from gateway.cache.redis import RedisStore, connect, forget_tenant
 from tests.cache.helpers import (
     AUTH,
     PairedUpstream,
@@ -231,6 +231,30 @@ def test_a_best_match_another_release_wrote_is_passed_over_for_the_next_one(pref
             found = await store.first_live(a, [a.exact, b.exact])
             assert found is not None and found[0] == 1 and found[1].model == "b"
         finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+def test_forget_deletes_the_tenants_entries_under_its_own_prefix_only() -> None:
+    # A key_prefix is any string; in a SCAN pattern "[eu]" is a character class: forgetting under
+    # "...[eu]:" must delete that prefix's entries, and not those of a deployment whose prefix is "...e:".
+    base = f"pointsman-test-cache-{uuid.uuid4().hex[:8]}"
+    own, neighbour = f"{base}[eu]:", f"{base}e:"
+
+    async def run() -> None:
+        client = connect(SHARED_REDIS, 2.0)
+        stores = [RedisStore(client, prefix, bucket_size=8) for prefix in (own, neighbour)]
+        names: list[str] = []
+        try:
+            for store in stores:
+                a, b = await stored_pair(store)
+                names += [store.entry_key(a), store.entry_key(b), store.bucket_key(a)]
+            assert await forget_tenant(client, own, "t") == 3  # two entries and their bucket
+            assert await client.exists(*names[:3]) == 0
+            assert await client.exists(*names[3:]) == 3  # the other deployment's are untouched
+        finally:
+            await client.delete(*names)
             await client.aclose()
 
     asyncio.run(run())
