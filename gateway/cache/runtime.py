@@ -10,7 +10,8 @@ A store that fails (Redis down or slow) makes the request a miss that stores not
 Semantic mode embeds the last user turn with the routing encoder (the brain's :class:`BatchingEncoder`,
 whose LRU cache serves repeats) and compares it with the bucket's items by dot product (unit vectors:
 cosine similarity); a candidate must also have the same guard (numbers, the signs and units around them,
-negations: :func:`gateway.cache.key.guard_tokens`) in its last turn.
+negations: :func:`gateway.cache.key.guard_tokens`) in its last turn. The best candidate whose entry is
+still stored hits: an item can outlive its entry (evicted, expired), and such items are dropped when seen.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ log = logging.getLogger("pointsman.cache")
 HEADER = b"x-pointsman-cache"
 BACKEND = "cache"  # x-pointsman-backend (and the record's backend) of an answer served from the cache
 _KEY_SHOWN = 12  # hex characters of the key in the decision record
+# Semantic matches tried per lookup, best first, when the better ones' entries are gone: a few, so a scope
+# whose best items all point nowhere costs a bounded lookup (those items are dropped as they are found).
+_CANDIDATES = 4
 
 
 @dataclass(slots=True)
@@ -144,10 +148,11 @@ class ResponseCache:
             match, similarity = "exact", 1.0
             if hit is None and keys.bucket is not None and keys.text is not None:
                 lookup.vector, lookup.guard = await self._embed(keys.text), keys.guard
-                best = self._nearest(items, lookup.vector, lookup.guard, settings)
-                if best is not None:
-                    hit = await store.get_for(keys, best[0].key)
-                    match, similarity = "semantic", best[1]
+                ranked = self._nearest(items, lookup.vector, lookup.guard, settings)
+                found = await store.first_live(keys, [item.key for item, _ in ranked]) if ranked else None
+                if found is not None:
+                    position, hit = found
+                    match, similarity = "semantic", ranked[position][1]
         except CacheUnavailable:
             lookup.result = "error"
             return self._done(lookup, trace, started, {**info, "error": "unavailable"})
@@ -186,18 +191,27 @@ class ResponseCache:
     @staticmethod
     def _nearest(
         items: list[BucketItem], vector: np.ndarray | None, guard: str, settings: CacheSettings
-    ) -> tuple[BucketItem, float] | None:
+    ) -> list[tuple[BucketItem, float]]:
+        """The items at or above ``similarity`` with the same guard, best first, at most ``_CANDIDATES``
+        (one per exact key): the best one's entry may be gone (evicted, expired) while its item is not."""
         if vector is None or not items:
-            return None
+            return []
         oldest = time.time() - settings.ttl
         live = [it for it in items if it.guard == guard and it.created_at > oldest
                 and it.vector.shape == vector.shape]
         if not live:
-            return None
+            return []
         scores = np.stack([it.vector for it in live]) @ vector
-        best = int(np.argmax(scores))
-        score = float(scores[best])
-        return (live[best], score) if score >= settings.similarity else None
+        ranked: list[tuple[BucketItem, float]] = []
+        seen: set[str] = set()
+        for index in np.argsort(-scores, kind="stable"):
+            item, score = live[int(index)], float(scores[int(index)])
+            if score < settings.similarity or len(ranked) == _CANDIDATES:
+                break
+            if item.key not in seen:
+                seen.add(item.key)
+                ranked.append((item, score))
+        return ranked
 
     # --- a hit ---------------------------------------------------------------------------------------
 

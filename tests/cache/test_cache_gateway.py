@@ -15,7 +15,19 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.cache.helpers import AUTH, KEY_A, KEY_B, ask, backend, calls, unique, user_id
+from tests.cache.helpers import (
+    AUTH,
+    KEY_A,
+    KEY_B,
+    PairedUpstream,
+    ask,
+    ask_together,
+    backend,
+    calls,
+    paired_backend,
+    unique,
+    user_id,
+)
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 
@@ -29,9 +41,10 @@ RULES = [
 
 
 @pytest.fixture(scope="module")
-def gw(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(upstream: FakeUpstream, paired: PairedUpstream,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     config = {
-        "backends": [backend(upstream)],
+        "backends": [backend(upstream), paired_backend(paired)],
         "auth": AUTH,
         "retry": {"attempts": 1},
         "classifiers": {"encoder": "static"},
@@ -47,6 +60,11 @@ def gw(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iter
             {"name": "sem", "model": "echo-model", "cache": {"mode": "semantic"}},
             {"name": "sem-95", "model": "echo-model", "cache": {"mode": "semantic", "similarity": 0.95}},
             {"name": "sem-2", "model": "echo-model", "cache": {"mode": "semantic", "max_entries": 2}},
+            {"name": "sem-3", "model": "echo-model",
+             "cache": {"mode": "semantic", "similarity": 0.85, "max_entries": 3}},
+            {"name": "sem-pair", "model": "paired-model", "cache": {"mode": "semantic", "bucket_size": 2}},
+            {"name": "sem-2x2", "model": "echo-model",
+             "cache": {"mode": "semantic", "max_entries": 2, "bucket_size": 2}},
             {"name": "strict", "model": "echo-model", "cache": {"sampled": False}},
             {"name": "peruser", "model": "echo-model", "cache": {"per_user": True}},
             {"name": "c-err", "model": "err-model", "cache": CACHE},
@@ -391,6 +409,62 @@ def test_a_scope_in_use_keeps_its_semantic_matches_while_other_scopes_come_and_g
     again = faq("Shop", "how do I reset my password")
     assert (again.cache, again.text) == ("hit", "ECHO: How do I reset my password?")
     assert calls(upstream, "echo", user) == 3
+
+
+def test_a_semantic_lookup_falls_through_an_evicted_best_match_to_the_next_one(
+    gw: GatewayProcess, upstream: FakeUpstream,
+) -> None:
+    # Static encoder: "how can i reset my password" scores 0.947 with A and 0.880 with B (route similarity
+    # 0.85), A and B 0.773 with each other, so both are stored. Once A's answer is evicted (max_entries 3),
+    # A is still the best match in the scope's index, but B's answer must be served, not a miss.
+    tag, user = time.time_ns(), user_id()
+
+    def faq(question: str) -> Any:
+        return ask(gw.base_url, "sem-3", [{"role": "system", "content": f"Help bot {tag}"},
+                                          {"role": "user", "content": question}], user=user)
+
+    assert faq("reset my password").cache == "miss"  # A
+    assert faq("How can I change my password?").cache == "miss"  # B
+    assert faq("Explain recursion to a child").cache == "miss"
+    assert faq("What is the weather like today?").cache == "miss"  # the fourth answer: A's is evicted
+    near = faq("how can i reset my password")
+    assert (near.cache, near.text) == ("hit", "ECHO: How can I change my password?")
+    assert decision(gw, near.headers["x-pointsman-request-id"])["cache"]["match"] == "semantic"
+    assert calls(upstream, "echo", user) == 4
+
+
+def test_identical_requests_in_flight_together_index_one_entry(gw: GatewayProcess, paired: PairedUpstream) -> None:
+    # bucket_size 2: a scope's index holds its newest two answers. Two identical requests answered at once
+    # used to add two copies, pushing the scope's other answer out of the index.
+    system, pair = {"role": "system", "content": f"Bank bot {time.time_ns()}"}, f"pair-{user_id()}"
+    assert ask(gw.base_url, "sem-pair", [system, {"role": "user", "content": "How do I open an account?"}],
+               user=user_id()).cache == "miss"
+    both = ask_together(gw.base_url, "sem-pair", [system, {"role": "user", "content": "Explain recursion"}],
+                        user=pair)
+    assert [r.cache for r in both] == ["miss", "miss"] and paired.counts[pair] == 2  # in flight together
+    again = ask(gw.base_url, "sem-pair", [system, {"role": "user", "content": "how do i open an account"}],
+                user=user_id())
+    assert (again.cache, again.text) == ("hit", "ECHO: How do I open an account?")
+
+
+def test_an_evicted_answer_leaves_the_scope_index_to_the_live_ones(gw: GatewayProcess, upstream: FakeUpstream) -> None:
+    # max_entries 2, bucket_size 2: a scope's index holds its newest two items. An answer evicted from the
+    # store must leave the index with it, or its dead item pushes the scope's live, hot answer out of reach.
+    tag, user = time.time_ns(), user_id()
+
+    def faq(bot: str, question: str) -> Any:
+        return ask(gw.base_url, "sem-2x2", [{"role": "system", "content": f"{bot} bot {tag}"},
+                                            {"role": "user", "content": question}], user=user)
+
+    assert faq("Bank", "How do I open an account?").cache == "miss"  # the hot answer
+    assert faq("Bank", "Explain recursion to a child").cache == "miss"
+    assert faq("Bank", "how do i open an account").cache == "hit"
+    assert faq("Shop", "How do I reset my password?").cache == "miss"  # evicts "Explain recursion ..."
+    assert faq("Bank", "how do I open an account").cache == "hit"
+    assert faq("Bank", "What is the weather like today?").cache == "miss"  # evicts the shop's answer
+    again = faq("Bank", "How do i open an account")
+    assert (again.cache, again.text) == ("hit", "ECHO: How do I open an account?")
+    assert calls(upstream, "echo", user) == 4
 
 
 def test_metrics_count_cache_results(gw: GatewayProcess) -> None:

@@ -15,6 +15,7 @@ from gateway.cache.memory import MemoryStore
 from gateway.config import parse_config
 from gateway.errors import ConfigError
 from policies.config import CacheSettings
+from tests.cache.helpers import stored_pair
 
 EXACT, SEMANTIC = CacheSettings(), CacheSettings(mode="semantic")
 BASE: dict[str, Any] = {
@@ -132,19 +133,46 @@ def test_memory_store_ttl_lru_and_buckets() -> None:
     async def run() -> None:
         store = MemoryStore(max_entries=2, bucket_size=2)
         answer = CachedAnswer(completion={"object": "chat.completion"}, model="m", created_at=time.time())
-        k1, k2, k3 = (keys({**BASE, "seed": i}, SEMANTIC) for i in range(3))
+        k1, k2, k3, k4 = (keys({**BASE, "seed": i}, SEMANTIC) for i in range(4))
         vector = np.ones(4, dtype=np.float32) / 2
         for k in (k1, k2):
             store.put_now(k, answer, BucketItem(k.exact, time.time(), k.guard, vector), ttl=60)
         assert await store.get(k1.exact) is not None  # k1 is now the most recent
         store.put_now(k3, answer, None, ttl=60)
         assert await store.get(k2.exact) is None and len(store) == 2  # least recent evicted
-        store.put_now(k1, answer, None, ttl=0.01)
+        store.put_now(k1, answer, None, ttl=0.01)  # a live entry is kept (the first answer stored wins)
+        assert await store.get(k1.exact) is not None
+        store.put_now(k4, answer, None, ttl=0.01)
         await asyncio.sleep(0.02)
-        assert await store.get(k1.exact) is None  # expired
+        assert await store.get(k4.exact) is None  # expired
         found, items = await store.lookup(k2)
         assert found is None and len(items) <= 2
         assert store.forget_tenant(k3.tenant) == 1 and len(store) == 0
+
+    asyncio.run(run())
+
+
+def test_the_items_of_evicted_entries_are_dropped_from_the_bucket() -> None:
+    async def run() -> None:
+        store = MemoryStore(max_entries=2, bucket_size=8)
+        a, b = await stored_pair(store)
+        other = keys({**BASE, "seed": 99})
+        store.put_now(other, CachedAnswer(completion={}, model="c", created_at=time.time()), None, ttl=60)
+        assert await store.get(a.exact) is None  # the least recent entry went
+        found = await store.first_live(a, [a.exact, b.exact])
+        assert found is not None and found[0] == 1 and found[1].model == "b"
+        _, items = await store.lookup(a)
+        assert [item.key for item in items] == [b.exact]
+
+    asyncio.run(run())
+
+
+def test_a_forgotten_tenant_leaves_no_embeddings_in_the_memory_store() -> None:
+    async def run() -> None:
+        store = MemoryStore(max_entries=10, bucket_size=8)
+        a, _ = await stored_pair(store)
+        assert store.forget_tenant(a.tenant) == 2
+        assert await store.lookup(a) == (None, [])
 
     asyncio.run(run())
 
