@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from classifiers.conversation import ParsedBody
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, RequestTimeoutError
 from gateway.json_shape import MAX_JSON_DEPTH, check_json_shape
 from policies.echo import client_echo
@@ -102,7 +103,10 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
 def decode_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object; 400 when it is empty, not JSON (strict RFC 8259: no NaN,
     no invalid UTF-8), not an object, nested deeper than :data:`MAX_JSON_DEPTH`, or when an object
-    repeats a key (the router would read one value while an upstream parser may read the other)."""
+    repeats a key (the router would read one value while an upstream parser may read the other).
+
+    The object is a :class:`~classifiers.conversation.ParsedBody`: its conversation text, which every
+    reader of the request wants, is rendered once."""
     if not raw:
         raise InvalidRequestError("request body is empty; expected a JSON object")
     try:
@@ -112,7 +116,7 @@ def decode_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequestError("request body must be a JSON object")
     check_json_shape(raw, body)
-    return body
+    return ParsedBody(body)
 
 
 def validate_request(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]:

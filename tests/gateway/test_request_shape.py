@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from classifiers.conversation import conversation_text
 from gateway.errors import InvalidRequestError
 from gateway.protocol import MAX_JSON_DEPTH, decode_body
 from tests.fakes.upstream import FakeUpstream
@@ -92,6 +93,14 @@ def test_a_repeated_key_is_echoed_masked() -> None:
     with pytest.raises(InvalidRequestError) as refused:
         decode_body(b'{"model":"a","4111111111111111":1,"4111111111111111":2}')
     assert "4111" not in refused.value.message and "'################'" in refused.value.message
+
+
+def test_a_decoded_body_renders_its_conversation_once() -> None:
+    """The request every reader gets from the decode remembers its conversation text: the provider,
+    conversation capture and workflow stages share one rendering instead of walking every message again."""
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(31)]
+    body = decode_body(json.dumps({"model": "auto", "messages": turns}).encode())
+    assert conversation_text(body) is conversation_text(body)
 
 
 # --- end to end ----------------------------------------------------------------------------------
