@@ -181,6 +181,13 @@ class ScanPool:
         async with self._spooled(raw) as path:
             return await self._run(_extract_from_file, tuple(extractors), path)
 
+    async def call(self, fn: Callable[[bytes], T], raw: bytes) -> T:
+        """``fn(raw)`` computed in a worker, for work on a large request's bytes other than a scan (the
+        gateway's structural check of a body). ``fn`` is a module-level function (it crosses by name)
+        whose result is small; the bytes cross as a scan's do, and the call counts in the same queue."""
+        async with self._spooled(raw) as path:
+            return await self._run(_call_on_file, fn, path)
+
     async def redact(self, raw: bytes, kinds: Sequence[str], drop: Sequence[str] = ()) -> bytes:
         """The JSON request body ``raw`` without its ``drop`` fields and with PII of ``kinds``
         redacted, as bytes with ``model`` first (:func:`with_model_first`), computed in a worker."""
@@ -324,6 +331,10 @@ def _write_new(directory: str, raw: bytes) -> str:
 def _extract_from_file(extractors: Sequence[SignalExtractor], path: str) -> dict[str, Signal]:
     body = orjson.loads(Path(path).read_bytes())
     return {extractor.name: extractor.extract(body) for extractor in extractors}
+
+
+def _call_on_file(fn: Callable[[bytes], T], path: str) -> T:
+    return fn(Path(path).read_bytes())
 
 
 def _redact_file(path: str, kinds: tuple[str, ...], drop: tuple[str, ...]) -> str:
