@@ -99,6 +99,19 @@ def conversation_text(body: Mapping[str, Any], max_chars: int = DEFAULT_MAX_CHAR
     return _render(body, max_chars)
 
 
+def remembered_text(body: Mapping[str, Any], max_chars: int) -> str | None:
+    """The :func:`conversation_text` ``body`` keeps for ``max_chars``, if it is a :class:`ParsedBody` that
+    has been rendered to that budget; else None."""
+    return body.texts.get(max_chars) if type(body) is ParsedBody else None
+
+
+def remember_text(body: Mapping[str, Any], max_chars: int, text: str) -> None:
+    """Keep ``text``, rendered elsewhere (in a scan worker, from ``body``'s bytes), as ``body``'s
+    :func:`conversation_text` for ``max_chars``; a body that is not a :class:`ParsedBody` keeps nothing."""
+    if type(body) is ParsedBody:
+        body.texts[max_chars] = text
+
+
 def _render(body: Mapping[str, Any], max_chars: int) -> str:
     if max_chars <= 0:
         return ""
