@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from classifiers.batching import BatchingEncoder
-from classifiers.conversation import conversation_text
+from classifiers.conversation import conversation_text, remember_text, remembered_text
 from classifiers.heads import Head, build_features, load_head
 from classifiers.offload import ScanPool
 from classifiers.registry import SHIPPED_ROUTERS_DIR, resolve_routers_dir
@@ -245,18 +245,31 @@ class ClassifierSignalProvider:
         heads = self._heads()  # once: the whole computation reads one router version
         head_names = [n for n in names if n in heads] if self._encoder is not None else []
         embedding_task: asyncio.Future[np.ndarray] | None = None
-        text = ""
-        if head_names:
-            text = conversation_text(body, max_chars=self._max_chars)
-            assert self._encoder is not None
-            embedding_task = asyncio.ensure_future(self._encoder.encode(text))
         out: dict[str, Signal] = {}
         extractors = [self._extractors[name] for name in names if name in self._extractors]
+        pool = self._scan_pool
+        offloaded = pool is not None and bool(extractors or head_names) and pool.offloads(body)
+        text = remembered_text(body, self._max_chars) if head_names else None
+        if head_names and text is None and offloaded:
+            assert pool is not None
+            # A long request: rendering its conversation walks every message, which would hold the event
+            # loop for everyone else; the worker renders it with the rule scans, on the same parse.
+            raw = getattr(ctx, "raw_body", None) or orjson.dumps(body)
+            scanned, text = await pool.extract_and_render(extractors, raw, self._max_chars)
+            remember_text(body, self._max_chars, text)
+            out.update(scanned)
+            extractors = []
+        if head_names:
+            if text is None:
+                text = conversation_text(body, max_chars=self._max_chars)
+            assert self._encoder is not None
+            embedding_task = asyncio.ensure_future(self._encoder.encode(text))
         try:
-            if extractors and self._scan_pool is not None and self._scan_pool.offloads(body):
+            if extractors and offloaded:
                 # A long request: its rule scans would hold the event loop for everyone else.
+                assert pool is not None
                 raw = getattr(ctx, "raw_body", None) or orjson.dumps(body)
-                out.update(await self._scan_pool.extract(extractors, raw))
+                out.update(await pool.extract(extractors, raw))
             else:
                 for extractor in extractors:
                     out[extractor.name] = extractor.extract(body)
@@ -273,7 +286,7 @@ class ClassifierSignalProvider:
                 head = heads[name]
                 cheap = bool(head.manifest.get("feature_schema", {}).get("cheap"))
                 if cheap not in features:
-                    features[cheap] = build_features(embedding[None, :], [text] if cheap else None)
+                    features[cheap] = build_features(embedding[None, :], [text or ""] if cheap else None)
                 out[name] = _head_signal(name, head, features[cheap])
         return out
 

@@ -12,12 +12,18 @@ so ``raw.count(b":") - (colons inside parsed strings)`` is the number of pairs t
 exceeds the keys the parsed objects hold, some object repeated a key. A ``\\u003a`` escape makes the
 two counts differ by design, so bodies with ``\\u003`` in them take the slower exact path (the
 standard library's parser with a pair hook), which also names the repeated key.
+
+The walk is Python: ~0.3 s for a body of 240,000 tiny messages, during which the event loop would serve
+no one else. A large body is checked in a scan worker (:func:`shape_problem`, which parses the bytes
+itself) while the gateway parses it for its own use.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import orjson
 
 from gateway.errors import InvalidRequestError
 from policies.echo import client_echo
@@ -42,6 +48,16 @@ def check_json_shape(raw: bytes, body: Any, max_depth: int = MAX_JSON_DEPTH) -> 
         )
     if _ESCAPED_COLON_PREFIX in raw or raw.count(b":") - string_colons != pairs:
         _find_duplicate_exactly(raw)
+
+
+def shape_problem(raw: bytes) -> tuple[str, str | None] | None:
+    """:func:`check_json_shape` of ``raw`` (a JSON object the caller has parsed already) as a value that
+    crosses a process boundary: None if it is fine, else the 400's ``(message, code)``."""
+    try:
+        check_json_shape(raw, orjson.loads(raw))
+    except InvalidRequestError as refused:
+        return refused.message, refused.code
+    return None
 
 
 def _walk(body: Any, max_depth: int) -> tuple[int, int, int]:

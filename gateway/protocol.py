@@ -10,17 +10,26 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from classifiers.conversation import ParsedBody
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, RequestTimeoutError
-from gateway.json_shape import MAX_JSON_DEPTH, check_json_shape
+from gateway.json_shape import MAX_JSON_DEPTH, check_json_shape, shape_problem
 from policies.echo import client_echo
+
+if TYPE_CHECKING:
+    from classifiers.offload import ScanPool
 
 __all__ = ["MAX_JSON_DEPTH"]  # re-exported: the limit belongs to the protocol a client sees
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+#: Bodies up to this many bytes are checked on the event loop; larger ones off it
+#: (:func:`decode_body_off_loop`). The check's worst case, tiny values, walks ~30 MB/s: at most ~10 ms
+#: here, while a text-heavy body of this size takes well under a millisecond.
+INLINE_DECODE_BYTES = 256 * 1024
 
 
 class ClientDisconnected(Exception):
@@ -102,7 +111,35 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
 def decode_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object; 400 when it is empty, not JSON (strict RFC 8259: no NaN,
     no invalid UTF-8), not an object, nested deeper than :data:`MAX_JSON_DEPTH`, or when an object
-    repeats a key (the router would read one value while an upstream parser may read the other)."""
+    repeats a key (the router would read one value while an upstream parser may read the other).
+
+    The object is a :class:`~classifiers.conversation.ParsedBody`: its conversation text, which every
+    reader of the request wants, is rendered once."""
+    body = _parse(raw)
+    check_json_shape(raw, body)
+    return ParsedBody(body)
+
+
+async def decode_body_off_loop(raw: bytes, pool: ScanPool | None) -> dict[str, Any]:
+    """:func:`decode_body`, with the structural check of a body over :data:`INLINE_DECODE_BYTES` done off
+    the event loop: in ``pool``'s worker processes when the gateway has them (a full queue raises
+    :class:`~classifiers.offload.ScanQueueFull`, a 503), else in a thread, which the loop preempts at
+    least every few milliseconds. Smaller bodies are decoded as :func:`decode_body` does, with no hop."""
+    if len(raw) <= INLINE_DECODE_BYTES:
+        return decode_body(raw)
+    # orjson holds the GIL while it parses (a thread would not free the loop), but it is several times
+    # faster than the walk: ~0.1 s against ~0.3 s for 240,000 tiny messages.
+    body = _parse(raw)
+    if pool is None:
+        await asyncio.to_thread(check_json_shape, raw, body)
+    else:
+        problem = await pool.call(shape_problem, raw)
+        if problem is not None:
+            raise InvalidRequestError(problem[0], code=problem[1])
+    return ParsedBody(body)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise InvalidRequestError("request body is empty; expected a JSON object")
     try:
@@ -111,7 +148,6 @@ def decode_body(raw: bytes) -> dict[str, Any]:
         raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise InvalidRequestError("request body must be a JSON object")
-    check_json_shape(raw, body)
     return body
 
 

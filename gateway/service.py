@@ -42,8 +42,7 @@ from gateway.protocol import (
     COMPLETIONS,
     ClientDisconnected,
     Endpoint,
-    decode_body,
-    parse_request,
+    decode_body_off_loop,
     read_body,
     validate_request,
 )
@@ -169,7 +168,7 @@ class ProxyService:
                 raw = await self._read_body(request)
             finally:  # a slow client's upload is its time, not the gateway's overhead
                 trace.client_seconds += time.perf_counter() - upload_started
-            body = parse_request(raw, endpoint)
+            body = validate_request(await decode_body_off_loop(raw, self.scan_pool), endpoint)
             served.decided, served.size = body, len(raw)
             trace.stream = bool(body.get("stream"))
             with self._pinned_router(trace):
@@ -394,7 +393,7 @@ class ProxyService:
         try:
             tenant = self.authenticate(request)
             raw = await self._read_body(request)
-            body = decode_body(raw)
+            body = await decode_body_off_loop(raw, self.scan_pool)
             validate_request(body, CHAT if "messages" in body else COMPLETIONS)
             model = body["model"]
             direct = self._direct_plans.get(model)

@@ -7,9 +7,11 @@ import json
 import random
 from typing import Any
 
+import orjson
 import pytest
 
-from classifiers.conversation import conversation_text
+from classifiers.conversation import ParsedBody, conversation_text
+from classifiers.messages import rewrite_message_texts
 
 
 def chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -184,3 +186,19 @@ def test_malformed_bodies_render_without_raising(body: dict[str, Any]) -> None:
 
 def test_zero_budget_is_empty() -> None:
     assert conversation_text(chat(user("anything")), max_chars=0) == ""
+
+
+def test_a_parsed_request_is_rendered_once_per_budget_and_a_rewritten_copy_afresh() -> None:
+    """Several readers of one request want its conversation text (the signal provider, conversation
+    capture, workflow stages); rendering walks every message (~0.25 s for 200,000 tiny ones, on the event
+    loop), so a parsed request keeps the text it was rendered to. A copy, such as a redaction's rewrite,
+    is another conversation and is rendered from what it holds."""
+    turns = [user("my card is 4111 1111 1111 1111") if i % 2 == 0 else assistant(f"noted {i}") for i in range(41)]
+    body = ParsedBody(chat(*turns, user("and the total?")))
+    first = conversation_text(body)
+    assert conversation_text(body) is first, "the same request's text must not be rendered again"
+    assert conversation_text(body, max_chars=500) is conversation_text(body, max_chars=500) != first
+    assert first == conversation_text(dict(body)), "remembering must not change the text"
+    redacted = rewrite_message_texts(body, lambda piece: piece.text.replace("4111 1111 1111 1111", "[CARD]"))
+    assert "[CARD]" in conversation_text(redacted) and "4111" not in conversation_text(redacted)
+    assert orjson.loads(orjson.dumps(body)) == body, "a parsed body encodes as the JSON object it is"

@@ -15,9 +15,12 @@ from typing import Any
 import orjson
 import pytest
 
+from classifiers.conversation import ParsedBody, conversation_text
 from classifiers.offload import ScanPool, ScanQueueFull, ScanTimeout, redact, replace_model, with_model_first
-from classifiers.provider import build_extractors
+from classifiers.provider import ClassifierSignalProvider, build_extractors, load_router_heads
 from classifiers.signals import redact_body
+from policies import RequestContext
+from tests.polling import eventually_async
 
 
 def _body(lines: int = 300) -> dict[str, Any]:
@@ -187,3 +190,57 @@ async def test_text_in_tool_definitions_or_spread_over_many_messages_is_scanned_
         assert pool.offloads(body)
         in_worker = await pool.extract(list(extractors.values()), orjson.dumps(body))
         assert in_worker == {name: extractor.extract(body) for name, extractor in extractors.items()}
+
+
+def _spawned_children() -> set[int]:
+    """This process's worker processes (multiprocessing's spawned children), from /proc."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if ppid == os.getpid() and b"spawn_main" in cmdline:
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker in /proc (Linux)")
+async def test_a_long_conversation_is_rendered_for_the_encoder_in_the_worker() -> None:
+    """The text the encoder reads walks every message: ~0.25 s for 200,000 tiny ones, on the event loop,
+    before the rule scans went to the worker. A long request's conversation is rendered in the worker with
+    its scans: while the worker is paused the loop has not rendered it, and the signals are the in-loop ones."""
+    from classifiers.batching import BatchingEncoder
+    from classifiers.encoders import load_encoder
+
+    turns = [{"role": "assistant" if i % 2 else "user", "content": f"m{i % 10}"} for i in range(5000)]
+    body = ParsedBody({"model": "auto", "messages": [*turns, {"role": "user", "content": "What is 2 + 2?"}]})
+    before = _spawned_children()
+    scans = ScanPool(1, inline_chars=100)
+    await scans.start()
+    encoder = BatchingEncoder(load_encoder("static"))
+    encoder.start()
+    try:
+        worker = (_spawned_children() - before).pop()
+        heads = load_router_heads("static")
+        provider = ClassifierSignalProvider(encoder=encoder, heads=heads, extractors=build_extractors())
+        provider.attach_scan_pool(scans)
+        ctx = RequestContext(request_id="t", endpoint="chat.completions", route="auto", body=body,
+                             raw_body=orjson.dumps(body))
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            task = asyncio.ensure_future(provider.compute({"difficulty", "pii", "length"}, ctx))
+            await eventually_async(lambda: scans.pending == 1, "the request is handed to the worker")
+            assert not body.texts, "the event loop rendered the long conversation itself"
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        signals = await task
+        assert body.texts[2000] == conversation_text(dict(body))
+        inline = ClassifierSignalProvider(encoder=encoder, heads=heads, extractors=build_extractors())
+        plain = RequestContext(request_id="t", endpoint="chat.completions", route="auto", body=dict(body))
+        assert signals == await inline.compute({"difficulty", "pii", "length"}, plain)
+    finally:
+        await encoder.close()
+        await scans.close()

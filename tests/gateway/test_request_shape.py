@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from classifiers.conversation import conversation_text
+from classifiers.offload import ScanPool
 from gateway.errors import InvalidRequestError
-from gateway.protocol import MAX_JSON_DEPTH, decode_body
+from gateway.protocol import INLINE_DECODE_BYTES, MAX_JSON_DEPTH, decode_body, decode_body_off_loop
 from tests.fakes.upstream import FakeUpstream
 from tests.gatewayproc import GatewayProcess
 
@@ -92,6 +94,40 @@ def test_a_repeated_key_is_echoed_masked() -> None:
     with pytest.raises(InvalidRequestError) as refused:
         decode_body(b'{"model":"a","4111111111111111":1,"4111111111111111":2}')
     assert "4111" not in refused.value.message and "'################'" in refused.value.message
+
+
+def test_a_decoded_body_renders_its_conversation_once() -> None:
+    """The request every reader gets from the decode remembers its conversation text: the provider,
+    conversation capture and workflow stages share one rendering instead of walking every message again."""
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(31)]
+    body = decode_body(json.dumps({"model": "auto", "messages": turns}).encode())
+    assert conversation_text(body) is conversation_text(body)
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["thread", "scan-worker"])
+async def test_a_large_body_is_refused_off_the_loop_as_the_inline_decode_refuses_it(workers: int) -> None:
+    """Bodies over INLINE_DECODE_BYTES are checked in a scan worker (or a thread, for a gateway without
+    one): the same 400s, the same codes, and a well-formed one decodes to the same object."""
+    pool = ScanPool(1) if workers else None
+    if pool is not None:
+        await pool.start()
+    try:
+        turns = [{"role": "user", "content": f"m{i}"} for i in range(30_000)]
+        good = json.dumps({"model": "auto", "messages": turns}).encode()
+        assert len(good) > INLINE_DECODE_BYTES
+        assert await decode_body_off_loop(good, pool) == json.loads(good)
+        repeated = good.replace(b'"m29999"}', b'"m29999", "role": "user"}')
+        deep = good[:-1] + b', "x": ' + _nested(MAX_JSON_DEPTH).encode() + b"}"
+        for raw, code in ((repeated, "duplicate_key"), (deep, "json_too_deep")):
+            with pytest.raises(InvalidRequestError) as refused:
+                await decode_body_off_loop(raw, pool)
+            assert refused.value.code == code
+            with pytest.raises(InvalidRequestError) as inline:
+                decode_body(raw)
+            assert refused.value.message == inline.value.message
+    finally:
+        if pool is not None:
+            await pool.close()
 
 
 # --- end to end ----------------------------------------------------------------------------------
