@@ -66,3 +66,26 @@ def test_a_model_or_workflow_named_directly_is_explained_as_the_gateway_serves_i
     workflow = json.loads(capsys.readouterr().out)
     assert (workflow["model"], workflow["plan"]["workflow"]) == ("cascade/up", "up")
     assert workflow["reason"] == "workflow requested by name"
+
+
+def test_a_sticky_route_is_explained_offline_without_redis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Stickiness shared through Redis: `route` connected to it (and failed with Redis down). An offline
+    # explanation decides the prompt as a first turn, as replay does, and says stickiness is not applied.
+    import socket
+
+    with socket.socket() as closed:  # a loopback port nothing listens on once this socket is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    config = dict(CONFIG)
+    config["routes"] = [{**CONFIG["routes"][0], "sticky": {"ttl": 600}}]
+    config["shared_state"] = {"kind": "redis", "url": f"redis://127.0.0.1:{port}/0", "timeout": 0.5}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["route", "--config", str(path), "--header", "x-pointsman-threshold:0", "Say hi to Anna."]) == 0
+    out, err = capsys.readouterr()
+    explained = json.loads(out)
+    assert explained["model"] == "big" and explained["sticky"] is None  # no session looked up
+    assert "route auto: session stickiness is not applied offline" in err
+    assert "Traceback" not in err
