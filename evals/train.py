@@ -399,7 +399,7 @@ def _labelled_mode(args: argparse.Namespace) -> bool:
 
 def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[str]) -> int:
     from evals.labelled import DataError
-    from evals.retrain import TrainError, TrainOptions, train_registry_version, with_interval
+    from evals.retrain import TrainError, TrainOptions, labelled_count, train_registry_version, with_interval
 
     sources = args.data or ["bundled"]
     opts = TrainOptions(
@@ -437,7 +437,7 @@ def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[st
         rlo, rhi = m["random_apgr_band95"]
         print(
             f"  {pair.strong} (strong) vs {pair.weak} (weak) [{pair.encoder}]: {m['folds']}-fold CV APGR "
-            f"{with_interval(m['cv_apgr'], (lo, hi))} over {m['rows']} labelled prompts "
+            f"{with_interval(m['cv_apgr'], (lo, hi))} over {labelled_count(m['prompts'], m['rows'])} "
             f"(random router {_fmt(rlo)} to {_fmt(rhi)})"
         )
         # PGR divides by the pair's mean quality gap: near zero, APGR swings wildly and means nothing.

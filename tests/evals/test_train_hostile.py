@@ -424,10 +424,11 @@ def test_weight_zero_rows_are_not_training_rows(tmp_path: Path, capsys: pytest.C
     out = tmp_path / "routers"
     code, stdout, stderr = _train(capsys, "--data", f"file:{path}", "--out", str(out))
     assert code == 0, stderr
-    assert "50 requests (10 with weight 0: not trained on)" in stdout
+    assert "50 rows (10 with weight 0: not trained on)" in stdout
     (info,) = RouterRegistry(out).versions()
     (pair,) = info.metrics["pairs"]
-    assert pair["rows"] == 40 and "over 40 labelled prompts" in stdout
+    prompts = len({r["prompt"] for r in items[:40]})
+    assert pair["rows"] == 40 and f"over {prompts} labelled prompts (40 rows labelled for both models)" in stdout
     trained = load_trained_rows(info.path, info.raw["trained_rows"])
     assert trained is not None
     rows_40 = load_file(path)[:40]
