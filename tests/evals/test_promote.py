@@ -400,7 +400,7 @@ def test_holdout_splits_one_source_between_train_and_the_gate(
     (source,) = v4.data
     assert source["holdout"]["part"] == "train" and 110 < source["rows"] < 170  # ~70% of 200
     assert v4.raw["holdout"]["fraction"] == 0.3
-    assert f"--holdout 0.3: {200 - source['rows']} of 200 labelled requests held out" in out
+    assert f"--holdout 0.3: {200 - source['rows']} of 200 rows held out" in out
     assert f"pointsman promote {v4.version} --registry {registry} --data file:{stream} --holdout 0.3" in out
 
     right = template.parent / "right.jsonl"  # what v2 was trained on, all of it
