@@ -350,6 +350,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.prior_weight is not None and (args.prior_weight < 0 or args.warm_start is False):
             parser.error("--prior-weight needs the warm start (not --no-warm-start) and a value >= 0")
         return _train_labelled(args, encoders, list(argv) if argv is not None else sys.argv[1:])
+    if args.data and not Path(args.data[0]).expanduser().exists():  # not a data directory: a mistyped path
+        from evals.labelled import missing_source
+
+        print(f"pointsman train: {missing_source(args.data[0])}", file=sys.stderr)
+        return 2
     data_dir = resolve_data_dir(args.data[0] if args.data else None)
     if args.quality:
         return _train_quality(data_dir, encoders, args.out, args.seed, progress=not args.no_progress)
