@@ -118,8 +118,8 @@ class RoutingBrain(Brain):
 
 
 def offline_brain(config: Config) -> Brain:
-    """The routing brain of an offline explanation (``pointsman route``): every route's policy and the
-    heads they read, with no shared state. Nothing connects to Redis, so an explanation works where the
+    """The routing brain of an offline explanation (``pointsman route``, ``pointsman probe``): every route's
+    policy and the heads they read, with no shared state. Nothing connects to Redis, so an explanation works where the
     gateways' Redis is out of reach, and session stickiness is off, as ``pointsman eval`` replays: a prompt
     is decided as a conversation's first turn (a live session's pin is serving state, not the routing
     decision this explains). Raises :class:`ConfigError` as :class:`RoutingBrain` does."""
