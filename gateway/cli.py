@@ -448,7 +448,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.route in sticky_routes(config):  # on stderr: stdout stays the explanation's JSON
             print(f"pointsman route: route {args.route}: session stickiness is not applied offline (the prompt is "
                   "decided as a conversation's first turn, as pointsman eval replays it)", file=sys.stderr)
-        return 0 if not explanation.get("blocked") else 3
+        if explanation.get("blocked"):
+            return 3
+        error = explanation.get("error")
+        if error:  # e.g. no eligible model: the gateway would refuse it (4xx), as a malformed header (exit 2)
+            print(f"pointsman: {error.get('message')}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "check-config":
         try:
             offline_preflight(config)  # serve's own pre-flight, up to what needs a connection

@@ -89,3 +89,31 @@ def test_a_sticky_route_is_explained_offline_without_redis(
     assert explained["model"] == "big" and explained["sticky"] is None  # no session looked up
     assert "route auto: session stickiness is not applied offline" in err
     assert "Traceback" not in err
+
+
+def test_a_prompt_no_model_can_serve_is_not_exit_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # multi_model with no eligible candidate: the gateway answers 400, but route printed the explanation
+    # and exited 0, the code the README gives a routed prompt.
+    from tests.evals.labelled_files import STRONG, WEAK, rows, with_twin, write_jsonl
+
+    data = write_jsonl(tmp_path / "labels.jsonl", with_twin(rows(seed=1, n=60), seed=1))
+    routers = tmp_path / "routers"
+    assert main(["train", "--data", f"file:{data}", "--encoders", "static", "--out", str(routers),
+                 "--no-progress", "--no-warm-start", "--folds", "2"]) == 0
+    capsys.readouterr()
+    config = {
+        "backends": [{"name": "b", "base_url": "http://127.0.0.1:9/v1", "health": {"enabled": False},
+                      "models": [{"name": STRONG, "context_window": 50}, {"name": WEAK, "context_window": 50}]}],
+        "routes": [{"name": "auto", "multi_model": {"candidates": [STRONG, WEAK], "quality_signal": "quality"}}],
+        "classifiers": {"encoder": "static", "routers_dir": str(routers)},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["route", "--config", str(path), "Say hi to Anna."]) == 0  # fits: routed
+    assert json.loads(capsys.readouterr().out)["model"] in (STRONG, WEAK)
+    assert main(["route", "--config", str(path), "Say hi to Anna. " * 100]) == 2
+    out, err = capsys.readouterr()
+    explained = json.loads(out)  # the explanation still shows why each model was left out
+    assert explained["model"] is None and explained["error"]["code"] == "no_eligible_model"
+    assert err.startswith("pointsman: No model of route 'auto' can serve this request: ")
+    assert "context window is 50" in err and "Traceback" not in err
