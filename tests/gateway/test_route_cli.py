@@ -117,3 +117,20 @@ def test_a_prompt_no_model_can_serve_is_not_exit_0(tmp_path: Path, capsys: pytes
     assert explained["model"] is None and explained["error"]["code"] == "no_eligible_model"
     assert err.startswith("pointsman: No model of route 'auto' can serve this request: ")
     assert "context window is 50" in err and "Traceback" not in err
+
+
+def test_a_routers_dir_that_is_a_file_is_refused_not_served_as_the_shipped_heads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # classifiers.routers_dir naming a file (a registry path mistyped onto registry.json, say) was taken for
+    # a registry not made yet: check-config said ok and route explained with the shipped heads.
+    registry_json = tmp_path / "registry.json"
+    registry_json.write_text("{}")
+    config = {**CONFIG, "classifiers": {"encoder": "static", "routers_dir": str(registry_json)}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    for command in (["check-config", str(path)], ["route", "--config", str(path), "hi"]):
+        assert main(command) == 2, command
+        out, err = capsys.readouterr()
+        assert out == "" and "Traceback" not in err
+        assert f"classifiers.routers_dir: {registry_json}: not a directory" in err, err
