@@ -760,9 +760,14 @@ def resolve_routers_dir(path: str | Path | None) -> ResolvedRouters:
       the shipped artifacts, ``bundled-<sha>``, like no directory at all: the shipped heads are what serve,
       and a ``dir-`` id would pass them off as the operator's own;
     - None: the shipped artifacts, ``bundled-<sha>``.
+
+    A path that exists but is no directory (a file) raises :class:`RegistryError`: no training can ever
+    make a registry of it, so serving the shipped heads in its name would hide the mistake for good.
     """
     if path is not None and str(path) != "":
         root = Path(path)
+        if root.exists() and not root.is_dir():
+            raise RegistryError(f"{root}: not a directory; give a router registry or a directory of heads")
         if is_registry(root):
             registry = RouterRegistry(root)
             active = registry.active_version()

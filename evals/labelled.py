@@ -187,9 +187,14 @@ def load_source(spec: str, *, data_dir: str | Path | None = None, metric: str = 
         return LoadedSource(spec, rows)
     if path.is_file():
         return LoadedSource(spec, load_file(path))
-    raise DataError(
-        f"--data {spec}: not a source; expected bundled, logs:STORE_URL, file:PATH or an existing directory"
-    )
+    raise DataError(missing_source(spec))
+
+
+def missing_source(spec: str) -> str:
+    """What ``--data SPEC`` naming neither a source kind nor an existing file or directory is told (a
+    mistyped path, most likely)."""
+    what = "no such file or directory" if not Path(spec).expanduser().exists() else "not a source"
+    return f"--data {spec}: {what}; expected bundled, logs:STORE_URL, file:PATH, a labelled file or a directory"
 
 
 def display_spec(spec: str) -> str:

@@ -107,7 +107,8 @@ class Comparison:
     strong: str
     weak: str
     encoder: str
-    rows: int
+    rows: int  # held-out rows labelled for both models and scorable by both heads
+    prompts: int  # the distinct prompts among them: what the bootstrap resamples, and the minimum counts
     apgr_candidate: float
     apgr_active: float
     diff: float
@@ -126,8 +127,8 @@ class Comparison:
     @property
     def too_few_rows(self) -> bool:
         """Fewer held-out prompts labelled for both models (and scorable by both heads) than a verdict
-        needs."""
-        return self.rows < MIN_HELDOUT_ROWS
+        needs. Prompts, not rows: a prompt judged many times is still one prompt's evidence."""
+        return self.prompts < MIN_HELDOUT_ROWS
 
     @property
     def judged(self) -> bool:
@@ -143,6 +144,7 @@ class Comparison:
             "weak": self.weak,
             "encoder": self.encoder,
             "rows": self.rows,
+            "prompts": self.prompts,
             "apgr_candidate": _r(self.apgr_candidate),
             "apgr_active": _r(self.apgr_active),
             "apgr_diff": _r(self.diff),
@@ -276,17 +278,20 @@ def compare_pair(
     rows = [r for r, keep in zip(sub.rows, both, strict=True) if keep]
     qs = np.array([r.qualities[strong] for r in rows], dtype=np.float64)
     qw = np.array([r.qualities[weak] for r in rows], dtype=np.float64)
-    if len(rows) < MIN_HELDOUT_ROWS:
+    groups = [row_key(r) for r in rows]
+    prompts = len(set(groups))
+    if prompts < MIN_HELDOUT_ROWS:
         # Not enough to judge: reported, like a pair whose models the prompts cannot tell apart.
         nan = float("nan")
         return Comparison(
-            strong=strong, weak=weak, encoder=encoder, rows=len(rows), apgr_candidate=nan, apgr_active=nan,
+            strong=strong, weak=weak, encoder=encoder, rows=len(rows), prompts=prompts, apgr_candidate=nan,
+            apgr_active=nan,
             diff=nan, ci_low=nan, ci_high=nan, candidate_ci=(nan, nan), active_ci=(nan, nan),
             baseline_head=baseline_name, resamples_used=0, gap=quality_gap(qs, qw),
         )
     apgr_new, apgr_old = safe_apgr(s_new, qs, qw), safe_apgr(s_old, qs, qw)
     boot_new, boot_old = paired_bootstrap(
-        s_new, s_old, qs, qw, resamples=resamples, seed=seed, groups=[row_key(r) for r in rows]
+        s_new, s_old, qs, qw, resamples=resamples, seed=seed, groups=groups
     )
     diffs = boot_new - boot_old
     lo, hi = _percentiles(diffs)
@@ -295,6 +300,7 @@ def compare_pair(
         weak=weak,
         encoder=encoder,
         rows=len(rows),
+        prompts=prompts,
         apgr_candidate=apgr_new,
         apgr_active=apgr_old,
         diff=apgr_new - apgr_old,
@@ -408,8 +414,8 @@ def run_gate(
     if verdict.comparisons and all(c.too_few_rows for c in verdict.comparisons):
         # The held-out data does not cover any pair gated: a usage error, not a verdict to record.
         raise GateError("; ".join(
-            f"{c.strong} vs {c.weak} [{c.encoder}]: {c.rows} held-out prompts labelled for both models and scorable "
-            f"by both routers; need at least {MIN_HELDOUT_ROWS}" for c in verdict.comparisons
+            f"{c.strong} vs {c.weak} [{c.encoder}]: {_held_out(c)} labelled for both models and scorable by both "
+            f"routers; need at least {MIN_HELDOUT_ROWS} prompts" for c in verdict.comparisons
         ))
     judged = [c for c in verdict.comparisons if c.judged]
     verdict.promoted = bool(judged) and all(c.passed for c in judged)
@@ -564,6 +570,16 @@ def _check_not_training_data(info: VersionInfo, loaded: Sequence[LoadedSource], 
             )
 
 
+def _prompts(c: Comparison) -> str:
+    """``37 prompts`` or, when some were judged more than once, ``37 prompts (47 rows)``."""
+    return f"{c.prompts} prompts" + (f" ({c.rows} rows)" if c.rows != c.prompts else "")
+
+
+def _held_out(c: Comparison) -> str:
+    """``5 held-out prompts (15 rows)``: what a pair was (not) judged on."""
+    return f"{c.prompts} held-out prompts" + (f" ({c.rows} rows)" if c.rows != c.prompts else "")
+
+
 def _comparison_line(c: Comparison) -> str:
     fallback = ""
     if c.excluded_fallback_rows:
@@ -573,11 +589,11 @@ def _comparison_line(c: Comparison) -> str:
         )
     if c.too_few_rows:
         return (
-            f"  {c.strong} (strong) vs {c.weak} (weak) [{c.encoder}]: not judged: {c.rows} held-out prompts "
-            f"labelled for both models and scorable by both routers, need at least {MIN_HELDOUT_ROWS}{fallback}"
+            f"  {c.strong} (strong) vs {c.weak} (weak) [{c.encoder}]: not judged: {_held_out(c)} labelled for "
+            f"both models and scorable by both routers, need at least {MIN_HELDOUT_ROWS} prompts{fallback}"
         )
     line = (
-        f"  {c.strong} (strong) vs {c.weak} (weak) [{c.encoder}], {c.rows} prompts: APGR {c.apgr_candidate:.3f} "
+        f"  {c.strong} (strong) vs {c.weak} (weak) [{c.encoder}], {_prompts(c)}: APGR {c.apgr_candidate:.3f} "
         f"(candidate) vs {c.apgr_active:.3f} (active, {c.baseline_head}); difference {c.diff:+.3f} "
         f"[95% CI {c.ci_low:+.3f} to {c.ci_high:+.3f}]"
     )

@@ -476,6 +476,12 @@ def resolve_pair(cq: Any, rows: Sequence[Any], strong: str | None, weak: str | N
     from evals.labelled import models_of
 
     models = models_of(rows)
+    if len(models) < 2:  # no pair to compare: naming one (--strong/--weak) cannot help
+        has = f"qualities for {models[0]} only" if models else "no quality for any model"
+        raise EvalError(
+            f"the labelled data has {has}; the direct report "
+            f"compares the route's strong ({cq.strong}) and weak ({cq.weak}) models on requests labelled for both"
+        )
     mapping = dict(cq.difficulty_models)
     s = strong or mapping.get(cq.strong) or (cq.strong if cq.strong in models else None)
     w = weak or mapping.get(cq.weak) or (cq.weak if cq.weak in models else None)

@@ -374,6 +374,9 @@ def train_pair(
     # A row's key is its text when it has one (row_key), already rendered by embed_rows.
     keys = [t if (t := data.texts[i]) is not None else row_key(data.rows[i]) for i in idx]
     k = max(2, min(folds, len(idx)))
+    # Rows labelled for both models may judge one prompt several times: the prompts are what the CV folds,
+    # the bootstrap and the random band count (by key), so they are what the figure is "over".
+    prompts = len(set(keys))
     label = f"{strong} vs {weak} [{encoder_name}]"
     t0 = time.perf_counter()
     oof = cross_validate_pair(
@@ -386,7 +389,8 @@ def train_pair(
     reverse_calibration = fit_report.pop("reverse_calibration", {"method": "none"})
     gap = quality_gap(qs, qw)
     metrics: dict[str, Any] = {
-        "rows": len(idx),
+        "rows": len(idx),  # rows labelled for both models
+        "prompts": prompts,  # the distinct prompts among them
         "folds": k,
         "cv_apgr": _round(apgr),
         "cv_apgr_ci95": [_round(lo), _round(hi)],
@@ -402,7 +406,7 @@ def train_pair(
         "bootstrap 95% CI over prompts; random_apgr_band95 = what random scores reach on the same prompts",
     }
     log(
-        f"  {label}: {len(idx)} labelled prompts, {k}-fold CV APGR "
+        f"  {label}: {labelled_count(prompts, len(idx))}, {k}-fold CV APGR "
         f"{with_interval(metrics['cv_apgr'], metrics['cv_apgr_ci95'])} "
         f"(random {_fmt(metrics['random_apgr_band95'][0])} to {_fmt(metrics['random_apgr_band95'][1])}) "
         f"in {time.perf_counter() - t0:.0f}s"
@@ -420,6 +424,7 @@ def train_pair(
         "data": {
             "sources": sources,
             "rows": len(idx),
+            "prompts": prompts,
             "train_sha256": hashlib.sha256(
                 "\n".join(sorted(keys)).encode() + qs.tobytes() + qw.tobytes() + w.tobytes()
             ).hexdigest(),
@@ -443,6 +448,12 @@ def train_pair(
     }
     head.manifest[REVERSE_KEY]["score_quantiles"] = score_quantiles(reversed_pair_head(head), x)
     return PairResult(strong, weak, encoder_name, artifact, head, metrics, gap)
+
+
+def labelled_count(prompts: int, rows: int) -> str:
+    """``24 labelled prompts (30 rows labelled for both models)``: a pair's distinct prompts and its rows."""
+    return f"{prompts} labelled prompt{'s' if prompts != 1 else ''} ({rows} row{'s' if rows != 1 else ''} " \
+        "labelled for both models)"
 
 
 def score_quantiles(head: Head, x: np.ndarray) -> dict[str, Any]:
@@ -687,12 +698,13 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
         skipped = f" (skipped: {src.skipped})" if src.skipped else ""
         weightless = sum(r.weight == 0 for r in src.rows)
         zero = f" ({weightless} with weight 0: not trained on)" if weightless else ""
-        log(f"  {len(src.rows)} requests{zero}, models: {', '.join(models_of(src.rows)) or 'none'}{skipped}")
+        read = f"{len(src.rows)} row{'s' if len(src.rows) != 1 else ''}"
+        log(f"  {read}{zero}, models: {', '.join(models_of(src.rows)) or 'none'}{skipped}")
         loaded.append(src)
     if opts.holdout is not None:
         kept = split_sources(loaded, opts.holdout, "train")
         total, train_rows = sum(len(s.rows) for s in loaded), sum(len(s.rows) for s in kept)
-        log(f"  --holdout {opts.holdout:g}: {total - train_rows} of {total} labelled requests held out for the "
+        log(f"  --holdout {opts.holdout:g}: {total - train_rows} of {total} rows held out for the "
             "gate, training on the other " + str(train_rows))
         loaded = kept
     # A request of weight 0 teaches a head nothing: it is no training row, so it counts toward no pair's
@@ -719,17 +731,17 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
     try:
         staging = registry.staging_dir()
         for name in opts.encoders:
-            log(f"[{name}] loading the encoder and embedding {len(rows)} requests")
+            log(f"[{name}] loading the encoder and embedding {len(rows)} rows")
             encoder = get_encoder(name)
             encoder_ids[name] = encoder.id
             data = embed_rows(rows, encoder, progress=opts.progress)
             if data.dropped:
-                log(f"  {data.dropped} requests have no text and no {encoder.id} embedding: left out")
+                log(f"  {data.dropped} rows have no text and no {encoder.id} embedding: left out")
             for strong, weak in pairs:
                 idx = [i for i, r in enumerate(data.rows) if r.labelled_for(strong, weak)]
                 if len(idx) < MIN_PAIR_ROWS:
                     raise TrainError(
-                        f"{strong} vs {weak}: only {len(idx)} labelled requests usable with encoder {name}"
+                        f"{strong} vs {weak}: only {len(idx)} labelled rows usable with encoder {name}"
                     )
                 cheap = all(data.texts[i] is not None for i in idx)
                 prior, prior_info, prior_rows = _prior(opts, encoder, strong, weak, cheap, loaded_bundled, log)

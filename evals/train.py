@@ -350,6 +350,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.prior_weight is not None and (args.prior_weight < 0 or args.warm_start is False):
             parser.error("--prior-weight needs the warm start (not --no-warm-start) and a value >= 0")
         return _train_labelled(args, encoders, list(argv) if argv is not None else sys.argv[1:])
+    if args.data and not Path(args.data[0]).expanduser().exists():  # not a data directory: a mistyped path
+        from evals.labelled import missing_source
+
+        print(f"pointsman train: {missing_source(args.data[0])}", file=sys.stderr)
+        return 2
     data_dir = resolve_data_dir(args.data[0] if args.data else None)
     if args.quality:
         return _train_quality(data_dir, encoders, args.out, args.seed, progress=not args.no_progress)
@@ -399,7 +404,7 @@ def _labelled_mode(args: argparse.Namespace) -> bool:
 
 def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[str]) -> int:
     from evals.labelled import DataError
-    from evals.retrain import TrainError, TrainOptions, train_registry_version, with_interval
+    from evals.retrain import TrainError, TrainOptions, labelled_count, train_registry_version, with_interval
 
     sources = args.data or ["bundled"]
     opts = TrainOptions(
@@ -437,7 +442,7 @@ def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[st
         rlo, rhi = m["random_apgr_band95"]
         print(
             f"  {pair.strong} (strong) vs {pair.weak} (weak) [{pair.encoder}]: {m['folds']}-fold CV APGR "
-            f"{with_interval(m['cv_apgr'], (lo, hi))} over {m['rows']} labelled prompts "
+            f"{with_interval(m['cv_apgr'], (lo, hi))} over {labelled_count(m['prompts'], m['rows'])} "
             f"(random router {_fmt(rlo)} to {_fmt(rhi)})"
         )
         # PGR divides by the pair's mean quality gap: near zero, APGR swings wildly and means nothing.

@@ -201,14 +201,15 @@ async def store_preflight(config: Config) -> None:
 async def explain_route(
     config: Config, route: str, prompt: str, system: str | None, headers: dict[str, str]
 ) -> dict[str, Any]:
-    """The routing decision for one prompt on ``route``, computed offline (no backend call)."""
+    """The routing decision for one prompt on ``route``, computed offline (no backend call, no shared
+    state: session stickiness is not applied, see :func:`gateway.routing.offline_brain`)."""
     from gateway.direct import direct_plans, explain_direct
-    from gateway.routing import RoutingBrain
+    from gateway.routing import offline_brain
     from policies.brain import explain_request
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     body = {"model": route, "messages": messages}
-    brain = RoutingBrain(config)
+    brain = offline_brain(config)
     direct = direct_plans(config).get(route)
     if route not in brain.policies and direct is None:
         raise ConfigError(f"no route {route!r} in the config (routes: {', '.join(brain.policies) or 'none'})")
@@ -435,6 +436,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pointsman: {exc}", file=sys.stderr)
         return 2
     if args.command == "route":
+        from gateway.routing import sticky_routes
+
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
         headers = dict(args.header)
         try:
@@ -443,7 +446,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"pointsman: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
             return 2
         print(json.dumps(explanation, indent=2, default=str))
-        return 0 if not explanation.get("blocked") else 3
+        if args.route in sticky_routes(config):  # on stderr: stdout stays the explanation's JSON
+            print(f"pointsman route: route {args.route}: session stickiness is not applied offline (the prompt is "
+                  "decided as a conversation's first turn, as pointsman eval replays it)", file=sys.stderr)
+        if explanation.get("blocked"):
+            return 3
+        error = explanation.get("error")
+        if error:  # e.g. no eligible model: the gateway would refuse it (4xx), as a malformed header (exit 2)
+            print(f"pointsman: {error.get('message')}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "check-config":
         try:
             offline_preflight(config)  # serve's own pre-flight, up to what needs a connection

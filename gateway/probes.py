@@ -39,7 +39,7 @@ from classifiers.signals.pii import PII_KINDS, find_pii
 from gateway.config import Config, parse_config
 from gateway.errors import ConfigError, PointsmanError
 from gateway.protocol import CHAT, parse_request
-from gateway.routing import RoutingBrain
+from gateway.routing import offline_brain
 from policies.base import PolicyError
 from policies.brain import explain_request
 from policies.knob import threshold_override
@@ -318,14 +318,15 @@ def check_probes(config: Config, probes: Sequence[Probe]) -> None:
 
 
 async def run_probes(config: Config, probes: Sequence[Probe]) -> list[ProbeResult]:
-    """Explain every probe with the config's routing brain and compare with its expectations.
+    """Explain every probe with the config's routing brain, offline (:func:`gateway.routing.offline_brain`:
+    no Redis, session stickiness not applied), and compare with its expectations.
 
     Raises :class:`ProbeFileError` (a :class:`ConfigError`) before any probe runs when a probe does not
     fit the config (:func:`check_probes`), and naming the probe when the gateway would refuse its
     request (a malformed header the file check could not see): neither is a failed expectation.
     """
     check_probes(config, probes)
-    brain = RoutingBrain(config)
+    brain = offline_brain(config)  # no Redis, stickiness off: as pointsman route explains
     await brain.start()
     results = []
     try:

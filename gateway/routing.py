@@ -17,7 +17,7 @@ from gateway.config import Config
 from gateway.errors import ConfigError
 from gateway.redis_failures import stop_task
 from gateway.shared_state import RedisKnobWindow, RedisSessionStore, SharedState
-from policies.brain import Brain, RoutingConfigError, knob_windows
+from policies.brain import Brain, RoutingConfigError, build_brain, knob_windows
 from policies.rules import RulePolicy
 
 log = logging.getLogger("pointsman.routing")
@@ -115,6 +115,23 @@ class RoutingBrain(Brain):
     def knob_windows_of(config: Config) -> dict[str, int]:
         """Routes whose cost–quality knob calibrates from recent traffic, and how many scores it keeps."""
         return knob_windows(config.routes)
+
+
+def offline_brain(config: Config) -> Brain:
+    """The routing brain of an offline explanation (``pointsman route``, ``pointsman probe``): every route's
+    policy and the heads they read, with no shared state. Nothing connects to Redis, so an explanation works where the
+    gateways' Redis is out of reach, and session stickiness is off, as ``pointsman eval`` replays: a prompt
+    is decided as a conversation's first turn (a live session's pin is serving state, not the routing
+    decision this explains). Raises :class:`ConfigError` as :class:`RoutingBrain` does."""
+    try:
+        return build_brain(config.routing(), sticky=False)
+    except RoutingConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def sticky_routes(config: Config) -> list[str]:
+    """The routes whose session stickiness an offline explanation leaves out (see :func:`offline_brain`)."""
+    return [route.name for route in config.routes if route.sticky is not None and route.sticky.enabled]
 
 
 def historic_knob_scores(

@@ -78,7 +78,7 @@ def test_feedback_on_an_answer_that_failed_is_no_quality_label(
     # What the user reads when training from the store: one request, of the model that answered.
     trained = pointsman("train", "--data", f"logs:sqlite:///{gateway.db_path}", "--encoders", "static",
                         "--out", str(tmp_path / "routers"), "--no-progress")
-    assert "1 requests, models: works (skipped: {'" + FAILED_ANSWER + "': 1})" in trained.stdout, trained.stdout
+    assert "1 row, models: works (skipped: {'" + FAILED_ANSWER + "': 1})" in trained.stdout, trained.stdout
 
 
 # ----------------------------------------------------------------------------- labelled files

@@ -400,7 +400,7 @@ def test_holdout_splits_one_source_between_train_and_the_gate(
     (source,) = v4.data
     assert source["holdout"]["part"] == "train" and 110 < source["rows"] < 170  # ~70% of 200
     assert v4.raw["holdout"]["fraction"] == 0.3
-    assert f"--holdout 0.3: {200 - source['rows']} of 200 labelled requests held out" in out
+    assert f"--holdout 0.3: {200 - source['rows']} of 200 rows held out" in out
     assert f"pointsman promote {v4.version} --registry {registry} --data file:{stream} --holdout 0.3" in out
 
     right = template.parent / "right.jsonl"  # what v2 was trained on, all of it
@@ -899,3 +899,21 @@ def test_the_active_versions_head_for_the_reversed_pair_is_the_baseline_read_as_
     assert cmp["excluded_fallback_training_rows"] == 0 and "has no head for it" not in out
     # Both learnt which prompts need the strong model: read the right way round, the active head ranks as well.
     assert abs(cmp["apgr_candidate"] - cmp["apgr_active"]) < 0.05
+
+
+def test_a_held_out_file_of_few_prompts_judged_many_times_is_too_small_to_judge(
+    registry: Path, trained: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The gate's minimum counted rows: five prompts judged three times each passed as "15 prompts" and
+    # could promote a version on five prompts' worth of evidence.
+    _, _, (v1, v2, _) = trained
+    seen = {r["prompt"] for seed in (1, 2) for r in rows(seed=seed, n=120)}
+    fresh = [r for r in rows(seed=40, n=200) if r["prompt"] not in seen]
+    math = list({r["prompt"]: r for r in fresh if r["scores"][WEAK] == 0.0}.values())[:4]
+    chat = list({r["prompt"]: r for r in fresh if r["scores"][WEAK] == 1.0}.values())[:1]
+    heldout = write_jsonl(tmp_path / "few.jsonl", (math + chat) * 3)
+    code, out, err = _promote(capsys, v2, "--registry", str(registry), "--data", f"file:{heldout}")
+    assert code == 2, out
+    assert "5 held-out prompts (15 rows) labelled for both models and scorable by both routers" in out
+    assert "need at least 10 prompts" in err
+    assert RouterRegistry(registry).active_version() == v1

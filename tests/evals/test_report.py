@@ -659,3 +659,20 @@ def test_bad_eval_options_are_usage_errors_before_any_work(
         assert pointsman([*base, *args]) == 2, args
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
+def test_labelled_data_with_one_model_is_named_as_such_not_sent_to_strong_and_weak(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A file scoring only the strong model: eval asked which models are strong and weak and told the user
+    # to pass --strong/--weak, which cannot help: there is no second model to compare.
+    one = [{"prompt": r["prompt"], "scores": {"big-model": r["scores"]["big-model"]}}
+           for r in labelled_rows(seed=5, n=30)]
+    data = write_jsonl(tmp_path / "one.jsonl", one)
+    config = eval_config(tmp_path / "config.yaml", threshold=0.5)
+    code = pointsman(["eval", "--config", str(config), "--route", "auto", "--data", f"file:{data}",
+                      "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "the labelled data has qualities for big-model only" in err and "small-model" in err
+    assert "pass --strong" not in err and "Traceback" not in err

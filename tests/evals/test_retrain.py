@@ -586,3 +586,29 @@ def test_a_file_judging_each_prompt_four_times_gets_the_cv_interval_of_its_disti
         widths.append(_cv_interval_widths(capsys.readouterr().out))
     (ci_once, band_once), (ci_four, band_four) = widths
     assert 0.75 < ci_four / ci_once < 1.33 and 0.75 < band_four / band_once < 1.33, widths
+
+
+def test_train_counts_rows_read_and_the_distinct_prompts_labelled_for_the_pair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A file judging some prompts twice and holding rows with one model's score only: train said
+    # "over 30 labelled prompts" for 30 rows labelled for both models of 24 distinct prompts.
+    distinct = list({r["prompt"]: r for r in rows(seed=3, n=60)}.values())[:24]
+    again = [{**r, "scores": {STRONG: 0.9, WEAK: 0.4}} for r in distinct[:6]]  # a second judgment
+    strong_only = [{"prompt": f"Say good night to {name} in French.", "scores": {STRONG: 1.0}}
+                   for name in ("Anna", "Ben", "Chloe", "Dev", "Emma")]
+    weak_only = [{"prompt": r["prompt"], "scores": {WEAK: 0.5}} for r in distinct[6:9]]
+    data = write_jsonl(tmp_path / "labels.jsonl", distinct + again + strong_only + weak_only)
+    out = tmp_path / "routers"
+    code, stdout, stderr = _train(capsys, "--data", f"file:{data}", "--out", str(out), "--no-warm-start",
+                                  "--folds", "2")
+    assert code == 0, stderr
+    assert "  38 rows, models: big-model, small-model" in stdout
+    assert "over 24 labelled prompts (30 rows labelled for both models)" in stdout
+    # The registry records the same kinds of number: rows read per source, rows and prompts per pair head.
+    (info,) = RouterRegistry(out).versions()
+    assert info.data[0]["rows"] == 38
+    (pair,) = info.metrics["pairs"]
+    assert (pair["rows"], pair["prompts"]) == (30, 24)
+    manifest = json.loads((info.path / pair["artifact"] / "manifest.json").read_text())
+    assert (manifest["data"]["rows"], manifest["data"]["prompts"]) == (30, 24)

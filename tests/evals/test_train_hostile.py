@@ -424,10 +424,11 @@ def test_weight_zero_rows_are_not_training_rows(tmp_path: Path, capsys: pytest.C
     out = tmp_path / "routers"
     code, stdout, stderr = _train(capsys, "--data", f"file:{path}", "--out", str(out))
     assert code == 0, stderr
-    assert "50 requests (10 with weight 0: not trained on)" in stdout
+    assert "50 rows (10 with weight 0: not trained on)" in stdout
     (info,) = RouterRegistry(out).versions()
     (pair,) = info.metrics["pairs"]
-    assert pair["rows"] == 40 and "over 40 labelled prompts" in stdout
+    prompts = len({r["prompt"] for r in items[:40]})
+    assert pair["rows"] == 40 and f"over {prompts} labelled prompts (40 rows labelled for both models)" in stdout
     trained = load_trained_rows(info.path, info.raw["trained_rows"])
     assert trained is not None
     rows_40 = load_file(path)[:40]
@@ -534,3 +535,17 @@ def test_models_with_long_names_train_and_serve(tmp_path: Path, capsys: pytest.C
     assert len(info.pairs[0]["artifact"]) < 200
     assert set(load_router_heads("static", out).pairs) == {(strong, weak)}
     assert slug(strong) != slug(weak) and "--" not in slug(strong) and slug(STRONG) == STRONG
+
+
+def test_a_data_path_that_does_not_exist_is_named_as_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A mistyped labelled file without file: was read as the shared data directory and refused with
+    # "no routellm/ under .../labels.jsonl", sending the user to look for RouteLLM data.
+    missing = tmp_path / "labels.jsonl"
+    for options in ([], TRAIN):  # the shipped artifacts' rebuild, and a registry version (--no-warm-start)
+        code = main(["train", "--data", str(missing), "--out", str(tmp_path / "routers"), *options])
+        stderr = capsys.readouterr().err
+        _one_line_error(code, stderr, f"pointsman train: --data {missing}: no such file or directory")
+        assert "routellm" not in stderr
+        assert not (tmp_path / "routers").exists()

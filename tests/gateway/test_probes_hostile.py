@@ -234,3 +234,29 @@ def test_a_bad_config_section_names_the_probes_file(tmp_path: Path) -> None:
 def test_the_shipped_probes_file_still_loads() -> None:
     probes = load_probes(PROBES)
     assert len({p.name for p in probes}) == len(probes) >= 8
+
+
+def test_probes_of_a_sticky_route_run_offline_without_redis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Stickiness shared through Redis: probe connected to it, so with Redis down (a CI job without one) a
+    # probes file could not be checked at all. Probes are explained offline, as pointsman route is.
+    import socket
+
+    with socket.socket() as closed:  # a loopback port nothing listens on once this socket is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    path = tmp_path / "probes.yaml"
+    path.write_text(
+        "config:\n"
+        "  backends: [{name: b, base_url: 'http://127.0.0.1:9/v1', health: {enabled: false}, models: [big, small]}]\n"
+        "  routes: [{name: auto, cost_quality: {strong: big, weak: small, threshold: 0.5}, sticky: {ttl: 600}}]\n"
+        "  classifiers: {encoder: static}\n"
+        f"  shared_state: {{kind: redis, url: 'redis://127.0.0.1:{port}/0', timeout: 0.5}}\n"
+        "probes:\n"
+        "  - {name: forced, prompt: Say hi to Anna., headers: {x-pointsman-threshold: '0'}, expect: big}\n"
+    )
+    code = pointsman(["probe", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "PASS  forced" in out and "1 passed, 0 failed" in out
