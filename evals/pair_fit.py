@@ -58,6 +58,7 @@ ridge-gain + prior, focus 6, MiniLM         0.603  0.588  0.563  0.566  0.589  0
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,8 +254,22 @@ def _focus_weights(similarity: np.ndarray, base: np.ndarray, beta: float) -> np.
     return np.asarray(w / w.sum())
 
 
-def _folds(n: int, k: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).permutation(np.arange(n) % k)
+def inner_folds(n: int, k: int, seed: int, groups: Sequence[str] | None = None) -> np.ndarray:
+    """The fold of each of ``n`` rows for choosing the penalty, ``k`` folds fixed by ``seed``; the rows of
+    one of ``groups`` (a prompt judged several times) always share a fold, or the fold scoring a prompt
+    would have fitted on its copies, and the choice would reward memorising them (a file judging 80
+    prompts of pure noise five times each picked the weakest penalty; once each, the strongest). With
+    every group distinct (or none given) the folds are those of earlier releases, row by row."""
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        return rng.permutation(np.arange(n) % k)
+    if len(groups) != n:
+        raise ValueError(f"groups has {len(groups)} entries for {n} rows")
+    index: dict[str, int] = {}
+    ids = np.array([index.setdefault(g, len(index)) for g in groups])
+    if len(index) == n:
+        return rng.permutation(np.arange(n) % k)
+    return rng.permutation(np.arange(len(index)) % k)[ids]
 
 
 def fit_pair_difficulty(
@@ -270,6 +285,7 @@ def fit_pair_difficulty(
     embedding_dim: int | None = None,
     select: str = "mse",
     overwrite_x: bool = False,
+    groups: Sequence[str] | None = None,
 ) -> tuple[Head, dict[str, Any]]:
     """Fit the pair's difficulty head; column 1 of ``predict_proba`` ranks prompts by need for ``strong``.
 
@@ -289,6 +305,7 @@ def fit_pair_difficulty(
             default) or ``"rank"`` (out-of-fold :func:`rank_gain`, kept for the research comparison).
         overwrite_x: ``x`` may be overwritten (standardised in place) when it is already float64; a
             copy of a large ``x`` is a GB at 500,000 rows. Another dtype is converted into a copy anyway.
+        groups: Per-row prompt key: rows of one prompt share a cross-validation fold (:func:`inner_folds`).
 
     Returns:
         The head (kind ``logreg``, labels ``("weak_ok", "strong_needed")``) and a report: the method,
@@ -319,7 +336,7 @@ def fit_pair_difficulty(
         raise ValueError("weights must be >= 0 and not all 0")
     gain = strong_q - weak_q
     has_prior = prior is not None and len(prior.x) > 0 and prior_weight != 0
-    folds = _folds(n, FOLDS, seed) if n >= MIN_ROWS_FOR_CV else None
+    folds = inner_folds(n, FOLDS, seed, groups) if n >= MIN_ROWS_FOR_CV else None
 
     # Standardise over the new rows plus the prior at its default weight (one scale for every config).
     focus_grid: tuple[float, ...] = (0.0,)

@@ -4,7 +4,7 @@ What gets trained (per encoder):
 - two models in the data (or ``--strong``/``--weak``): the difficulty head for that pair; the strong
   model is the one with the higher mean quality over the requests labelled for both, unless named;
 - more models: the per-model quality head (``quality-labelled-<encoder>``, for ``multi_model``
-  routes) and the difficulty head of every pair with at least :data:`MIN_PAIR_ROWS` requests labelled
+  routes) and the difficulty head of every pair with at least :data:`MIN_PAIR_PROMPTS` prompts labelled
   for both models.
 
 A pair head is fitted by :func:`evals.pair_fit.fit_pair_difficulty` on ``build_features(embedding,
@@ -31,7 +31,7 @@ import hashlib
 import itertools
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -61,8 +61,9 @@ Log = Callable[[str], None]
 #: Rows per block when a large matrix is copied block by block (bounds the temporaries).
 _BLOCK_ROWS = 8192
 
-#: A pair needs this many requests labelled for both models to be trained (and cross-validated).
-MIN_PAIR_ROWS = 20
+#: A pair needs this many distinct prompts labelled for both models to be trained (and cross-validated):
+#: a prompt judged several times is one prompt's evidence, as the CV folds and the promotion gate count it.
+MIN_PAIR_PROMPTS = 20
 DEFAULT_FOLDS = 5
 DEFAULT_RESAMPLES = 1000
 QUALITY_SOURCE = "labelled"
@@ -239,7 +240,7 @@ def random_band(
 
 
 def choose_pairs(
-    rows: Sequence[LabelledRequest], strong: str | None, weak: str | None, *, min_rows: int = MIN_PAIR_ROWS
+    rows: Sequence[LabelledRequest], strong: str | None, weak: str | None, *, min_prompts: int = MIN_PAIR_PROMPTS
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """The (strong, weak) pairs to train and any notes about pairs left out.
 
@@ -254,9 +255,9 @@ def choose_pairs(
                 raise TrainError(f"{flag} {name!r} has no quality in the data (models: {', '.join(models) or 'none'})")
         if strong == weak:
             raise TrainError("--strong and --weak name the same model")
-        n = sum(r.labelled_for(strong, weak) for r in rows)
-        if n < min_rows:
-            raise TrainError(f"only {n} requests are labelled for both {strong} and {weak}; need {min_rows}")
+        n = _prompt_count(r for r in rows if r.labelled_for(strong, weak))
+        if n < min_prompts:
+            raise TrainError(f"only {n} prompts are labelled for both {strong} and {weak}; need {min_prompts}")
         return [(strong, weak)], []
     if len(models) < 2:
         raise TrainError(
@@ -267,15 +268,21 @@ def choose_pairs(
     notes: list[str] = []
     for a, b in itertools.combinations(models, 2):
         both = [r for r in rows if r.labelled_for(a, b)]
-        if len(both) < min_rows:
-            notes.append(f"pair {a} / {b}: {len(both)} requests labelled for both (< {min_rows}), not trained")
+        n = _prompt_count(both)
+        if n < min_prompts:
+            notes.append(f"pair {a} / {b}: {n} prompts labelled for both (< {min_prompts}), not trained")
             continue
         mean_a = float(np.mean([r.qualities[a] for r in both]))
         mean_b = float(np.mean([r.qualities[b] for r in both]))
         pairs.append((a, b) if mean_a >= mean_b else (b, a))
     if not pairs:
-        raise TrainError("no model pair has enough requests labelled for both models; " + "; ".join(notes))
+        raise TrainError("no model pair has enough prompts labelled for both models; " + "; ".join(notes))
     return pairs, notes
+
+
+def _prompt_count(rows: Iterable[LabelledRequest]) -> int:
+    """Distinct prompts among ``rows`` (by :func:`row_key`)."""
+    return len({row_key(r) for r in rows})
 
 
 @dataclass
@@ -325,7 +332,8 @@ def cross_validate_pair(
         # The fold's rows straight into float64, the fitter's precision (exact), standardised there in place.
         xt = _rows_float64(x, np.flatnonzero(train))
         head, _ = fit_pair(
-            xt, qs[train], qw[train], w[train], seed=seed, prior=prior, prior_weight=prior_weight, overwrite_x=True
+            xt, qs[train], qw[train], w[train], seed=seed, prior=prior, prior_weight=prior_weight, overwrite_x=True,
+            groups=[k for k, kept in zip(keys, train, strict=True) if kept],
         )
         del xt  # standardised in place: no use to anyone, and n x d float64
         oof[test] = head.predict_proba(x[test])[:, 1]
@@ -385,7 +393,7 @@ def train_pair(
     apgr = safe_apgr(oof, qs, qw)
     lo, hi = bootstrap_apgr(oof, qs, qw, resamples=resamples, seed=seed, groups=keys)
     r_lo, r_hi = random_band(qs, qw, resamples=min(resamples, 500), seed=seed, groups=keys)
-    head, fit_report = fit_pair(x, qs, qw, w, seed=seed, prior=prior, prior_weight=prior_weight)
+    head, fit_report = fit_pair(x, qs, qw, w, seed=seed, prior=prior, prior_weight=prior_weight, groups=keys)
     reverse_calibration = fit_report.pop("reverse_calibration", {"method": "none"})
     gap = quality_gap(qs, qw)
     metrics: dict[str, Any] = {
@@ -739,9 +747,10 @@ def train_registry_version(opts: TrainOptions, log: Log = print) -> TrainResult:
                 log(f"  {data.dropped} rows have no text and no {encoder.id} embedding: left out")
             for strong, weak in pairs:
                 idx = [i for i, r in enumerate(data.rows) if r.labelled_for(strong, weak)]
-                if len(idx) < MIN_PAIR_ROWS:
+                usable = _prompt_count(data.rows[i] for i in idx)
+                if usable < MIN_PAIR_PROMPTS:
                     raise TrainError(
-                        f"{strong} vs {weak}: only {len(idx)} labelled rows usable with encoder {name}"
+                        f"{strong} vs {weak}: only {usable} labelled prompts usable with encoder {name}"
                     )
                 cheap = all(data.texts[i] is not None for i in idx)
                 prior, prior_info, prior_rows = _prior(opts, encoder, strong, weak, cheap, loaded_bundled, log)
@@ -827,12 +836,14 @@ def fit_pair(
     prior: Any = None,
     prior_weight: float | None = None,
     overwrite_x: bool = False,
+    groups: Sequence[str] | None = None,
 ) -> tuple[Head, dict[str, Any]]:
     """:func:`evals.pair_fit.fit_pair_difficulty`, passing ``prior_weight`` only when one was asked for
-    (and ``overwrite_x``, which lets it standardise a float64 ``x`` in place, only when set)."""
+    (and ``overwrite_x``, which lets it standardise a float64 ``x`` in place, only when set); ``groups``
+    (each row's prompt key) keeps a prompt's rows in one fold of its penalty choice."""
     from evals.pair_fit import fit_pair_difficulty
 
     extra: dict[str, Any] = {} if prior is None or prior_weight is None else {"prior_weight": prior_weight}
     if overwrite_x:
         extra["overwrite_x"] = True
-    return fit_pair_difficulty(x, qs, qw, w, seed=seed, prior=prior, **extra)
+    return fit_pair_difficulty(x, qs, qw, w, seed=seed, prior=prior, groups=groups, **extra)

@@ -9,7 +9,7 @@ import pytest
 
 from classifiers.heads import load_head
 from evals.metrics import evaluate_scores
-from evals.pair_fit import PairPrior, fit_pair_difficulty, rank_gain
+from evals.pair_fit import PairPrior, fit_pair_difficulty, inner_folds, rank_gain
 
 
 def _synthetic(n: int, seed: int, d: int = 48, flip: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -212,3 +212,28 @@ def test_anti_correlated_out_of_fold_scores_keep_the_ranking_and_centre_on_the_r
     assert calibration["method"] == "platt" and calibration["a"] > 0  # ranking kept
     p = 1 / (1 + np.exp(-(calibration["a"] * score + calibration["b"])))
     assert abs(p.mean() - label.mean()) < 0.05
+
+
+def test_a_prompt_judged_several_times_does_not_pick_a_penalty_that_memorises_it() -> None:
+    """80 prompts of pure noise, each judged five times: folds by row put a prompt's copies on both sides,
+    the held-out copy was fitted already, and the weakest penalty won (300: a head fitted to noise). Folds
+    keep a prompt's rows together, so the choice is the one the 80 distinct prompts make (the strongest)."""
+    rng = np.random.default_rng(0)
+    prompts, copies = 80, 5
+    x = rng.normal(size=(prompts, 32))
+    strong, weak = (rng.integers(0, 2, prompts).astype(float) for _ in range(2))
+    keys = [f"prompt {i}" for i in np.repeat(np.arange(prompts), copies)]
+    once, _ = fit_pair_difficulty(x, strong, weak, np.ones(prompts), seed=0, embedding_dim=32)
+    repeated = [np.repeat(a, copies, axis=0) for a in (x, strong, weak)]
+    _, grouped = fit_pair_difficulty(*repeated, np.ones(prompts * copies), seed=0, embedding_dim=32, groups=keys)
+    tried = [float(name.rsplit("alpha=", 1)[1]) for name in grouped["cv_mse"]]
+    assert grouped["alpha"] == once.config["alpha"] == max(tried)
+
+
+def test_inner_folds_keep_a_prompts_rows_together_and_are_unchanged_for_distinct_prompts() -> None:
+    groups = ["a", "b", "a", "c", "b", "a", "d", "e", "f", "g", "c", "h"]
+    folds = inner_folds(len(groups), 5, seed=3, groups=groups)
+    for g in set(groups):
+        assert len({folds[i] for i, h in enumerate(groups) if h == g}) == 1
+    distinct = [f"p{i}" for i in range(12)]
+    assert (inner_folds(12, 5, seed=3, groups=distinct) == inner_folds(12, 5, seed=3)).all()

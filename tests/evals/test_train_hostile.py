@@ -433,11 +433,21 @@ def test_weight_zero_rows_are_not_training_rows(tmp_path: Path, capsys: pytest.C
     assert trained is not None
     rows_40 = load_file(path)[:40]
     assert np.array_equal(trained.hashes, np.unique(key_hashes(rows_40)))
-    # 19 rows that weigh something are too few for a pair, however many weigh nothing.
+    # 19 rows that weigh something (fewer prompts still) are too few for a pair, however many weigh nothing.
     for r in items[19:]:
         r["weight"] = 0
     code, stdout, stderr = _train(capsys, "--data", f"file:{write_jsonl(path, items)}", "--out", str(out))
-    _one_line_error(code, stderr, "19 requests labelled for both (< 20)")
+    _one_line_error(code, stderr, f"{len({r['prompt'] for r in items[:19]})} prompts labelled for both (< 20)")
+
+
+def test_a_pair_needs_twenty_prompts_not_twenty_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ten prompts each judged three times are 30 rows but ten prompts' evidence: the minimum counted rows,
+    so such a file trained a head (and, into an empty registry, made it active at once)."""
+    items = rows(seed=9, n=10)
+    path = write_jsonl(tmp_path / "thrice.jsonl", [dict(r) for r in items for _ in range(3)])
+    code, _, stderr = _train(capsys, "--data", f"file:{path}", "--out", str(tmp_path / "routers"))
+    _one_line_error(code, stderr, "10 prompts labelled for both (< 20)")
+    assert not (tmp_path / "routers").exists() or not any((tmp_path / "routers").iterdir())
 
 
 def test_all_weights_zero_is_an_early_error_naming_the_file(
