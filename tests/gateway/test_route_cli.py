@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from gateway.cli import main
+from tests.fakes.upstream import free_port
 
 CONFIG = {
     "backends": [{"name": "b", "base_url": "http://127.0.0.1:9/v1", "health": {"enabled": False},
@@ -73,11 +74,7 @@ def test_a_sticky_route_is_explained_offline_without_redis(
 ) -> None:
     # Stickiness shared through Redis: `route` connected to it (and failed with Redis down). An offline
     # explanation decides the prompt as a first turn, as replay does, and says stickiness is not applied.
-    import socket
-
-    with socket.socket() as closed:  # a loopback port nothing listens on once this socket is closed
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+    port = free_port()  # nothing listens on it: Redis is down
     config = dict(CONFIG)
     config["routes"] = [{**CONFIG["routes"][0], "sticky": {"ttl": 600}}]
     config["shared_state"] = {"kind": "redis", "url": f"redis://127.0.0.1:{port}/0", "timeout": 0.5}
