@@ -443,7 +443,7 @@ def _train_labelled(args: argparse.Namespace, encoders: list[str], argv: list[st
         print(
             f"  {pair.strong} (strong) vs {pair.weak} (weak) [{pair.encoder}]: {m['folds']}-fold CV APGR "
             f"{with_interval(m['cv_apgr'], (lo, hi))} over {labelled_count(m['prompts'], m['rows'])} "
-            f"(random router {_fmt(rlo)} to {_fmt(rhi)})"
+            f"; a random router: {_fmt(rlo)} to {_fmt(rhi)}"
         )
         # PGR divides by the pair's mean quality gap: near zero, APGR swings wildly and means nothing.
         warning = pair.gap.warning()
