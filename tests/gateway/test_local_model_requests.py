@@ -390,4 +390,12 @@ async def test_a_streams_usage_counts_the_tokens_of_an_answer_ended_by_the_model
         async for line in r.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 events.append(json.loads(line.removeprefix("data: ")))
-    assert events[-1]["usage"] == plain["usage"]
+    # One chunk a token, and the end-of-generation token ends the stream without one. Not compared with the
+    # unstreamed answer's count: at temperature 0 the two generations can still differ (the second reuses
+    # the first's cached prompt, whose numerics differ slightly), seen as 28 against 29 tokens.
+    pieces = [(c.get("delta") or {}).get("content") or c.get("text") for e in events for c in e["choices"]]
+    written = [piece for piece in pieces if piece]
+    usage = events[-1]["usage"]
+    assert usage["completion_tokens"] == len(written), (usage, written)
+    assert usage["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
