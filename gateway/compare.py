@@ -313,6 +313,26 @@ class RouteComparisons:
     counts: Counter[str] = field(default_factory=Counter)
 
 
+@dataclass(slots=True, frozen=True)
+class _Sizes:
+    """A served request's sizes in tokens, for a comparison's bounds and estimate (read once)."""
+
+    transcript: int  # the conversation as the judge reads it
+    prompt: int  # the served call's prompt (its usage; else the transcript's estimate)
+    completion: int  # the served answer (its usage; else an estimate from its text)
+    judged_answer: int  # the served answer as the judge reads it (cut at ANSWER_CHARS)
+
+    @classmethod
+    def of(cls, record: DecisionRecord, body: Mapping[str, Any], answer: str) -> _Sizes:
+        conversation = _tokens(transcript(body))
+        return cls(
+            transcript=conversation,
+            prompt=record.prompt_tokens or conversation,  # 0 is no count (a cache answered: no model call)
+            completion=record.completion_tokens or _tokens(answer),
+            judged_answer=_tokens(answer[:ANSWER_CHARS]),
+        )
+
+
 @dataclass(slots=True)
 class _Call:
     """One upstream answer a comparison obtained."""
@@ -386,8 +406,9 @@ class CompareRunner:
             state.counts["skipped_concurrency"] += 1
             return
         budget = state.settings.budget_usd_per_hour
-        bounds = self._completion_bounds(record, body, answer, others, bounded=budget is not None)
-        estimate = self._estimate(record, body, answer, bounds, state.settings.judge)
+        sizes = _Sizes.of(record, body, answer)
+        bounds = self._completion_bounds(sizes, body, others, bounded=budget is not None)
+        estimate = self._estimate(sizes, bounds, state.settings.judge)
         if budget is not None and state.spend.total() + estimate > budget:
             state.counts["skipped_budget"] += 1
             return
@@ -561,34 +582,25 @@ class CompareRunner:
     # --- cost estimate ------------------------------------------------------------------------------
 
     def _completion_bounds(
-        self, record: DecisionRecord, body: Mapping[str, Any], answer: str, others: Sequence[str], *, bounded: bool
+        self, sizes: _Sizes, body: Mapping[str, Any], others: Sequence[str], *, bounded: bool
     ) -> dict[str, int | None]:
         """Each other candidate's completion bound when ``bounded`` (a budget is set; else None, as the
         client asked): COMPARE_LENGTH_FACTOR times the served answer (at least COMPARE_MIN_COMPLETION),
         within what the client asked and what the model can write."""
         if not bounded:
             return dict.fromkeys(others)
-        served = record.completion_tokens if record.completion_tokens else _tokens(answer)
-        bound = max(COMPARE_MIN_COMPLETION, COMPARE_LENGTH_FACTOR * served)
+        bound = max(COMPARE_MIN_COMPLETION, COMPARE_LENGTH_FACTOR * sizes.completion)
         asked = requested_completion(body)
         if asked is not None:
             bound = min(bound, asked)
-        prompt = self._prompt_tokens(record, body)
         bounds: dict[str, int | None] = {}
         for model in others:
             target = self._pool.get(model)
-            ceiling = output_ceiling(target.model, prompt) if target is not None else None
+            ceiling = output_ceiling(target.model, sizes.prompt) if target is not None else None
             bounds[model] = bound if ceiling is None else min(bound, ceiling)
         return bounds
 
-    @staticmethod
-    def _prompt_tokens(record: DecisionRecord, body: Mapping[str, Any]) -> int:
-        return record.prompt_tokens if record.prompt_tokens else _tokens(transcript(body))
-
-    def _estimate(
-        self, record: DecisionRecord, body: Mapping[str, Any], answer: str, bounds: Mapping[str, int | None],
-        judge: str,
-    ) -> float:
+    def _estimate(self, sizes: _Sizes, bounds: Mapping[str, int | None], judge: str) -> float:
         """What a comparison can cost, from the served call's usage and the configured prices.
 
         Each other candidate: the served prompt in, its completion bound out (the call is made with
@@ -596,16 +608,12 @@ class CompareRunner:
         twice per pair: the transcript, the served answer and the other answer (cut at ANSWER_CHARS)
         in, at most JUDGE_MAX_TOKENS out.
         """
-        conversation = _tokens(transcript(body))
-        prompt = self._prompt_tokens(record, body)
-        served_completion = record.completion_tokens if record.completion_tokens is not None else _tokens(answer)
-        served = _tokens(answer[:ANSWER_CHARS])
         total = 0.0
         for model, bound in bounds.items():
-            completion = served_completion if bound is None else bound
-            total += self._price(model, prompt, completion)
+            completion = sizes.completion if bound is None else bound
+            total += self._price(model, sizes.prompt, completion)
             other = min(completion, ANSWER_CHARS // 4 + 1)
-            judge_prompt = _tokens(DEFAULT_JUDGE_PROMPT) + conversation + served + other
+            judge_prompt = _tokens(DEFAULT_JUDGE_PROMPT) + sizes.transcript + sizes.judged_answer + other
             total += 2 * self._price(judge, judge_prompt, JUDGE_MAX_TOKENS)
         return total
 
