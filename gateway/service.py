@@ -245,12 +245,10 @@ class ProxyService:
         finally:
             # A stream is finished (and leaves in_flight) when its last byte is sent; a whole answer
             # once it has left the connection's write buffer, or never will (_after_sent).
-            if streaming:
-                pass
-            elif response is None:  # nothing to send: a client gone before its answer, a bug's 500
+            if not streaming and response is None:  # nothing to send: a client gone before its answer, a bug's 500
                 self.metrics.in_flight.dec()
                 self.followups.failed(served, self._finish(trace))
-            else:
+            elif not streaming:
                 response.background = BackgroundTask(self._after_sent, request.scope, served, joined, answer)
 
     async def _after_sent(
