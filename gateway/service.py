@@ -245,11 +245,12 @@ class ProxyService:
         finally:
             # A stream is finished (and leaves in_flight) when its last byte is sent; a whole answer
             # once it has left the connection's write buffer, or never will (_after_sent).
-            if not streaming and response is None:  # nothing to send: a client gone before its answer, a bug's 500
-                self.metrics.in_flight.dec()
-                self.followups.failed(served, self._finish(trace))
-            elif not streaming:
-                response.background = BackgroundTask(self._after_sent, request.scope, served, joined, answer)
+            if not streaming:
+                if response is None:  # nothing to send: a client gone before its answer, a bug's 500
+                    self.metrics.in_flight.dec()
+                    self.followups.failed(served, self._finish(trace))
+                else:
+                    response.background = BackgroundTask(self._after_sent, request.scope, served, joined, answer)
 
     async def _after_sent(
         self, scope: Scope, served: Served, joined: RequestContext | None, answer: bytes | None
