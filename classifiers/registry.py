@@ -825,21 +825,39 @@ def active_marker(path: str | Path | None) -> str:
         return "bundled"
     root = Path(path)
     if is_registry(root):
-        try:
-            raw = (root / ACTIVE_FILE).read_bytes()
-        except FileNotFoundError:
-            return "registry:none"
-        marker = "registry:" + hashlib.sha256(raw).hexdigest()
-        version = _named_version(raw)
-        if version is not None and not (root / VERSIONS_DIR / version / VERSION_FILE).is_file():
-            marker += ":missing"
+        marker = _registry_marker(root)
+        # Something missing may mean the whole directory moved away between these reads: ask again, so
+        # one move reads as one change (a registry gone), not two (no active version, then no registry),
+        # which the watcher counted as two failed reloads.
+        if not marker.endswith(":ok") and not is_registry(root):
+            return _directory_marker(root)
         return marker
+    return _directory_marker(root)
+
+
+def _registry_marker(root: Path) -> str:
+    """:func:`active_marker` of a registry: ``registry:none``, or ``registry:<sha of active.json>:ok`` (or
+    ``:missing`` when the version it names has no ``version.json``)."""
+    try:
+        raw = (root / ACTIVE_FILE).read_bytes()
+    except FileNotFoundError:
+        return "registry:none"
+    version = _named_version(raw)
+    present = version is None or (root / VERSIONS_DIR / version / VERSION_FILE).is_file()
+    return f"registry:{hashlib.sha256(raw).hexdigest()}:{'ok' if present else 'missing'}"
+
+
+def _directory_marker(root: Path) -> str:
+    """:func:`active_marker` of a plain directory of heads: size and mtime of every head manifest."""
     parts = []
-    if root.is_dir():
-        for manifest in sorted(root.glob("*/manifest.json")):
-            with contextlib.suppress(FileNotFoundError):
-                st = manifest.stat()
-                parts.append(f"{manifest.parent.name}:{st.st_size}:{st.st_mtime_ns}")
+    try:
+        manifests = sorted(root.glob("*/manifest.json")) if root.is_dir() else []
+    except FileNotFoundError:  # moved away while listed: as gone
+        manifests = []
+    for manifest in manifests:
+        with contextlib.suppress(FileNotFoundError):
+            st = manifest.stat()
+            parts.append(f"{manifest.parent.name}:{st.st_size}:{st.st_mtime_ns}")
     return "dir:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

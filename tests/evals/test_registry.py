@@ -208,6 +208,28 @@ def test_active_marker_changes_with_promotion_only(tmp_path: Path) -> None:
     assert active_marker(None) == "bundled"
 
 
+def test_a_registry_moved_away_reads_as_one_change_even_mid_read(tmp_path: Path) -> None:
+    # The marker reads registry.json, then active.json, then the active version's version.json. A registry
+    # moved away between those reads gave "no active version" or "active version missing" first and "no
+    # registry" on the next poll: two changes, so one move counted two failed reloads in every replica.
+    registry = RouterRegistry(tmp_path / "routers")
+    _add(registry, seed=0)
+    present, gone = active_marker(registry.root), active_marker(tmp_path / "nowhere")
+    aside = tmp_path / "aside"
+    seen: set[str] = set()
+    for _ in range(300):  # one move each, at a moment the reads cannot choose
+        mover = threading.Timer(0.0005, registry.root.rename, (aside,))
+        mover.start()
+        while True:
+            marker = active_marker(registry.root)
+            seen.add(marker)
+            if marker == gone:
+                break
+        mover.join()
+        aside.rename(registry.root)
+    assert seen == {present, gone}, seen - {present, gone}
+
+
 def test_load_router_heads_serves_the_active_versions_pair_heads(tmp_path: Path) -> None:
     registry = RouterRegistry(tmp_path / "routers")
     first = _add(registry, seed=0, pair=("gpt-4o", "gpt-4o-mini"))

@@ -166,7 +166,7 @@ def test_a_registry_that_goes_away_keeps_the_last_version_serving(
         after = dry_run(gateway)
         assert (after["router_version"], after["model"]) == (serving, model)
         assert serve(gateway)[:2] == (model, serving)
-        assert _failed_reloads(gateway) == failures + 1
+        assert _failed_reloads(gateway) == failures + 1, gateway.log()[-3000:]  # one move, one failed reload
         assert metric(gateway, rf'pointsman_router_info\{{version="{serving}"\}}') == 1.0
         assert "rather than falling back to the shipped heads" in gateway.log()
     finally:
