@@ -121,7 +121,7 @@ class Forwarder:
                 self._metrics.fallbacks.labels(trace.route or "", previous, name).inc()
             previous = name
             trace.model, trace.backend = target.name, target.backend.name
-            payload = _payload(body, raw_body, target.model.wire_name)
+            payload = _payload(body, raw_body, target.model.wire_name, target.model.max_tokens_field)
             headers = _upstream_headers(target)
             tried: list[Replica] = []
             backend = target.backend
@@ -287,11 +287,14 @@ class Forwarder:
         return True
 
 
-def _payload(body: Mapping[str, Any], raw: bytes, wire_name: str) -> bytes:
+def _payload(body: Mapping[str, Any], raw: bytes, wire_name: str, max_tokens_field: str | None = None) -> bytes:
     """The bytes to send for ``wire_name``: ``raw`` itself when it names that model already, else
     ``raw`` with the model swapped when it starts with the model field (as the gateway's own
     re-encodings do; parsing refused repeated keys, so that field is the one), else ``body``
-    re-encoded."""
+    re-encoded. A model whose API takes its completion bound under ``max_tokens_field`` gets it there."""
+    renamed = _completion_bound_renamed(body, max_tokens_field)
+    if renamed is not None:
+        return orjson.dumps({**renamed, "model": wire_name})
     model = body.get("model")
     if model == wire_name:
         return raw
@@ -300,6 +303,28 @@ def _payload(body: Mapping[str, Any], raw: bytes, wire_name: str) -> bytes:
         if swapped is not None:
             return swapped
     return orjson.dumps({**body, "model": wire_name})
+
+
+_COMPLETION_BOUNDS = ("max_tokens", "max_completion_tokens")
+
+
+def _completion_bound_renamed(body: Mapping[str, Any], field: str | None) -> dict[str, Any] | None:
+    """``body`` with its completion bound under ``field`` (None when there is nothing to rename).
+
+    Derived requests (a judge's, a workflow step's) say ``max_tokens``, as do older clients; OpenAI's
+    reasoning models answer that with a 400. Given both names, the smaller bound is kept.
+    """
+    if field is None:
+        return None
+    other = _COMPLETION_BOUNDS[1] if field == _COMPLETION_BOUNDS[0] else _COMPLETION_BOUNDS[0]
+    if other not in body:
+        return None
+    renamed = {key: value for key, value in body.items() if key != other}
+    bound, given = body[other], renamed.get(field)
+    if isinstance(given, int) and isinstance(bound, int) and given <= bound:
+        return renamed
+    renamed[field] = bound
+    return renamed
 
 
 def _upstream_headers(target: ModelTarget) -> dict[str, str]:

@@ -68,6 +68,11 @@ class ModelConfig(_Strict):
     fallbacks: tuple[str, ...] = Field(
         default=(), description="models tried in order when this one fails after its retries"
     )
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] | None = Field(
+        default=None, description="the name this model's API takes for the completion bound; the other one is "
+        "renamed to it on the way upstream (OpenAI's reasoning models refuse max_tokens, some OpenAI-compatible "
+        "servers ignore max_completion_tokens). Unset: sent as the request names it"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -28,7 +28,9 @@ def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) ->
             "name": "fake",
             "base_url": upstream.base_url,
             "health": {"enabled": False},
-            "models": [{"name": "fake-ok", "upstream_name": "ok"}],
+            "models": [{"name": "fake-ok", "upstream_name": "ok"},
+                       {"name": "reasoner", "upstream_name": "ok", "max_tokens_field": "max_completion_tokens"},
+                       {"name": "legacy", "upstream_name": "ok", "max_tokens_field": "max_tokens"}],
         }],
     }
     proc = GatewayProcess(config, tmp_path_factory.mktemp("gw-fields")).start()
@@ -89,3 +91,23 @@ def test_valid_shapes_pass(gateway: GatewayProcess, upstream: FakeUpstream) -> N
     assert _post(gateway, "completions", {"model": "fake-ok", "prompt": "hi", "logprobs": 2}).status_code == 200
     completion = {"model": "fake-ok", "prompt": "hi", "max_tokens": 0}
     assert _post(gateway, "completions", completion).json()["error"]["param"] == "max_tokens"
+
+
+@pytest.mark.parametrize(("model", "sent", "forwarded"), [
+    ("reasoner", {"max_tokens": 40}, {"max_completion_tokens": 40}),
+    ("reasoner", {"max_tokens": 40, "max_completion_tokens": 60}, {"max_completion_tokens": 40}),
+    ("reasoner", {"max_completion_tokens": 30}, {"max_completion_tokens": 30}),
+    ("legacy", {"max_completion_tokens": 30}, {"max_tokens": 30}),
+    ("fake-ok", {"max_completion_tokens": 30}, {"max_completion_tokens": 30}),  # unset: as the client sent it
+])
+def test_a_model_gets_its_completion_bound_under_the_name_its_api_takes(
+    gateway: GatewayProcess, upstream: FakeUpstream, model: str, sent: dict[str, int], forwarded: dict[str, int]
+) -> None:
+    # OpenAI's reasoning models answer max_tokens with a 400 ("use max_completion_tokens instead"), and some
+    # OpenAI-compatible servers ignore max_completion_tokens: a model's max_tokens_field names the one it takes.
+    user = uuid.uuid4().hex
+    response = _post(gateway, "chat/completions", {"model": model, "messages": [USER], "user": user, **sent})
+    assert response.status_code == 200, response.text
+    [body] = [b for b in upstream.state.bodies if b.get("user") == user]
+    assert {k: body[k] for k in ("max_tokens", "max_completion_tokens") if k in body} == forwarded
+    assert body["model"] == "ok" and body["messages"] == [USER]
