@@ -24,7 +24,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from gateway.forward import OpenedStream
-from gateway.http_protocol import ABORT_KEY
+from gateway.http_protocol import ABORT_KEY, STALLED, WRITTEN_KEY
 from gateway.sse_frames import EventTooLarge, SSEFramer, event_data
 from gateway.trace import RequestTrace
 from gateway.upstream import UpstreamFailure
@@ -94,6 +94,7 @@ class ProxyStream:
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
                 trace.outcome = "client_disconnected"
+                await self._name_a_stall(scope)
                 self._opened.finish(ok=False)
         except BaseException:
             pump.cancel()
@@ -124,6 +125,15 @@ class ProxyStream:
         self._sending_since = time.perf_counter()
         await send({"type": "http.response.body", "body": body, "more_body": more_body})
         self._sending_since = None
+
+    async def _name_a_stall(self, scope: Scope) -> None:
+        """Record a connection the server cut because its client took none of the stream for
+        ``server.write_timeout`` as such (the server's own write timeout can be shorter than the
+        backend's idle timeout this proxy's watchdog uses)."""
+        written = scope.get(WRITTEN_KEY)  # the connection is lost: answers at once
+        if callable(written) and await written() == STALLED:
+            self._trace.error_type = STALLED
+            self._trace.error_message = "the client took none of the stream for the server's write_timeout"
 
     async def _cut_off(self, scope: Scope) -> None:
         """End the stream of a client that stopped reading: the upstream is dropped, and so is the

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -27,7 +27,7 @@ import pytest
 from openai import OpenAI
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.fakes.upstream import LoopbackServer
@@ -47,6 +47,16 @@ def _answer(text: str) -> bytes:
     })
 
 
+async def _stream() -> AsyncIterator[bytes]:
+    """:data:`ANSWER_TEXT` bytes of text as a chat completion stream, in 64 KB chunks, as fast as they go."""
+    piece = "x" * (64 << 10)
+    for _ in range(ANSWER_TEXT // len(piece)):
+        chunk = {"id": "big", "object": "chat.completion.chunk", "created": 0, "model": "big",
+                 "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+        yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
 class BigUpstream(LoopbackServer):
     """Answers model ``big`` with :data:`ANSWER_TEXT` bytes of text, any other model with a short answer."""
 
@@ -55,6 +65,8 @@ class BigUpstream(LoopbackServer):
 
         async def chat(request: Request) -> Response:
             body = orjson.loads(await request.body())
+            if body.get("stream"):
+                return StreamingResponse(_stream(), media_type="text/event-stream")
             return Response(big if body["model"] == "big" else _answer("hi"), media_type="application/json")
 
         super().__init__(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
@@ -85,8 +97,8 @@ def gateway(upstream: BigUpstream, tmp_path_factory: pytest.TempPathFactory) -> 
     proc.terminate()
 
 
-def _request(model: str) -> bytes:
-    body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+def _request(model: str, *, stream: bool = False) -> bytes:
+    body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream})
     return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
@@ -154,6 +166,21 @@ def test_a_client_that_never_reads_its_answer_is_cut_off(gateway: GatewayProcess
         assert _metric(gateway, "pointsman_in_flight_requests") == 0
         answer = sdk.chat.completions.create(model="small", messages=[{"role": "user", "content": "hi"}])
         assert answer.choices[0].message.content == "hi"
+
+
+def test_a_client_that_never_reads_its_stream_is_cut_off_and_recorded_as_stalled(gateway: GatewayProcess) -> None:
+    # The server's write timeout (1 s here) is shorter than the backend's idle timeout, which the stream's
+    # own watchdog uses: the server cuts the connection first. Before, the record said only
+    # "client_disconnected", as for a client that hung up, not why.
+    with _client(gateway) as stalled:
+        stalled.sendall(_request("big", stream=True))
+        head, _ = _head(stalled)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        record = gateway.decision(_request_id(head), timeout=WAIT)
+        assert (record["outcome"], record["error_type"]) == ("client_disconnected", "client_stalled"), record
+        port = stalled.getsockname()[1]
+        eventually(lambda: not _open_on_gateway(gateway, port), "the gateway closed the connection", timeout=WAIT)
+    eventually(lambda: _metric(gateway, "pointsman_in_flight_requests") == 0, "no request in flight", timeout=WAIT)
 
 
 def test_a_request_pipelined_behind_an_unread_answer_is_finished_when_it_is_cut(gateway: GatewayProcess) -> None:
