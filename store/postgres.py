@@ -219,20 +219,29 @@ class PostgresDecisionStore:
             return [i for i, row in enumerate(rows) if await conn.fetchval(self._covered_sql, *feedback_check(row))]
 
     async def forget(self, *, tenant: str | None = None, request_id: str | None = None) -> dict[str, int]:
-        """Delete a tenant's or a request's decisions, feedback, conversations and sub-calls in one
-        transaction, with the tombstone that keeps a running gateway from writing them again."""
+        """Delete a tenant's or a request's decisions, feedback, conversations and sub-calls (in one
+        transaction), after committing the tombstone that keeps a running gateway from writing them again.
+
+        A gateway's write that began before the tombstone commits does not see it, and deletes do not see
+        that write's rows until it commits: such a row would outlive the forget. So the tombstone goes in
+        under a table lock, which waits for the writes in flight and holds new ones until it commits; every
+        write after that sees the tombstone, and the deletes, after it, see every row written before. The
+        lock is not held through the deletes: for a large tenant they take long, and every replica's writes
+        of every other tenant waited for them (feedback answered 503). A forget stopped between the two
+        transactions leaves the tombstone (nothing more of those requests is written) and the rows, which
+        running it again deletes.
+        """
         by_tenant, value = check_forget_args(tenant, request_id)
         counts: dict[str, int] = {}
-        async with self._require_pool().acquire() as conn, conn.transaction():
-            # A gateway's write that began before the tombstone commits does not see it, and this
-            # transaction's deletes do not see that write's rows until it commits: such a row would outlive
-            # the forget. The lock waits for those writes and holds new ones until the tombstone is visible
-            # (a gateway's writes wait for the forget; its reads do not). In the order write_batch takes them.
-            await conn.execute(f"LOCK TABLE {', '.join(_WRITE_ORDER)} IN SHARE ROW EXCLUSIVE MODE")
-            await conn.execute(tombstone_sql("postgres", by_tenant=by_tenant), value, time.time())
-            for table, sql in forget_sql("postgres", by_tenant=by_tenant):
-                status = await conn.execute(sql, value)  # "DELETE <n>"
-                counts[table] = int(status.rsplit(" ", 1)[-1])
+        async with self._require_pool().acquire() as conn:
+            async with conn.transaction():
+                # In the order write_batch takes them; a gateway's reads never wait for it.
+                await conn.execute(f"LOCK TABLE {', '.join(_WRITE_ORDER)} IN SHARE ROW EXCLUSIVE MODE")
+                await conn.execute(tombstone_sql("postgres", by_tenant=by_tenant), value, time.time())
+            async with conn.transaction():
+                for table, sql in forget_sql("postgres", by_tenant=by_tenant):
+                    status = await conn.execute(sql, value)  # "DELETE <n>"
+                    counts[table] = int(status.rsplit(" ", 1)[-1])
         return {name: counts[name] for name in FORGET_TABLES}
 
     async def purge_expired_text(self, now: float) -> int:

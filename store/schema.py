@@ -506,8 +506,9 @@ def feedback_covered_sql(dialect: Dialect) -> str:
 
 
 def tombstone_sql(dialect: Dialect, *, by_tenant: bool) -> str:
-    """INSERT of the tombstone a forget writes in the transaction that deletes, before its deletes;
-    parameters: the tenant or request id, and the time of the forget.
+    """INSERT of the tombstone a forget writes before its deletes (SQLite: in the first deleting
+    transaction; PostgreSQL: in a transaction of its own, under the table lock); parameters: the tenant or
+    request id, and the time of the forget.
 
     A tenant's is its latest forget's time. A request's covers its experiment shadows too (their decisions
     are found by ``shadow_of``, so run it before the deletes; a shadow not yet written is covered through

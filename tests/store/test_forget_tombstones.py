@@ -252,3 +252,41 @@ async def test_a_decision_write_in_flight_when_a_forget_starts_does_not_outlive_
             assert await store.count() == 0
         finally:
             await store.close()
+
+
+@pytest.mark.postgres
+async def test_other_tenants_are_written_while_a_forget_deletes(make_record: MakeRecord) -> None:
+    """The forget's table lock is held only until its tombstone commits, not through the deletes: a large
+    tenant's deletes took that long, and every replica's decision and feedback writes of every other tenant
+    waited behind them (feedback answered 503 once the store's deadline passed). Here one of the tenant's
+    rows is locked by another session, so the forget's deletes wait on it for as long as the test likes."""
+    async with pg_schema() as dsn:
+        store = PostgresDecisionStore(dsn)
+        await store.open()
+        holder, watcher = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+        try:
+            await store.write_batch([make_record(1, request_id="big-1", tenant="big", created_at=time.time() - 1)])
+            held = holder.transaction()
+            await held.start()
+            await holder.execute("SELECT 1 FROM decisions WHERE tenant = 'big' FOR UPDATE")
+            forgetting = asyncio.create_task(forget(dsn, tenant="big"))
+            deadline = time.monotonic() + 30
+            while not await watcher.fetchval(  # until the forget's delete waits for the held row (outside a
+                # transaction: one caches what pg_stat_activity showed at its first read)
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'transactionid'"
+            ):
+                assert not forgetting.done(), forgetting.result()
+                assert time.monotonic() < deadline, "the forget's delete never waited for the held row"
+                await asyncio.sleep(0.01)
+            other = make_record(2, request_id="other-1", tenant="other", created_at=time.time())
+            await asyncio.wait_for(store.write_batch([other]), timeout=20)
+            await asyncio.wait_for(store.write_feedback([FeedbackRecord("other-1", 1.0, tenant="other")]), timeout=20)
+            assert not forgetting.done()
+            await held.commit()
+            assert (await forgetting)["decisions"] == 1
+            assert await store.fetch("big-1") is None and await store.fetch("other-1") is not None
+            assert len(await store.fetch_feedback("other-1")) == 1
+        finally:
+            await holder.close()
+            await watcher.close()
+            await store.close()
