@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import time
 from typing import Any
 
 from gateway.cache.entry import BucketItem, CachedAnswer
@@ -50,26 +51,36 @@ end
 return found
 """
 
-# KEYS[1]: an entry, KEYS[2] (optional): its bucket. ARGV: the entry, its TTL (ms), then with a bucket the
-# item (starting with the entry's 16-byte exact key) and bucket_size. Nothing is written when the entry is
-# there (an identical request stored first); otherwise the item replaces any item of the same key.
+# KEYS[1]: an entry, KEYS[2]: its tenant's tombstone, KEYS[3] (optional): its bucket. ARGV: the entry, its TTL
+# (ms), the time its request was issued, then with a bucket the item (starting with the entry's 16-byte exact
+# key) and bucket_size. Nothing is written for a request issued before its tenant was forgotten (it was in
+# flight during the forget), nor when the entry is there (an identical request stored first); otherwise the
+# item replaces any item of the same key.
 _PUT = """
+local forgotten = redis.call('GET', KEYS[2])
+if forgotten and tonumber(ARGV[3]) <= tonumber(forgotten) then
+  return 0
+end
 if not redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') then
   return 0
 end
-if #KEYS == 2 then
-  local key = string.sub(ARGV[3], 1, 16)
-  for _, item in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+if #KEYS == 3 then
+  local key = string.sub(ARGV[4], 1, 16)
+  for _, item in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
     if string.sub(item, 1, 16) == key then
-      redis.call('LREM', KEYS[2], 0, item)
+      redis.call('LREM', KEYS[3], 0, item)
     end
   end
-  redis.call('LPUSH', KEYS[2], ARGV[3])
-  redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  redis.call('LPUSH', KEYS[3], ARGV[4])
+  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
 end
 return 1
 """
+
+#: How long a tenant's cache tombstone lasts: far longer than any request can be in flight (a backend's
+#: total timeout is 600 s by default), so no answer to a request issued before the forget is stored after it.
+FORGOTTEN_TTL_SECONDS = 86_400
 
 
 class CacheUnavailable(Exception):
@@ -82,6 +93,7 @@ class RedisStore:
     def __init__(self, client: Any, prefix: str, bucket_size: int, retry_after: float = 1.0) -> None:
         self._client = client
         self._prefix = prefix + "cache:"
+        self._forgotten = forgotten_prefix(prefix)
         self.bucket_size = bucket_size
         self.retry_after = retry_after
         self._failures = RedisFailures(log, "response cache", "serving without the cache", retry_after)
@@ -135,18 +147,24 @@ class RedisStore:
             start = position + 1
         return None
 
-    async def put(self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float) -> None:
+    async def put(
+        self, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None, ttl: float, *,
+        issued_at: float | None = None,
+    ) -> None:
         """Store the entry with its TTL unless one is there (and then push ``item`` onto its bucket, trimmed,
         in place of any item of the same key), atomically, in one round trip.
 
         Idempotent per exact key, like :meth:`MemoryStore.put_now`: identical requests in flight together
-        (on any replicas) store the first answer and one bucket item, never one item each."""
+        (on any replicas) store the first answer and one bucket item, never one item each. Nothing is stored
+        for a request issued (``issued_at``, default the answer's time) before its tenant was forgotten:
+        :func:`forget_tenant` would otherwise miss an answer that was still on its way."""
         ttl_ms = max(1, int(ttl * 1000))
+        issued = repr(answer.created_at if issued_at is None else issued_at)
+        names = [self.entry_key(keys), f"{self._forgotten}{keys.tenant}"]
+        args: list[Any] = [answer.to_bytes(), ttl_ms, issued]
         if item is not None and keys.bucket is not None:
-            names = [self.entry_key(keys), self.bucket_key(keys)]
-            args = [answer.to_bytes(), ttl_ms, item.to_bytes(), self.bucket_size]
-        else:
-            names, args = [self.entry_key(keys)], [answer.to_bytes(), ttl_ms]
+            names.append(self.bucket_key(keys))
+            args += [item.to_bytes(), self.bucket_size]
         await self._call(lambda: self._put(keys=names, args=args), "write")
 
     async def _call(self, call: Any, what: str) -> Any:
@@ -174,12 +192,23 @@ def connect(url: str, call_timeout: float) -> Any:
     return redis_client(url, call_timeout, decode=False)
 
 
+def forgotten_prefix(prefix: str) -> str:
+    """Where the tombstones of forgotten tenants live: ``<key_prefix>cache-forgotten:<tenant digest>``,
+    outside the ``<key_prefix>cache:<tenant digest>:*`` names a forget deletes."""
+    return prefix + "cache-forgotten:"
+
+
 async def forget_tenant(client: Any, prefix: str, tenant: str | None) -> int:
-    """Delete every cache entry and bucket of ``tenant`` under ``prefix`` (``pointsman forget``); the count."""
+    """Delete every cache entry and bucket of ``tenant`` under ``prefix`` (``pointsman forget``); the count.
+
+    First a tombstone (the time of the forget, kept :data:`FORGOTTEN_TTL_SECONDS`): an answer to a request
+    the tenant sent before, stored by a gateway after the deletes, would have outlived the forget."""
+    digest = tenant_digest(tenant)
+    await client.set(f"{forgotten_prefix(prefix)}{digest}", repr(time.time()), ex=FORGOTTEN_TTL_SECONDS)
     # The prefix is any string: its glob characters ("[eu]" is a class) must match only themselves, or the
     # SCAN misses this prefix's keys and deletes another prefix's.
     literal = _GLOB.sub(r"\\\g<0>", prefix)
-    pattern = f"{literal}cache:{tenant_digest(tenant)}:*"
+    pattern = f"{literal}cache:{digest}:*"
     deleted = 0
     async for name in client.scan_iter(match=pattern, count=500):
         deleted += int(await client.delete(name))

@@ -275,15 +275,15 @@ class ResponseCache:
         if isinstance(store, MemoryStore):
             store.put_now(keys, answer, item, settings.ttl)
             return
-        task = asyncio.ensure_future(self._write(store, keys, answer, item, settings.ttl))
+        task = asyncio.ensure_future(self._write(store, keys, answer, item, settings.ttl, trace.created_at))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
     @staticmethod
     async def _write(store: RedisStore, keys: CacheKeys, answer: CachedAnswer, item: BucketItem | None,
-                     ttl: float) -> None:
+                     ttl: float, issued_at: float) -> None:
         with contextlib.suppress(CacheUnavailable):  # logged by the store; the answer is simply not cached
-            await store.put(keys, answer, item, ttl)
+            await store.put(keys, answer, item, ttl, issued_at=issued_at)
 
     # --- forgetting ----------------------------------------------------------------------------------
 

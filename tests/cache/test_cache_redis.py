@@ -100,7 +100,7 @@ def test_an_entry_written_through_one_replica_is_hit_through_the_other(
             capture_output=True, text=True, timeout=60, check=False,
         )
         assert out.returncode == 0, out.stderr
-        assert not list(redis.Redis.from_url(SHARED_REDIS).scan_iter(match=f"{prefix}*"))
+        assert not list(redis.Redis.from_url(SHARED_REDIS).scan_iter(match=f"{prefix}cache:*"))
         assert ask(b.base_url, "exact", q, user=user).cache == "miss"
     finally:
         a.terminate()
@@ -299,3 +299,28 @@ def test_the_cache_fails_open_when_redis_stops_hangs_or_was_never_up(upstream: F
     finally:
         gw.terminate()
         own.stop()
+
+
+def test_an_answer_still_on_its_way_when_its_tenant_is_forgotten_is_not_stored(prefix: str) -> None:
+    # A request of the tenant in flight during `pointsman forget --cache-redis`: its answer was stored after
+    # the forget's deletes and served the tenant's later requests for the entry's whole TTL. The forget
+    # leaves a tombstone; a later request of the tenant is cached again.
+    async def run() -> None:
+        client = connect(SHARED_REDIS, 2.0)
+        try:
+            store = RedisStore(client, prefix, bucket_size=8)
+            keys = semantic_keys("reset my password")
+            issued = time.time()
+            assert await forget_tenant(client, prefix, "t") == 0  # nothing stored yet
+            answer = CachedAnswer(completion={"object": "chat.completion"}, model="a", created_at=time.time())
+            await store.put(keys, answer, bucket_item(keys), ttl=60, issued_at=issued)
+            assert await store.lookup(keys) == (None, [])
+            await store.put(keys, answer, bucket_item(keys), ttl=60, issued_at=time.time() + 0.001)
+            found, items = await store.lookup(keys)
+            assert found is not None and found.model == "a" and [item.key for item in items] == [keys.exact]
+            # The tombstone lives outside the names a forget deletes, and expires on its own.
+            assert 0 < await client.ttl(f"{prefix}cache-forgotten:{keys.tenant}") <= 86_400
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
