@@ -30,9 +30,11 @@ class Metrics:
             "client_disconnected, or stream_error (a stream that broke after its 200).",
             (*labels, "status", "outcome"), registry=self.registry,
         )
+        # By outcome too: a stream that broke or lost its client ends early, and mixed in with the answered
+        # ones it pulled the latency quantiles down just when things went wrong.
         self.latency = Histogram(
-            "pointsman_request_duration_seconds", "Time from request to the last byte.", labels,
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
+            "pointsman_request_duration_seconds", "Time from request to the last byte, by outcome (as "
+            "pointsman_requests_total's).", (*labels, "outcome"), buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
         self.ttft = Histogram(
             "pointsman_time_to_first_token_seconds", "Time to the first streamed chunk.", labels,

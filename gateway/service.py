@@ -596,7 +596,7 @@ class ProxyService:
         route, model, backend = record.route or DIRECT_ROUTE, record.model or "", record.backend or ""
         metrics = self.metrics
         metrics.requests_child(route, model, backend, str(record.status), record.outcome).inc()
-        metrics.latency_child(route, model, backend).observe(record.latency_ms / 1000.0)
+        metrics.latency_child(route, model, backend, record.outcome).observe(record.latency_ms / 1000.0)
         metrics.overhead_child(route).observe(record.overhead_ms / 1000.0)
         if record.ttft_ms is not None:
             metrics.ttft_child(route, model, backend).observe(record.ttft_ms / 1000.0)

@@ -85,3 +85,12 @@ def test_a_stream_that_breaks_after_its_200_is_counted_as_a_stream_error(
 
     assert [(delta(m, "stream_error"), delta(m, "ok")) for m in broken] == [(1, 0), (1, 0)]
     assert (delta("fake-ok", "ok"), delta("fake-ok", "stream_error")) == (1, 0)
+    # Their durations too: a broken stream's (cut short) is not among the answered ones' quantiles.
+    durations = "pointsman_request_duration_seconds_count"
+
+    def timed(model: str, outcome: str) -> float:
+        labels = {"route": "direct", "model": model, "backend": "fake", "outcome": outcome}
+        return sample(after, durations, **labels) - sample(before, durations, **labels)
+
+    assert [(timed(m, "stream_error"), timed(m, "ok")) for m in broken] == [(1, 0), (1, 0)]
+    assert (timed("fake-ok", "ok"), timed("fake-ok", "stream_error")) == (1, 0)
