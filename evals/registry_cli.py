@@ -52,6 +52,7 @@ def _pair_summaries(info: VersionInfo) -> list[dict[str, Any]]:
         out.append({
             "strong": pair.get("strong"), "weak": pair.get("weak"), "encoder": pair.get("encoder"),
             "cv_apgr": pair.get("cv_apgr"), "cv_apgr_ci95": pair.get("cv_apgr_ci95"), "rows": pair.get("rows"),
+            "prompts": pair.get("prompts"),  # distinct labelled prompts (a prompt judged twice is two rows)
             "gap_resolved": gap.get("resolved"),
         })
     return out
@@ -99,7 +100,8 @@ def _fmt_pairs(pairs: list[dict[str, Any]]) -> str:
     for p in pairs[:SHOWN_PAIRS]:
         apgr = "n/a" if p["cv_apgr"] is None else f"{p['cv_apgr']:.3f}"
         flag = " (near-tie)" if p["gap_resolved"] is False else ""
-        parts.append(f"{p['strong']} vs {p['weak']} {apgr}{flag}")
+        over = "" if p.get("prompts") is None else f" over {p['prompts']} prompts"
+        parts.append(f"{p['strong']} vs {p['weak']} {apgr}{over}{flag}")
     more = f"; +{len(pairs) - SHOWN_PAIRS} more" if len(pairs) > SHOWN_PAIRS else ""
     return "; ".join(parts) + more
 

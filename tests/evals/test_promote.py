@@ -305,6 +305,8 @@ def test_force_rolls_back_without_the_gate_and_registry_list_shows_it(
     assert "last verdict: promoted (forced," in next(line for line in listing if v1 in line and line.startswith("*"))
     assert "last verdict: promoted (gate," in next(line for line in listing if line.startswith("<"))
     assert f"{STRONG} vs {WEAK}" in listing[1]
+    # Each pair's CV APGR says how many distinct prompts it rests on (rows count a prompt judged twice twice).
+    assert re.search(rf"{STRONG} vs {WEAK} \d\.\d{{3}} over \d+ prompts", listing[1]), listing[1]
     assert main(["registry", "list", "--registry", str(registry), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["active"] == v1 and [v["version"] for v in summary["versions"]][:2] == [v1, v2]
