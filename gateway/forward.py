@@ -18,7 +18,7 @@ import orjson
 
 from classifiers.offload import replace_model
 from gateway.balancing import Affinity, Choice, affinity_of
-from gateway.config import RetryConfig
+from gateway.config import ModelConfig, RetryConfig
 from gateway.errors import (
     PointsmanError,
     RateLimitError,
@@ -121,7 +121,7 @@ class Forwarder:
                 self._metrics.fallbacks.labels(trace.route or "", previous, name).inc()
             previous = name
             trace.model, trace.backend = target.name, target.backend.name
-            payload = _payload(body, raw_body, target.model.wire_name, target.model.max_tokens_field)
+            payload = _payload(body, raw_body, target.model)
             headers = _upstream_headers(target)
             tried: list[Replica] = []
             backend = target.backend
@@ -287,25 +287,36 @@ class Forwarder:
         return True
 
 
-def _payload(body: Mapping[str, Any], raw: bytes, wire_name: str, max_tokens_field: str | None = None) -> bytes:
-    """The bytes to send for ``wire_name``: ``raw`` itself when it names that model already, else
-    ``raw`` with the model swapped when it starts with the model field (as the gateway's own
-    re-encodings do; parsing refused repeated keys, so that field is the one), else ``body``
-    re-encoded. A model whose API takes its completion bound under ``max_tokens_field`` gets it there."""
-    renamed = _completion_bound_renamed(body, max_tokens_field)
-    if renamed is not None:
-        return orjson.dumps({**renamed, "model": wire_name})
-    model = body.get("model")
-    if model == wire_name:
+def _payload(body: Mapping[str, Any], raw: bytes, model: ModelConfig) -> bytes:
+    """The bytes to send to ``model``: ``raw`` itself when it names that model already, else ``raw`` with
+    the model swapped when it starts with the model field (as the gateway's own re-encodings do; parsing
+    refused repeated keys, so that field is the one), else ``body`` re-encoded. A model whose API refuses
+    some fields (``drop_params``) or takes its completion bound under another name (``max_tokens_field``)
+    gets the body re-encoded without them / with that name."""
+    wire_name = model.wire_name
+    adapted = _adapted(body, model)
+    if adapted is not None:
+        return orjson.dumps({**adapted, "model": wire_name})
+    named = body.get("model")
+    if named == wire_name:
         return raw
-    if isinstance(model, str):
-        swapped = replace_model(raw, model, wire_name)
+    if isinstance(named, str):
+        swapped = replace_model(raw, named, wire_name)
         if swapped is not None:
             return swapped
     return orjson.dumps({**body, "model": wire_name})
 
 
 _COMPLETION_BOUNDS = ("max_tokens", "max_completion_tokens")
+
+
+def _adapted(body: Mapping[str, Any], model: ModelConfig) -> dict[str, Any] | None:
+    """``body`` as ``model``'s API takes it, or None when it takes it as it is."""
+    dropped = [name for name in model.drop_params if name in body]
+    renamed = _completion_bound_renamed(body, model.max_tokens_field)
+    if not dropped:
+        return renamed
+    return {key: value for key, value in (body if renamed is None else renamed).items() if key not in dropped}
 
 
 def _completion_bound_renamed(body: Mapping[str, Any], field: str | None) -> dict[str, Any] | None:

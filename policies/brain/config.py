@@ -52,6 +52,10 @@ class RoutingConfigError(ValueError):
 _Strict = StrictModel  # unknown keys, non-finite numbers and bools-for-numbers are errors
 
 
+#: Fields a model's ``drop_params`` may not name: the request would become another one.
+_NEVER_DROPPED = frozenset({"model", "messages", "input", "prompt", "stream", "stream_options", "n", "tools"})
+
+
 class ModelConfig(_Strict):
     """A model a backend serves. ``upstream_name`` is what the backend calls it (default: ``name``)."""
 
@@ -68,6 +72,10 @@ class ModelConfig(_Strict):
     fallbacks: tuple[str, ...] = Field(
         default=(), description="models tried in order when this one fails after its retries"
     )
+    drop_params: tuple[str, ...] = Field(
+        default=(), description="request fields this model's API refuses, removed on the way upstream (OpenAI's "
+        "reasoning models refuse temperature and top_p, which the judge and workflow steps send)"
+    )
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] | None = Field(
         default=None, description="the name this model's API takes for the completion bound; the other one is "
         "renamed to it on the way upstream (OpenAI's reasoning models refuse max_tokens, some OpenAI-compatible "
@@ -79,6 +87,14 @@ class ModelConfig(_Strict):
     def _bare_name(cls, value: Any) -> Any:
         """``models: [gpt-4o]`` is short for ``models: [{name: gpt-4o}]``."""
         return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("drop_params")
+    @classmethod
+    def _droppable(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        kept = sorted(set(names) & _NEVER_DROPPED)
+        if kept:
+            raise ValueError(f"{', '.join(kept)} cannot be dropped: without it the request is another request")
+        return names
 
     @property
     def wire_name(self) -> str:

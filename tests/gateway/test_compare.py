@@ -83,7 +83,8 @@ def gateway_config(graded: GradedUpstream, upstream: FakeUpstream) -> dict[str, 
              "timeouts": {"connect": 1, "first_byte": 30, "total": 60, "idle": 5},
              "models": [{"name": name, "upstream_name": wire, "input_cost_per_mtok": 1, "output_cost_per_mtok": 2,
                          # a judge behind an API that refuses max_tokens (OpenAI's reasoning models)
-                         **({"max_tokens_field": "max_completion_tokens"} if name == "biased" else {})}
+                         **({"max_tokens_field": "max_completion_tokens", "drop_params": ["temperature"]}
+                            if name == "biased" else {})}
                         for name, wire in fake]},
         ],
         "classifiers": {"encoder": "static"},
@@ -199,8 +200,9 @@ def test_position_bias_cancels_and_streamed_answers_are_compared_on_the_redacted
     judged = [b for b in upstream.state.bodies if b.get("model") == "always-a" and "meeting" in str(b)]
     assert len(judged) >= 2
     assert all("jane.roe@acme-corp.com" not in json.dumps(b) for b in [*mine, *judged])
-    # The judge's model takes its bound as max_completion_tokens: the gateway's own request says so.
-    assert all("max_tokens" not in b and b["max_completion_tokens"] > 0 for b in judged)
+    # The judge's model takes its bound as max_completion_tokens and refuses temperature: the gateway's own
+    # request is sent as that model's API takes it.
+    assert all("max_tokens" not in b and b["max_completion_tokens"] > 0 and "temperature" not in b for b in judged)
 
 
 def test_blocked_and_failed_requests_are_never_compared(sdk: OpenAI, gw: GatewayProcess) -> None:

@@ -538,3 +538,11 @@ def test_a_guard_rule_below_a_routing_rule_is_warned_about_naming_both(caplog: p
         "priority if it must apply to them"
     ]
     assert load([tools, {**pii, "priority": 70}, jail]) == []  # README's order: guards first
+
+
+def test_drop_params_cannot_drop_what_makes_the_request() -> None:
+    model = {"name": "o4-mini", "drop_params": ["temperature", "messages"]}
+    message = _error({"backends": [_backend(models=[model])]})
+    assert "messages cannot be dropped" in message and "backends.main.models" in message, message
+    config = parse_config({"backends": [_backend(models=[{**model, "drop_params": ["temperature"]}])]}, env={})
+    assert config.backends[0].models[0].drop_params == ("temperature",)

@@ -30,7 +30,9 @@ def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) ->
             "health": {"enabled": False},
             "models": [{"name": "fake-ok", "upstream_name": "ok"},
                        {"name": "reasoner", "upstream_name": "ok", "max_tokens_field": "max_completion_tokens"},
-                       {"name": "legacy", "upstream_name": "ok", "max_tokens_field": "max_tokens"}],
+                       {"name": "legacy", "upstream_name": "ok", "max_tokens_field": "max_tokens"},
+                       {"name": "o-series", "upstream_name": "ok", "max_tokens_field": "max_completion_tokens",
+                        "drop_params": ["temperature", "top_p"]}],
         }],
     }
     proc = GatewayProcess(config, tmp_path_factory.mktemp("gw-fields")).start()
@@ -111,3 +113,14 @@ def test_a_model_gets_its_completion_bound_under_the_name_its_api_takes(
     [body] = [b for b in upstream.state.bodies if b.get("user") == user]
     assert {k: body[k] for k in ("max_tokens", "max_completion_tokens") if k in body} == forwarded
     assert body["model"] == "ok" and body["messages"] == [USER]
+
+
+def test_fields_a_model_refuses_are_dropped_on_the_way_upstream(gateway: GatewayProcess, upstream: FakeUpstream) -> None:
+    # OpenAI's reasoning models answer temperature 0 (which the judge and workflow steps send) with a 400.
+    user = uuid.uuid4().hex
+    sent = {"temperature": 0, "top_p": 0.9, "max_tokens": 40, "seed": 7}
+    response = _post(gateway, "chat/completions", {"model": "o-series", "messages": [USER], "user": user, **sent})
+    assert response.status_code == 200, response.text
+    [body] = [b for b in upstream.state.bodies if b.get("user") == user]
+    assert {k: body.get(k) for k in (*sent, "max_completion_tokens")} == {
+        "temperature": None, "top_p": None, "max_tokens": None, "seed": 7, "max_completion_tokens": 40}
