@@ -53,7 +53,6 @@ log = logging.getLogger("pointsman.compare")
 
 COMPARE_PURPOSE = "compare"  # salt of the sampling hash: independent of exploration's
 HOUR = 3600.0
-JUDGE_MAX_TOKENS = 32
 #: A comparison waits while the event loop's thread is busier than this (share of a core; a gateway
 #: serving flat out from a zero-latency upstream measured ~0.7, at 16 x 50 ms requests ~0.4) ...
 BUSY_LOAD = 0.6
@@ -408,7 +407,7 @@ class CompareRunner:
         budget = state.settings.budget_usd_per_hour
         sizes = _Sizes.of(record, body, answer)
         bounds = self._completion_bounds(sizes, body, others, bounded=budget is not None)
-        estimate = self._estimate(sizes, bounds, state.settings.judge)
+        estimate = self._estimate(sizes, bounds, state.settings)
         if budget is not None and state.spend.total() + estimate > budget:
             state.counts["skipped_budget"] += 1
             return
@@ -546,7 +545,7 @@ class CompareRunner:
             "model": settings.judge,
             "messages": [{"role": "user", "content": prompt}],
             "temperature": 0,
-            "max_tokens": JUDGE_MAX_TOKENS,
+            "max_tokens": settings.judge_max_tokens,
             "stream": False,
         }
         completed = await self._call(record, settings.judge, body)
@@ -600,13 +599,13 @@ class CompareRunner:
             bounds[model] = bound if ceiling is None else min(bound, ceiling)
         return bounds
 
-    def _estimate(self, sizes: _Sizes, bounds: Mapping[str, int | None], judge: str) -> float:
+    def _estimate(self, sizes: _Sizes, bounds: Mapping[str, int | None], settings: Compare) -> float:
         """What a comparison can cost, from the served call's usage and the configured prices.
 
         Each other candidate: the served prompt in, its completion bound out (the call is made with
         that bound, so it cannot write more; with no bound, the served answer's size). The judge,
         twice per pair: the transcript, the served answer and the other answer (cut at ANSWER_CHARS)
-        in, at most JUDGE_MAX_TOKENS out.
+        in, at most ``judge_max_tokens`` out.
         """
         total = 0.0
         for model, bound in bounds.items():
@@ -614,7 +613,7 @@ class CompareRunner:
             total += self._price(model, sizes.prompt, completion)
             other = min(completion, ANSWER_CHARS // 4 + 1)
             judge_prompt = _tokens(DEFAULT_JUDGE_PROMPT) + sizes.transcript + sizes.judged_answer + other
-            total += 2 * self._price(judge, judge_prompt, JUDGE_MAX_TOKENS)
+            total += 2 * self._price(settings.judge, judge_prompt, settings.judge_max_tokens)
         return total
 
     def _price(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:

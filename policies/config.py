@@ -388,7 +388,8 @@ class Compare(_Strict):
     hour (estimated from the configured prices; ``null``: no cap); requests over either are skipped
     and counted. Served requests come first: while they keep the gateway's event loop busy, a
     comparison waits (in flight) before calling anyone. ``prompt`` replaces the judge's prompt: a
-    text with ``{conversation}``, ``{answer_a}`` and ``{answer_b}``.
+    text with ``{conversation}``, ``{answer_a}`` and ``{answer_b}``. ``judge_max_tokens`` bounds each verdict
+    (and is priced into the budget's estimate).
     """
 
     share: float = Field(ge=0.0, le=1.0)
@@ -396,6 +397,9 @@ class Compare(_Strict):
     max_concurrency: int = Field(default=4, ge=1)
     budget_usd_per_hour: float | None = Field(default=None, ge=0.0)
     prompt: str | None = Field(default=None, min_length=1)
+    # The verdict is one letter; a reasoning model (o4-mini) spends its hidden reasoning tokens out of this
+    # bound too, and with the default has none left for the letter: give it a few thousand.
+    judge_max_tokens: int = Field(default=32, ge=1, le=100_000)
 
     @field_validator("prompt")
     @classmethod

@@ -92,7 +92,8 @@ def gateway_config(graded: GradedUpstream, upstream: FakeUpstream) -> dict[str, 
         "routes": [
             {"name": "auto", "policy": "rules", "rules": [BLOCK], **_pair("big", "small")},
             {"name": "half", "policy": "rules", **_pair("big", "small", share=0.5)},
-            {"name": "streamy", "policy": "rules", "rules": [REDACT], **_pair("f-big", "f-small", judge="biased")},
+            {"name": "streamy", "policy": "rules", "rules": [REDACT],
+             **_pair("f-big", "f-small", judge="biased", judge_max_tokens=2000)},  # a reasoning judge's room
             {"name": "unparse", "policy": "rules", **_pair("big", "small", judge="chatty")},
             {"name": "broke", "policy": "rules", **_pair("broken", "small")},
             {"name": "poor", "policy": "rules", **_pair("big", "small", budget_usd_per_hour=1e-9)},
@@ -202,7 +203,7 @@ def test_position_bias_cancels_and_streamed_answers_are_compared_on_the_redacted
     assert all("jane.roe@acme-corp.com" not in json.dumps(b) for b in [*mine, *judged])
     # The judge's model takes its bound as max_completion_tokens and refuses temperature: the gateway's own
     # request is sent as that model's API takes it.
-    assert all("max_tokens" not in b and b["max_completion_tokens"] > 0 and "temperature" not in b for b in judged)
+    assert all("max_tokens" not in b and b["max_completion_tokens"] == 2000 and "temperature" not in b for b in judged)
 
 
 def test_blocked_and_failed_requests_are_never_compared(sdk: OpenAI, gw: GatewayProcess) -> None:
