@@ -127,6 +127,8 @@ async def _start(rt: GatewayRuntime) -> None:
     })
     metrics.watch_counts(recorder, {
         "pointsman_decision_log_written": ("written", "Decision records written since start."),
+        "pointsman_decision_log_skipped": ("skipped", "Decision records not written: a forget's tombstone "
+                                           "covers them, or they were stored already (a retried batch)."),
         "pointsman_decision_log_dropped": ("dropped", "Decision records dropped (queue overflow)."),
         "pointsman_decision_log_write_errors": ("write_errors", "Failed decision-log batch writes (retried)."),
     })

@@ -38,9 +38,11 @@ class DecisionStore(Protocol):
         """Connect and create or migrate the schema."""
         ...
 
-    async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
+    async def write_batch(self, records: Sequence[DecisionRecord]) -> int | None:
         """Persist ``records`` (and the conversation and sub-calls each carries) in one
-        transaction: all of them, or none (and raise). A record a tombstone covers is left out."""
+        transaction: all of them, or none (and raise). A record a tombstone covers is left out, as is one
+        whose request id is stored already (a retried batch). Returns how many were left out (None: not
+        known)."""
         ...
 
     async def write_feedback(self, items: Sequence[FeedbackRecord]) -> Sequence[int] | None:

@@ -28,7 +28,7 @@ class NullDecisionStore:
     async def open(self) -> None:
         return None
 
-    async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
+    async def write_batch(self, records: Sequence[DecisionRecord]) -> int | None:
         return None
 
     async def write_feedback(self, items: Sequence[FeedbackRecord]) -> list[int]:

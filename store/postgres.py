@@ -109,7 +109,7 @@ class PostgresDecisionStore:
         #: The newest migration step the database records (set by open; above SCHEMA_VERSION when a
         #: newer release migrated it).
         self.schema_version = 0
-        self._insert_sql = insert_decisions_sql("postgres")
+        self._insert_sql = insert_decisions_sql("postgres") + " RETURNING 1"
         self._conversation_sql = insert_conversation_sql("postgres")
         self._feedback_sql = upsert_feedback_sql("postgres") + " RETURNING 1"
         self._covered_sql = feedback_covered_sql("postgres")
@@ -182,11 +182,12 @@ class PostgresDecisionStore:
 
     # --- writes --------------------------------------------------------------------------------
 
-    async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
+    async def write_batch(self, records: Sequence[DecisionRecord]) -> int:
         """Insert ``records``, their conversations and their workflows' sub-calls in one
-        transaction; request ids already stored are ignored."""
+        transaction; request ids already stored are ignored. Returns how many records were not written
+        (stored already, or covered by a tombstone)."""
         if not records:
-            return
+            return 0
         # PostgreSQL refuses U+0000 in text and jsonb; strip it rather than refuse the whole batch.
         rows = [encode_row(r, strip_nul=True) for r in records]
         # A child row carries its decision's shadow_of and created_at: a tombstone covering the decision
@@ -198,11 +199,13 @@ class PostgresDecisionStore:
         subcalls = [(*encode_subcall(s, strip_nul=True), *of_decision(row))
                     for r, row in zip(records, rows, strict=True) for s in r.subcalls]
         async with self._require_pool().acquire() as conn, conn.transaction():
-            await conn.executemany(self._insert_sql, rows)
+            # One row back per row inserted: the same pipelined round trip as executemany.
+            inserted = await conn.fetchmany(self._insert_sql, rows)
             if conversations:
                 await conn.executemany(self._conversation_sql, conversations)
             if subcalls:
                 await conn.executemany(self._subcalls_sql, subcalls)
+        return len(rows) - len(inserted)
 
     async def write_feedback(self, items: Sequence[FeedbackRecord]) -> list[int]:
         """Upsert ``items`` in one transaction (committed, hence durable, when this returns); returns the

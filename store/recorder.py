@@ -148,6 +148,8 @@ class DecisionRecorder:
         self._inflight_bytes = 0
         self._written = 0
         self._feedback_written = 0
+        self._skipped = 0  # decisions the store left out: a tombstone covers them, or stored already
+        self._feedback_skipped = 0
         self._purged = 0
         self._dropped = 0
         self._rejected = 0  # records the store refused for their values (also counted in dropped)
@@ -168,13 +170,25 @@ class DecisionRecorder:
 
     @property
     def written(self) -> int:
-        """Records the store accepted."""
+        """Decision records the store wrote."""
         return self._written
 
     @property
     def feedback_written(self) -> int:
         """Feedback records (from :meth:`record_feedback`) the store accepted."""
         return self._feedback_written
+
+    @property
+    def skipped(self) -> int:
+        """Records the store left out: a forget's tombstone covers them (their request or tenant was
+        forgotten while they waited), or their request id was stored already (a batch retried after part
+        of it was written)."""
+        return self._skipped
+
+    @property
+    def feedback_skipped(self) -> int:
+        """Feedback records (from :meth:`record_feedback`) a forget's tombstone kept out."""
+        return self._feedback_skipped
 
     @property
     def purged(self) -> int:
@@ -346,8 +360,7 @@ class DecisionRecorder:
         self._inflight, self._inflight_bytes = n, sum(sizes)
         try:
             try:
-                await self._write(batch)
-                self._count_written(batch)
+                self._count_written(batch, await self._write(batch))
             except Exception as exc:
                 if not is_row_error(exc):
                     raise
@@ -371,31 +384,37 @@ class DecisionRecorder:
             raise
         self._inflight, self._inflight_bytes = 0, 0
 
-    async def _write(self, batch: list[Queued]) -> None:
+    async def _write(self, batch: list[Queued]) -> tuple[int, int]:
+        """Write ``batch``; how many of its decisions and of its feedback rows the store left out."""
         decisions = [r for r in batch if isinstance(r, DecisionRecord)]
         feedback = [f for r in batch if not isinstance(r, DecisionRecord)
                     for f in (r if isinstance(r, tuple) else (r,))] if len(decisions) < len(batch) else []
         # Both writes are idempotent, so a batch retried after the second failed is harmless.
+        skipped = skipped_feedback = 0
         if decisions:
-            await self.store.write_batch(decisions)
+            skipped = await self.store.write_batch(decisions) or 0
         if feedback:
-            await self.store.write_feedback(feedback)
+            skipped_feedback = len(await self.store.write_feedback(feedback) or ())
+        return skipped, skipped_feedback
 
     async def _write_one_by_one(self, batch: list[Queued]) -> None:
         for i, record in enumerate(batch):
             try:
-                await self._write([record])
+                skipped = await self._write([record])
             except Exception as exc:
                 if not is_row_error(exc):  # the store went away meanwhile: the rest waits for it
                     self._write_errors += 1
                     raise _Unwritten(batch[i:], exc) from exc
                 self._reject(record, exc)
             else:
-                self._count_written([record])
+                self._count_written([record], skipped)
 
-    def _count_written(self, batch: list[Queued]) -> None:
-        self._written += sum(isinstance(r, DecisionRecord) for r in batch)
-        self._feedback_written += sum(_rows(r) for r in batch if not isinstance(r, DecisionRecord))
+    def _count_written(self, batch: list[Queued], skipped: tuple[int, int]) -> None:
+        """Count ``batch`` as written but for what the store left out (``skipped``: decisions, feedback rows)."""
+        self._written += sum(isinstance(r, DecisionRecord) for r in batch) - skipped[0]
+        self._feedback_written += sum(_rows(r) for r in batch if not isinstance(r, DecisionRecord)) - skipped[1]
+        self._skipped += skipped[0]
+        self._feedback_skipped += skipped[1]
 
     def _reject(self, record: Queued, exc: Exception) -> None:
         self._dropped += _rows(record)

@@ -268,11 +268,12 @@ class SQLiteDecisionStore:
 
     # --- writes --------------------------------------------------------------------------------
 
-    async def write_batch(self, records: Sequence[DecisionRecord]) -> None:
+    async def write_batch(self, records: Sequence[DecisionRecord]) -> int:
         """Insert ``records``, their conversations and their workflows' sub-calls in one
-        transaction; request ids already stored are ignored."""
+        transaction; request ids already stored are ignored. Returns how many records were not written
+        (stored already, or covered by a tombstone)."""
         if not records:
-            return
+            return 0
         # Encode on the event loop side: cheap, and keeps the worker thread doing only I/O.
         rows = [encode_row(r) for r in records]
         # A child row carries its decision's shadow_of and created_at: a tombstone covering the decision
@@ -283,18 +284,21 @@ class SQLiteDecisionStore:
         ]
         subcalls = [(*encode_subcall(s), *of_decision(row)) for r, row in zip(records, rows, strict=True)
                     for s in r.subcalls]
-        await self._run(self._write_sync, rows, conversations, subcalls)
+        return await self._run(self._write_sync, rows, conversations, subcalls)
 
     def _write_sync(
         self, rows: list[tuple[Any, ...]], conversations: list[tuple[Any, ...]], subcalls: list[tuple[Any, ...]]
-    ) -> None:
+    ) -> int:
         conn = self._require_conn()
         with _transaction(conn, immediate=False):
+            before = conn.total_changes
             conn.executemany(self._insert_sql, rows)
+            skipped = len(rows) - (conn.total_changes - before)
             if conversations:
                 conn.executemany(self._conversation_sql, conversations)
             if subcalls:
                 conn.executemany(self._subcalls_sql, subcalls)
+        return skipped
 
     async def write_feedback(self, items: Sequence[FeedbackRecord]) -> list[int]:
         """Upsert ``items`` in one transaction, fsynced before this returns; returns the indexes of the items

@@ -95,6 +95,9 @@ async def test_a_record_queued_before_a_forget_and_flushed_after_it_is_not_writt
         finally:
             await recorder.stop()
         assert recorder.dropped == 0
+        # What the metrics say: 2 of 6 decisions and 0 of 2 feedback rows written (before: all 8 "written").
+        assert (recorder.written, recorder.skipped) == (2, 4)
+        assert (recorder.feedback_written, recorder.feedback_skipped) == (0, 2)
         await store.open()
         try:
             assert await _rows(store, "req-000001") == (False, 0, 0, False)
