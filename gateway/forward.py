@@ -28,9 +28,10 @@ from gateway.errors import (
 )
 from gateway.metrics import Metrics
 from gateway.pool import BackendPool, ModelTarget, Replica
+from gateway.stream_start import error_status, read_stream_start
 from gateway.trace import RequestTrace
 from gateway.tracing import Tracer
-from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
+from gateway.upstream import RETRYABLE_STATUSES, UpstreamClient, UpstreamFailure, UpstreamResponse
 from gateway.upstream_log import failure_log
 from gateway.usage import usage_from_body
 
@@ -230,6 +231,12 @@ class Forwarder:
                 first = await response.next_chunk(timeout=max(remaining, 0.0))
                 if not first:
                     raise UpstreamFailure("malformed", "upstream closed the stream before sending any data")
+                start = await read_stream_start(response, first, started + timeouts.first_byte)
+                if start.error is not None:
+                    refused = _refused_stream(start.error, response, target, replica)  # raises when retryable
+                    replica.breaker.record_success()
+                    return refused
+                first = start.held
                 handed_over = True
                 replica.breaker.stream_began()  # a half-open probe has its answer
                 return OpenedStream(
@@ -361,6 +368,21 @@ def _parse_success(data: bytes) -> tuple[int | None, int | None]:
 
 #: Statuses that are about the gateway's own credentials for the backend, never about the client.
 _CREDENTIAL_STATUSES = frozenset({401, 403, 407})
+
+
+def _refused_stream(
+    error: Mapping[str, Any], response: UpstreamResponse, target: ModelTarget, replica: Replica
+) -> Completed:
+    """A stream whose first data event was an error object, before anything was sent to the client: the
+    upstream's refusal of the request (a 4xx) as a plain error answer, as without ``stream``; anything
+    else raises an :class:`UpstreamFailure` of its status, so it is retried or falls back."""
+    status = error_status(error)
+    message = f"the upstream's stream began with an error event (HTTP {status})"
+    if not 400 <= status < 500 or status in RETRYABLE_STATUSES or status in _CREDENTIAL_STATUSES:
+        raise UpstreamFailure("status", message, status=status)
+    response.close()  # the rest of the stream is not read: the connection is not reused
+    return Completed(status=status, body=orjson.dumps({"error": error}), content_type="application/json",
+                     target=target, replica=replica, prompt_tokens=None, completion_tokens=None)
 
 
 def _client_error_body(status: int, data: bytes) -> bytes:

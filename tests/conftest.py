@@ -48,6 +48,9 @@ def standard_config(upstream: FakeUpstream, backup: FakeUpstream) -> dict[str, A
                 ] + [
                     {"name": "fake-always-500-fb", "upstream_name": "always-500", "fallbacks": ["backup-ok"]},
                     {"name": "fake-hang-fb", "upstream_name": "hang", "fallbacks": ["backup-ok"]},
+                    {"name": "fake-error-event-fb", "upstream_name": "error-event:502", "fallbacks": ["backup-ok"]},
+                    {"name": "fake-error-event-refused", "upstream_name": "error-event:context"},
+                    {"name": "fake-comments-first", "upstream_name": "comments-first"},
                 ],
             },
             {

@@ -24,6 +24,11 @@ length             like ``ok`` (streamed or not), but the answer stops at the to
                    (``finish_reason: "length"``)
 always-a           a judge with the strongest position bias: whatever it is shown, its verdict is
                    ``[[A]]`` (comparisons must cancel it by asking both orders)
+error-event:X      streamed: two SSE comments (``: PROCESSING``, as aggregators keep a connection
+                   open), then an error object as the first data event (X = 502: the provider
+                   behind failed, ``{"code": 502}``; X = context: the request was refused,
+                   ``invalid_request_error``), then the end
+comments-first     streamed: two SSE comments, then a normal answer
 =================  =============================================================================
 
 Scripted answers, for workflows (the model name carries the script):
@@ -416,6 +421,10 @@ def build_app(state: UpstreamState) -> Starlette:
                 events = stream_events(body, WORDS, usage=usage)
                 return Response(b"".join(events), media_type="text/event-stream")
             return JSONResponse({**_completion(body, "an answer"), "usage": usage})
+        if model.startswith("error-event:") and stream:
+            return StreamingResponse(_error_event_stream(model[12:]), media_type="text/event-stream")
+        if model == "comments-first" and stream:
+            return StreamingResponse(_comments_first(body), media_type="text/event-stream")
         if model == "bad-request":
             return JSONResponse({"error": {"message": "bad tool schema", "type": "invalid_request_error",
                                            "param": "tools", "code": None}}, status_code=400)
@@ -465,6 +474,21 @@ def build_app(state: UpstreamState) -> Starlette:
                 return
             if model == "slow-drip" and index:
                 await asyncio.sleep(0.25)
+            yield event
+
+    async def _error_event_stream(kind: str) -> AsyncIterator[bytes]:
+        for _ in range(2):
+            yield b": PROCESSING\n\n"
+            await asyncio.sleep(0.05)
+        error = ({"code": 502, "message": "provider returned error"} if kind == "502" else
+                 {"type": "invalid_request_error", "code": "context_length_exceeded", "message": "too long"})
+        yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+    async def _comments_first(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        for _ in range(2):
+            yield b": PROCESSING\n\n"
+            await asyncio.sleep(0.05)
+        for event in stream_events(body, WORDS):
             yield event
 
     async def _sleep_until_disconnect(request: Request, model: str) -> None:

@@ -176,10 +176,15 @@ def test_an_error_object_mid_stream_is_recorded_as_a_failed_answer(client: OpenA
 
 
 def test_a_stream_of_keepalives_only_is_an_error_not_an_empty_answer(client: OpenAI, gateway: GatewayProcess) -> None:
-    request_id, texts, error = _read(client, "keepalives-only")
-    assert texts == []
-    assert isinstance(error, openai.APIError) and error.body["code"] == "truncated", repr(error)  # type: ignore[index]
-    assert gateway.decision(request_id)["outcome"] == "stream_error"
+    # Nothing but comments, then the end: no data arrived, so nothing was committed to the client (the
+    # stream is held until its first data event) and the failure is an HTTP error (retried, where retries are
+    # configured, and falling back).
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="keepalives-only", messages=MESSAGES, stream=True)
+    assert info.value.status_code == 502
+    assert "closed the stream before sending any data" in info.value.message
+    record = gateway.decision(info.value.response.headers["x-pointsman-request-id"])
+    assert (record["outcome"], record["status"]) == ("error", 502)
 
 
 def test_done_as_the_last_line_without_a_blank_line_is_a_whole_answer(

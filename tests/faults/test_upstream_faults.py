@@ -242,3 +242,42 @@ def test_under_another_asgi_server_a_disconnect_still_cancels_the_upstream_call(
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+def test_a_stream_that_begins_with_an_error_event_falls_back(
+    client: OpenAI, gateway: GatewayProcess, upstream: FakeUpstream
+) -> None:
+    # An aggregator keeps the connection open with SSE comments, then streams the provider's failure as
+    # its first event. Committed at the first comment, the client got a broken stream; nothing had been
+    # sent, so the gateway retries and falls back as for an HTTP 502.
+    user = _key()
+    raw = client.chat.completions.with_raw_response.create(
+        model="fake-error-event-fb", messages=MESSAGES, stream=True, user=user)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+    assert text == "".join(WORDS)
+    assert upstream.state.requests[("error-event:502", user)] == 3  # retried, as a 502 is
+    record = gateway.decision(raw.headers["x-pointsman-request-id"])
+    assert (record["model"], record["outcome"], record["attempts"]) == ("backup-ok", "ok", 4)
+
+
+def test_a_stream_the_upstream_refuses_in_its_first_event_is_a_plain_error_answer(
+    client: OpenAI, gateway: GatewayProcess, upstream: FakeUpstream
+) -> None:
+    # The request's own fault (too long for the model): passed on with the upstream's error object, as
+    # the non-streamed answer would be, and not retried.
+    user = _key()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="fake-error-event-refused", messages=MESSAGES, stream=True, user=user)
+    assert info.value.code == "context_length_exceeded"
+    assert upstream.state.requests[("error-event:context", user)] == 1
+    record = gateway.decision(_request_id(info.value))
+    assert (record["status"], record["attempts"]) == (400, 1)
+
+
+def test_comments_before_the_first_token_pass_through(client: OpenAI, gateway: GatewayProcess) -> None:
+    with client.chat.completions.with_streaming_response.create(
+        model="fake-comments-first", messages=MESSAGES, stream=True
+    ) as response:
+        raw = b"".join(response.iter_bytes())
+    assert raw.startswith(b": PROCESSING\n\n: PROCESSING\n\ndata: ")  # the upstream's bytes, as sent
+    assert raw.endswith(b"data: [DONE]\n\n")
