@@ -34,6 +34,7 @@ from gateway.tracing import Tracer
 from gateway.upstream import RETRYABLE_STATUSES, UpstreamClient, UpstreamFailure, UpstreamResponse
 from gateway.upstream_log import failure_log
 from gateway.usage import usage_from_body
+from policies.echo import masked_prefix
 
 
 @dataclass(slots=True)
@@ -376,8 +377,11 @@ def _refused_stream(
     """A stream whose first data event was an error object, before anything was sent to the client: the
     upstream's refusal of the request (a 4xx) as a plain error answer, as without ``stream``; anything
     else raises an :class:`UpstreamFailure` of its status, so it is retried or falls back."""
-    status = error_status(error)
-    message = f"the upstream's stream began with an error event (HTTP {status})"
+    status, code = error_status(error), error.get("code")
+    # The code is upstream text about the client's request: a short prefix, digits masked (as a stream's
+    # later error event's is in the record).
+    said = f", code {masked_prefix(str(code))}" if isinstance(code, (str, int)) and code != status else ""
+    message = f"the upstream's stream began with an error event (HTTP {status}{said})"
     if not 400 <= status < 500 or status in RETRYABLE_STATUSES or status in _CREDENTIAL_STATUSES:
         raise UpstreamFailure("status", message, status=status)
     response.close()  # the rest of the stream is not read: the connection is not reused
