@@ -115,7 +115,9 @@ def test_a_model_gets_its_completion_bound_under_the_name_its_api_takes(
     assert body["model"] == "ok" and body["messages"] == [USER]
 
 
-def test_fields_a_model_refuses_are_dropped_on_the_way_upstream(gateway: GatewayProcess, upstream: FakeUpstream) -> None:
+def test_fields_a_model_refuses_are_dropped_on_the_way_upstream(
+    gateway: GatewayProcess, upstream: FakeUpstream
+) -> None:
     # OpenAI's reasoning models answer temperature 0 (which the judge and workflow steps send) with a 400.
     user = uuid.uuid4().hex
     sent = {"temperature": 0, "top_p": 0.9, "max_tokens": 40, "seed": 7}
