@@ -39,25 +39,25 @@ async def read_stream_start(response: UpstreamResponse, first: bytes, deadline: 
     (it sends comments), so the stream then goes on as it is. Raises :class:`UpstreamFailure` when the
     upstream closes before any data."""
     framer = SSEFramer()
-    held = bytearray(first)
+    held = first  # almost always the whole start: returned as it is, not copied
     events = framer.feed(first)
     while True:
         for event in events:
             data = event_data(event)
             if data is not None:
-                return StreamStart(bytes(held), _error_object(data))
+                return StreamStart(held, _error_object(data))
         remaining = deadline - time.perf_counter()
         if remaining <= 0 or len(held) > MAX_HELD_BYTES:
-            return StreamStart(bytes(held))
+            return StreamStart(held)
         try:
             chunk = await response.next_chunk(timeout=remaining)
         except UpstreamFailure as failure:
             if failure.kind != "idle_timeout":
                 raise
-            return StreamStart(bytes(held))  # only comments until the deadline: the stream goes on
+            return StreamStart(held)  # only comments until the deadline: the stream goes on
         if not chunk:
             raise UpstreamFailure("malformed", "upstream closed the stream before sending any data")
-        held += chunk
+        held += chunk  # comments first (rare, and at most MAX_HELD_BYTES): a new bytes each time is fine
         events = framer.feed(chunk)
 
 
