@@ -315,7 +315,8 @@ def _payload(body: Mapping[str, Any], raw: bytes, model: ModelConfig) -> bytes:
     return orjson.dumps({**body, "model": wire_name})
 
 
-_COMPLETION_BOUNDS = ("max_tokens", "max_completion_tokens")
+#: Each name of the completion bound, and the other one.
+_OTHER_BOUND = {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}
 
 
 def _adapted(body: Mapping[str, Any], model: ModelConfig) -> dict[str, Any] | None:
@@ -333,10 +334,7 @@ def _completion_bound_renamed(body: Mapping[str, Any], field: str | None) -> dic
     Derived requests (a judge's, a workflow step's) say ``max_tokens``, as do older clients; OpenAI's
     reasoning models answer that with a 400. Given both names, the smaller bound is kept.
     """
-    if field is None:
-        return None
-    other = _COMPLETION_BOUNDS[1] if field == _COMPLETION_BOUNDS[0] else _COMPLETION_BOUNDS[0]
-    if other not in body:
+    if field is None or (other := _OTHER_BOUND[field]) not in body:
         return None
     renamed = {key: value for key, value in body.items() if key != other}
     bound, given = body[other], renamed.get(field)
