@@ -4,7 +4,8 @@ Replica choice is local and in-process (no Redis call on the request path). Each
 affinity policy makes (a session's replica, or a conversation's last full prefix block and its
 replica) is buffered; every ``hint_interval`` seconds one round trip appends the buffer to a Redis
 stream per backend (``<key_prefix>replica-hints:<backend>``, capped near ``MAX_STREAM`` entries) and
-reads what peer gateways appended since the last read. A peer's hint is applied as if this gateway
+reads what peer gateways appended since the last read (a backlog goes in more round trips of
+``BATCH`` entries, within the same sync). A peer's hint is applied as if this gateway
 had made the placement (unless it names a replica this gateway has lost: unhealthy or ejected), so
 two gateways mostly agree on where a session lives: a session whose turns alternate between gateways
 still lands on one replica.
@@ -38,8 +39,10 @@ log = logging.getLogger("pointsman.balancing")
 MAX_STREAM = 100_000
 #: Hints buffered per backend while Redis is away; the oldest go first.
 MAX_PENDING = 20_000
-#: Entries read per stream per round trip.
-READ_COUNT = 5_000
+#: Entries sent, and entries read, per stream per round trip (a reply of 1,000 parses in ~25 ms).
+BATCH = 1_000
+#: Round trips one sync makes at most (a whole stream's worth: ``MAX_STREAM`` / ``BATCH``).
+MAX_ROUNDS = 100
 
 
 class ReplicaHints:
@@ -74,41 +77,63 @@ class ReplicaHints:
             pending.append((key, replica_url))
 
     async def sync(self) -> bool:
-        """Send buffered placements and apply peers' new ones in one round trip; False if Redis failed."""
-        from redis.client import NEVER_DECODE  # redis is imported only when Redis is configured
+        """Send buffered placements and apply peers' new ones; False if Redis failed.
 
+        One round trip normally. A backlog (this gateway's buffer after an outage, or peers' entries
+        after a restart) goes in further round trips of at most ``BATCH`` entries each way, until it is
+        all sent and read: a reply of thousands of entries held the event loop (parsing it) for a tenth
+        of a second and, on a busy machine, outlasted the Redis timeout, failing every sync at the same
+        place. Between round trips the event loop serves requests."""
+        for _ in range(MAX_ROUNDS):
+            sent, more_to_send = self._take_batches()
+            try:
+                results = await self._round_trip(sent)
+            except redis_errors() as exc:
+                self._put_back(sent)
+                self.failures += 1
+                self._failure_log.failed(exc, "sync")
+                return False
+            streams = results[-1] or []
+            self._apply(streams)
+            if not more_to_send and all(len(entries) < BATCH for _, entries in streams):
+                break
+        return True  # what is left after MAX_ROUNDS (peers writing faster than this reads) goes next sync
+
+    def _take_batches(self) -> tuple[dict[str, list[tuple[int, str]]], bool]:
+        """Up to ``BATCH`` of the oldest buffered placements per backend, and whether more remain."""
         sent: dict[str, list[tuple[int, str]]] = {}
-        pipe = self._client.pipeline(transaction=False)
+        more = False
         for name, pending in self._pending.items():
             if pending:
-                batch = list(pending)
-                pending.clear()
-                sent[name] = batch
-                stream = self._stream_of[name]
-                for key, url in batch:
-                    pipe.xadd(stream, {"g": self.gateway_id, "k": key, "r": url}, maxlen=MAX_STREAM, approximate=True)
+                sent[name] = [pending.popleft() for _ in range(min(BATCH, len(pending)))]
+                more = more or bool(pending)
+        return sent, more
+
+    async def _round_trip(self, sent: dict[str, list[tuple[int, str]]]) -> list[Any]:
+        from redis.client import NEVER_DECODE  # redis is imported only when Redis is configured
+
+        pipe = self._client.pipeline(transaction=False)
+        for name, batch in sent.items():
+            stream = self._stream_of[name]
+            for key, url in batch:
+                pipe.xadd(stream, {"g": self.gateway_id, "k": key, "r": url}, maxlen=MAX_STREAM, approximate=True)
         # Read as bytes whatever the client decodes: anyone who can write to the stream could append an
         # entry that is not UTF-8, which the client's decoding raised on, in every sync, for ever.
         streams, ids = list(self._last_id), list(self._last_id.values())
         pipe.execute_command(
-            "XREAD", "COUNT", str(READ_COUNT), "STREAMS", *streams, *ids, keys=streams, **{NEVER_DECODE: []}
+            "XREAD", "COUNT", str(BATCH), "STREAMS", *streams, *ids, keys=streams, **{NEVER_DECODE: []}
         )
-        try:
-            results = await pipe.execute()
-        except redis_errors() as exc:
-            for name, batch in sent.items():  # keep them (bounded) for the next round trip
-                # Ahead of what was placed while the round trip waited: when the buffer is full the
-                # oldest go first (extendleft on a full deque would drop the newest placements).
-                pending = self._pending[name]
-                newer = list(pending)
-                pending.clear()
-                pending.extend(batch)
-                pending.extend(newer)
-            self.failures += 1
-            self._failure_log.failed(exc, "sync")
-            return False
-        self._apply(results[-1] or [])
-        return True
+        return list(await pipe.execute())
+
+    def _put_back(self, sent: dict[str, list[tuple[int, str]]]) -> None:
+        """Keep a batch that failed (bounded) for the next sync, ahead of what was buffered after it: when
+        the buffer is full the oldest go first (extendleft on a full deque would drop the newest)."""
+        for name, batch in sent.items():
+            pending = self._pending[name]
+            newer = list(pending)
+            pending.clear()
+            pending.extend(batch)
+            pending.extend(newer)
 
     def _apply(self, streams: Any) -> None:
         for stream, entries in streams:

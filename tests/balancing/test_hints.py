@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from gateway.balancing import Affinity, prefix_blocks
-from gateway.balancing.hints import MAX_PENDING, ReplicaHints, share_hints
+from gateway.balancing.hints import BATCH, MAX_PENDING, ReplicaHints, share_hints
 from gateway.config import BackendConfig, BreakerConfig
 from gateway.pool import BackendPool
 from gateway.shared_state import redis_client
@@ -146,7 +146,7 @@ async def test_placements_made_while_a_hanging_redis_fails_a_sync_are_the_ones_k
             redis_server.resume()
             assert await hints_here.sync()
             applied = -1
-            while hints_peer.applied != applied:  # read the stream to its end (READ_COUNT entries a sync)
+            while hints_peer.applied != applied:  # read the stream to its end
                 applied = hints_peer.applied
                 assert await hints_peer.sync()
             choice = peer.backends[0].choose(affinity=Affinity(session=424242))
@@ -154,6 +154,38 @@ async def test_placements_made_while_a_hanging_redis_fails_a_sync_are_the_ones_k
             assert choice.replica.base_url == URLS[1]  # type: ignore[attr-defined]
         finally:
             redis_server.resume()
+
+
+async def test_a_peer_far_behind_catches_up_in_one_sync_through_small_replies(redis_server: PrivateRedis) -> None:
+    """A peer behind by a backlog (a Redis outage's buffer, a restart) reads all of it in its next sync, in
+    replies of a bounded size: one reply of thousands of entries held the gateway's event loop for a
+    tenth of a second and, on a busy machine, outlasted ``shared_state.timeout``, so that sync failed at
+    the same place every time and the peer never caught up."""
+    here, peer = _pool("session_affinity"), _pool("session_affinity")
+    async with _gateways(redis_server, here, peer) as (hints_here, hints_peer):
+        assert await hints_here.sync() and await hints_peer.sync()
+        reads_before = await _calls(redis_server, "xread")
+        backend = here.backends[0]
+        for key in range(1, 12_001):
+            hints_here.publish(backend, key, URLS[key % 2])
+        assert await hints_here.sync()
+        assert await hints_peer.sync()
+        assert hints_peer.applied == 12_000
+        reads = await _calls(redis_server, "xread") - reads_before
+        assert reads >= 12_000 // BATCH + 1 and BATCH <= 1_000, (reads, BATCH)
+        choice = peer.backends[0].choose(affinity=Affinity(session=11_999))
+        assert choice is not None and choice.reason == "session"
+        assert choice.replica.base_url == URLS[1]  # type: ignore[attr-defined]
+
+
+async def _calls(redis_server: PrivateRedis, command: str) -> int:
+    """How many times Redis has run ``command`` (its own count, ``INFO commandstats``)."""
+    client = redis_client(redis_server.url, 5.0, decode=True)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 async def test_a_peers_late_placement_on_a_lost_replica_does_not_pull_the_conversation_back(
