@@ -13,6 +13,7 @@ import platform
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -54,8 +55,11 @@ def start(
     """Start ``cmd`` in its own process group, stdout+stderr to ``log_path``, pinned to ``cpus``.
 
     Pinning happens in the child before exec (``preexec_fn``), so every thread and child process the
-    server creates inherits the same cores.
+    server creates inherits the same cores. The benchmark's own SIGTERM then exits through its cleanup
+    (:func:`exit_cleanly_on_sigterm`): the server's own session keeps it from the terminal's Ctrl-C, and
+    nothing else would stop it.
     """
+    exit_cleanly_on_sigterm()
     log = log_path.open("wb")
     full_env = {**os.environ, **(env or {})}
 
@@ -75,6 +79,18 @@ def start(
         )
     finally:
         log.close()  # the child holds its own descriptor
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``, a cancelled CI job, ``kill``) exit this process as Ctrl-C does, through its
+    ``finally`` blocks, which stop the servers it started; by default it killed the benchmark at once and
+    left them running, holding their ports. Only from the main thread, and only over the default action."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def stop(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
