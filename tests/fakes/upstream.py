@@ -85,7 +85,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Self
 
 import orjson
@@ -476,19 +476,20 @@ def build_app(state: UpstreamState) -> Starlette:
                 await asyncio.sleep(0.25)
             yield event
 
-    async def _error_event_stream(kind: str) -> AsyncIterator[bytes]:
-        for _ in range(2):
-            yield b": PROCESSING\n\n"
-            await asyncio.sleep(0.05)
+    def _error_event_stream(kind: str) -> AsyncIterator[bytes]:
         error = ({"code": 502, "message": "provider returned error"} if kind == "502" else
                  {"type": "invalid_request_error", "code": "context_length_exceeded", "message": "too long"})
-        yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+        return _after_comments([b"data: " + orjson.dumps({"error": error}) + b"\n\n"])
 
-    async def _comments_first(body: dict[str, Any]) -> AsyncIterator[bytes]:
+    def _comments_first(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        return _after_comments(stream_events(body, WORDS))
+
+    async def _after_comments(events: Iterable[bytes]) -> AsyncIterator[bytes]:
+        """Two SSE comments, as an aggregator keeps a connection open while its provider works, then ``events``."""
         for _ in range(2):
             yield b": PROCESSING\n\n"
             await asyncio.sleep(0.05)
-        for event in stream_events(body, WORDS):
+        for event in events:
             yield event
 
     async def _sleep_until_disconnect(request: Request, model: str) -> None:
